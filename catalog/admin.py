@@ -1,0 +1,317 @@
+"""The catalog editors' admin. Every save and delete goes through the services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Count, F, Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import path, reverse
+
+from catalog.errors import DomainError
+from catalog.models import AuditEntry, Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from catalog.services import catalog as services
+
+SAVE = {
+    GPUClass: services.gpu_class_save,
+    Node: services.node_save,
+    Card: services.card_save,
+    ServedModel: services.model_save,
+    Profile: services.profile_save,
+    Replica: services.replica_save,
+    Shard: services.shard_save,
+}
+DELETE = {
+    GPUClass: services.gpu_class_delete,
+    Node: services.node_delete,
+    Card: services.card_delete,
+    ServedModel: services.model_delete,
+    Profile: services.profile_delete,
+    Replica: services.replica_delete,
+    Shard: services.shard_delete,
+}
+
+
+class ServiceAdminMixin:
+    """Routes the admin's writes through the services, which audit them.
+
+    A refusal (a declared model, a card in use) is shown as an error message;
+    the change is not saved.
+    """
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        SAVE[type(obj)](instance=obj)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        DELETE[type(obj)](instance=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for obj in queryset:
+            DELETE[type(obj)](instance=obj)
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        instances = formset.save(commit=False)
+        for obj in formset.deleted_objects:
+            DELETE[type(obj)](instance=obj)
+        for obj in instances:
+            SAVE[type(obj)](instance=obj)
+        formset.save_m2m()
+
+    def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return super().changeform_view(request, *args, **kwargs)  # type: ignore[misc]
+        except DomainError as exc:
+            self.message_user(request, exc.message, messages.ERROR)  # type: ignore[attr-defined]
+            return HttpResponseRedirect(request.get_full_path())
+
+    def delete_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return super().delete_view(request, *args, **kwargs)  # type: ignore[misc]
+        except DomainError as exc:
+            self.message_user(request, exc.message, messages.ERROR)  # type: ignore[attr-defined]
+            return HttpResponseRedirect(request.get_full_path())
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        try:
+            return super().changelist_view(request, extra_context)  # type: ignore[misc]
+        except DomainError as exc:
+            self.message_user(request, exc.message, messages.ERROR)  # type: ignore[attr-defined]
+            return HttpResponseRedirect(request.get_full_path())
+
+
+@admin.register(GPUClass)
+class GPUClassAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    list_display = ["name", "memory_mib", "usable_mib", "compute_capability", "card_count"]
+    search_fields = ["name"]
+    list_filter = ["compute_capability"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(_cards=Count("cards"))
+
+    @admin.display(description="cards", ordering="_cards")
+    def card_count(self, obj: GPUClass) -> int:
+        return obj._cards  # type: ignore[attr-defined]
+
+
+class CardInline(admin.TabularInline):
+    model = Card
+    extra = 0
+    fields = ["index", "gpu_class", "held_by"]
+    readonly_fields = ["held_by"]
+
+    @admin.display(description="held by")
+    def held_by(self, card: Card) -> str:
+        shard = getattr(card, "shard", None) if card.pk else None
+        return shard.replica.name if shard else "free"
+
+
+class NodeAdminForm(forms.ModelForm):
+    # Agents listen on the fleet's own network, usually plain http.
+    agent_url = forms.URLField(assume_scheme="http", help_text="Base URL of the node agent, e.g. http://10.0.0.5:9101")
+    agent_token = forms.CharField(
+        widget=forms.PasswordInput(render_value=True), help_text="Bearer token the node agent expects."
+    )
+
+    class Meta:
+        model = Node
+        fields = ["name", "agent_url", "agent_token", "state"]
+
+
+@admin.register(Node)
+class NodeAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    form = NodeAdminForm
+    inlines = [CardInline]
+    list_display = ["name", "state", "agent_url", "cards_total", "free_cards"]
+    list_filter = ["state", "cards__gpu_class"]
+    search_fields = ["name", "agent_url"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).prefetch_related("cards__gpu_class", "cards__shard")
+
+    @admin.display(description="cards")
+    def cards_total(self, node: Node) -> int:
+        return len(node.cards.all())
+
+    @admin.display(description="free cards per class")
+    def free_cards(self, node: Node) -> str:
+        free: dict[str, list[int]] = {}
+        for card in node.cards.all():
+            counts = free.setdefault(card.gpu_class.name, [0, 0])
+            counts[1] += 1
+            if not hasattr(card, "shard"):
+                counts[0] += 1
+        return ", ".join(f"{name}: {f}/{t} free" for name, (f, t) in sorted(free.items())) or "no cards"
+
+
+class ProfileInline(admin.StackedInline):
+    model = Profile
+    extra = 0
+    fields = ["name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env", "revision"]
+    readonly_fields = ["revision"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return not (obj and obj.declared) and super().has_add_permission(request, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return not (obj and obj.declared) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return not (obj and obj.declared) and super().has_delete_permission(request, obj)
+
+
+class ImportConfigForm(forms.Form):
+    name = forms.CharField(max_length=128, help_text="The served model's name, e.g. llama-3.1-8b.")
+    source = forms.CharField(max_length=500, help_text="Hugging Face repo id or a path on the nodes.")
+    config = forms.FileField(label="config.json")
+    index = forms.FileField(label="model.safetensors.index.json", required=False)
+
+
+@admin.register(ServedModel)
+class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    inlines = [ProfileInline]
+    list_display = ["name", "source", "attention", "context_length", "declared", "replica_count", "stale_count"]
+    list_filter = ["declared", "attention", "profiles__engine", "profiles__gpu_class"]
+    search_fields = ["name", "source"]
+    change_list_template = "admin/catalog/servedmodel/change_list.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        live = Q(profiles__replicas__state__in=Replica.LIVE_STATES)
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                _replicas=Count("profiles__replicas", filter=live, distinct=True),
+                _stale=Count(
+                    "profiles__replicas",
+                    filter=live & Q(profiles__replicas__revision__lt=F("profiles__revision")),
+                    distinct=True,
+                ),
+            )
+        )
+
+    @admin.display(description="replicas", ordering="_replicas")
+    def replica_count(self, obj: ServedModel) -> int:
+        return obj._replicas  # type: ignore[attr-defined]
+
+    @admin.display(description="stale")
+    def stale_count(self, obj: ServedModel) -> int:
+        return obj._stale  # type: ignore[attr-defined]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        if obj is not None and obj.declared:
+            return [f.name for f in ServedModel._meta.concrete_fields if not f.primary_key]
+        return ["declared", "declared_in"]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return not (obj and obj.declared) and super().has_delete_permission(request, obj)
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None):
+        obj = self.get_object(request, object_id)
+        if obj is not None and obj.declared:
+            self.message_user(
+                request,
+                services.declared_refusal(obj).message,
+                messages.WARNING,
+            )
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def get_urls(self) -> list[Any]:
+        return [
+            path("import-config/", self.admin_site.admin_view(self.import_config_view), name="catalog_model_import"),
+            *super().get_urls(),
+        ]
+
+    def import_config_view(self, request: HttpRequest) -> HttpResponse:
+        """Create or refresh a model's shape from an uploaded config.json (and index)."""
+        from catalog.checkpoint import parse_config_bytes, parse_index_bytes, shape_from_config
+
+        if not self.has_add_permission(request):
+            return HttpResponse(status=403)
+        form = ImportConfigForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                config = parse_config_bytes(form.cleaned_data["config"].read(), "config.json")
+                upload = form.cleaned_data["index"]
+                index = parse_index_bytes(upload.read(), upload.name) if upload else None
+                shape = shape_from_config(config, index=index, source="config.json")
+                model = services.model_import(
+                    name=form.cleaned_data["name"], source=form.cleaned_data["source"], shape=shape.as_fields()
+                )
+            except DomainError as exc:
+                form.add_error(None, exc.message)
+            else:
+                for note in shape.notes:
+                    self.message_user(request, note, messages.WARNING)
+                self.message_user(request, f"Imported the shape of {model.name}.", messages.SUCCESS)
+                return HttpResponseRedirect(reverse("admin:catalog_servedmodel_change", args=[model.pk]))
+        context = {**self.admin_site.each_context(request), "form": form, "opts": self.model._meta,
+                   "title": "Import a model from config.json"}
+        return render(request, "admin/catalog/servedmodel/import_config.html", context)
+
+
+@admin.register(Profile)
+class ProfileAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    list_display = ["__str__", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "revision"]
+    list_filter = ["engine", "gpu_class"]
+    search_fields = ["name", "model__name"]
+    list_select_related = ["model", "gpu_class"]
+    readonly_fields = ["revision"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return not (obj and obj.model.declared) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return not (obj and obj.model.declared) and super().has_delete_permission(request, obj)
+
+
+class ShardInline(admin.TabularInline):
+    model = Shard
+    extra = 0
+    autocomplete_fields = ["card"]
+
+
+@admin.register(Card)
+class CardAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    list_display = ["__str__", "gpu_class", "node"]
+    list_filter = ["gpu_class", "node"]
+    search_fields = ["node__name"]
+    list_select_related = ["node", "gpu_class"]
+
+
+@admin.register(Replica)
+class ReplicaAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    inlines = [ShardInline]
+    list_display = ["name", "model_name", "profile", "state", "revision", "is_stale", "port"]
+    list_filter = ["state", "profile__engine", "profile__model"]
+    search_fields = ["name", "profile__model__name"]
+    list_select_related = ["profile__model"]
+
+    @admin.display(description="model", ordering="profile__model__name")
+    def model_name(self, obj: Replica) -> str:
+        return obj.profile.model.name
+
+    @admin.display(description="stale", boolean=True)
+    def is_stale(self, obj: Replica) -> bool:
+        return obj.revision < obj.profile.revision
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin):
+    """Read-only: the audit log is append-only, whoever is asking."""
+
+    list_display = ["at", "actor", "via", "action", "object_type", "object_key", "request_id"]
+    list_filter = ["via", "action", "object_type"]
+    search_fields = ["actor", "object_key", "object_repr", "message", "request_id"]
+    date_hierarchy = "at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,57 @@
+"""One error shape for the whole API: {"detail": "...", "code": "..."} (+ "change")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from catalog.errors import DomainError
+
+
+def _flatten(detail: Any, prefix: str = "") -> list[str]:
+    """DRF's nested validation errors as "field: sentence" strings."""
+    if isinstance(detail, dict):
+        out: list[str] = []
+        for key, value in detail.items():
+            label = "" if key in ("non_field_errors", "detail") else f"{prefix}{key}"
+            out += _flatten(value, f"{label}." if label else "")
+        return out
+    if isinstance(detail, list):
+        out = []
+        for item in detail:
+            out += _flatten(item, prefix)
+        return out
+    text = str(detail)
+    return [f"{prefix.rstrip('.')}: {text}" if prefix else text]
+
+
+def _first_code(detail: Any, default: str) -> str:
+    if isinstance(detail, exceptions.ErrorDetail):
+        return detail.code or default
+    if isinstance(detail, dict):
+        for value in detail.values():
+            return _first_code(value, default)
+    if isinstance(detail, list) and detail:
+        return _first_code(detail[0], default)
+    return default
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DomainError):
+        return Response(exc.as_dict(), status=exc.status)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None  # unknown exceptions are not swallowed: Django's 500 handling applies
+    if isinstance(exc, exceptions.ValidationError):
+        sentences = _flatten(exc.detail)
+        code = _first_code(exc.detail, "invalid")
+        response.data = {"detail": "; ".join(sentences), "code": "invalid" if code in ("invalid", "required") else code}
+        response.status_code = status.HTTP_400_BAD_REQUEST
+        return response
+    if isinstance(exc, exceptions.APIException):
+        detail = exc.detail
+        response.data = {"detail": " ".join(_flatten(detail)), "code": _first_code(detail, exc.default_code)}
+    return response

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from rest_framework import permissions
+
+
+class ModelPermissionsWithRead(permissions.DjangoModelPermissions):
+    """Reads need sign-in; writes need the model's add/change/delete permission."""
+
+    authenticated_users_only = True
+    perms_map = {
+        **permissions.DjangoModelPermissions.perms_map,
+        "GET": [],
+        "OPTIONS": [],
+        "HEAD": [],
+    }
+
+    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+        if not (request.user and request.user.is_authenticated):
+            return False
+        if getattr(view, "queryset", None) is None and not hasattr(view, "get_queryset"):
+            return True  # operation views declare their own permission
+        return super().has_permission(request, view)
+
+
+class CanResize(permissions.BasePermission):
+    message = "You need the 'resize model' permission to resize a model or change its context."
+
+    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+        return bool(request.user and request.user.is_authenticated and request.user.has_perm("catalog.resize_model"))
+
+
+class CanRestart(permissions.BasePermission):
+    message = "You need the 'restart model' permission to restart a model's replicas."
+
+    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+        return bool(
+            request.user and request.user.is_authenticated and request.user.has_perm("catalog.restart_model")
+        )

@@ -1,0 +1,106 @@
+"""Catalog serializers: they translate, the services decide."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField(help_text="A plain sentence: what is wrong and how to fix it.")
+    code = serializers.CharField(help_text="A stable machine-readable code.")
+
+
+class GPUClassSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GPUClass
+        fields = ["id", "name", "memory_mib", "usable_mib", "compute_capability"]
+
+
+class CardSerializer(serializers.ModelSerializer):
+    gpu_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    replica = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Card
+        fields = ["index", "gpu_class", "replica"]
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_replica(self, card: Card) -> str | None:
+        shard = getattr(card, "shard", None)
+        return shard.replica.name if shard is not None else None
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    cards = CardSerializer(many=True, read_only=True)
+    agent_token = serializers.CharField(write_only=True, help_text="Never shown again once set.")
+
+    class Meta:
+        model = Node
+        fields = ["id", "name", "agent_url", "agent_token", "state", "cards"]
+
+
+class ProfileSerializer(serializers.ModelSerializer):
+    model = serializers.SlugRelatedField(slug_field="name", queryset=ServedModel.objects.all())
+    gpu_class = serializers.SlugRelatedField(
+        slug_field="name", queryset=GPUClass.objects.all(), allow_null=True, required=False
+    )
+    args = serializers.ListField(child=serializers.CharField(allow_blank=True), required=False)
+    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    cards = serializers.IntegerField(read_only=True, help_text="Cards one replica uses.")
+
+    class Meta:
+        model = Profile
+        fields = ["id", "model", "name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env",
+                  "revision", "cards"]
+        read_only_fields = ["revision"]
+        validators: list[Any] = []  # uniqueness is the service's and the database's to say
+
+
+class ProfileInModelSerializer(ProfileSerializer):
+    class Meta(ProfileSerializer.Meta):
+        fields = [f for f in ProfileSerializer.Meta.fields if f != "model"]
+
+
+SHAPE_FIELDS = ["layers", "attention_heads", "kv_heads", "head_dim", "dtype", "attention", "kv_bytes_per_token",
+                "weight_bytes", "expert_bytes", "sliding_window", "sliding_layers"]
+
+
+class ServedModelSerializer(serializers.ModelSerializer):
+    profiles = ProfileInModelSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = ServedModel
+        fields = ["id", "name", "source", "context_length", *SHAPE_FIELDS, "declared", "declared_in", "profiles"]
+        read_only_fields = ["declared", "declared_in"]
+
+
+class ShardSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    cards = serializers.ListField(child=serializers.IntegerField())
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    model = serializers.CharField(source="profile.model.name", read_only=True)
+    profile = serializers.PrimaryKeyRelatedField(queryset=Profile.objects.all())
+    stale = serializers.SerializerMethodField()
+    shards = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Replica
+        fields = ["id", "name", "model", "profile", "port", "state", "revision", "stale", "shards"]
+        read_only_fields = ["state", "revision"]
+
+    def get_stale(self, replica: Replica) -> bool:
+        return replica.revision < replica.profile.revision
+
+    @extend_schema_field(ShardSerializer(many=True))
+    def get_shards(self, replica: Replica) -> list[dict[str, Any]]:
+        by_node: dict[str, list[int]] = {}
+        for shard in replica.shards.all():
+            by_node.setdefault(shard.card.node.name, []).append(shard.card.index)
+        return [{"node": node, "cards": sorted(cards)} for node, cards in sorted(by_node.items())]

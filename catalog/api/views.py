@@ -1,0 +1,111 @@
+"""Catalog CRUD: each write goes through the entity's service."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db.models import Prefetch
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import viewsets
+
+from catalog.api import serializers as s
+from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from catalog.services import catalog as services
+
+_errors = {
+    400: OpenApiResponse(s.ErrorSerializer, description="Invalid input"),
+    403: OpenApiResponse(s.ErrorSerializer, description="Not signed in, or missing the permission"),
+    409: OpenApiResponse(s.ErrorSerializer, description="Refused: declared, in use, or a conflict"),
+}
+
+
+class ServiceViewSet(viewsets.ModelViewSet):
+    """A ModelViewSet whose writes call ``save_service`` / ``delete_service``."""
+
+    save_service: Callable[..., Any]
+    delete_service: Callable[..., Any]
+
+    def perform_create(self, serializer: Any) -> None:
+        instance = serializer.Meta.model(**serializer.validated_data)
+        serializer.instance = type(self).save_service(instance=instance)
+
+    def perform_update(self, serializer: Any) -> None:
+        instance = serializer.instance
+        for field, value in serializer.validated_data.items():
+            setattr(instance, field, value)
+        serializer.instance = type(self).save_service(instance=instance)
+
+    def perform_destroy(self, instance: Any) -> None:
+        type(self).delete_service(instance=instance)
+
+
+def _crud_schema(name: str) -> Callable[[type], type]:
+    return extend_schema_view(
+        create=extend_schema(responses={201: None, **_errors}, summary=f"Create a {name}"),
+        update=extend_schema(responses={200: None, **_errors}, summary=f"Replace a {name}"),
+        partial_update=extend_schema(responses={200: None, **_errors}, summary=f"Change a {name}"),
+        destroy=extend_schema(responses={204: None, **_errors}, summary=f"Remove a {name}"),
+    )
+
+
+@_crud_schema("GPU class")
+class GPUClassViewSet(ServiceViewSet):
+    queryset = GPUClass.objects.all()
+    serializer_class = s.GPUClassSerializer
+    filterset_fields = ["name", "compute_capability"]
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+    save_service = staticmethod(services.gpu_class_save)
+    delete_service = staticmethod(services.gpu_class_delete)
+
+
+_cards = Prefetch(
+    "cards", queryset=Card.objects.select_related("gpu_class", "shard__replica").order_by("index")
+)
+
+
+@_crud_schema("node")
+class NodeViewSet(ServiceViewSet):
+    queryset = Node.objects.prefetch_related(_cards)
+    serializer_class = s.NodeSerializer
+    filterset_fields = ["state", "name"]
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+    save_service = staticmethod(services.node_save)
+    delete_service = staticmethod(services.node_delete)
+
+
+@_crud_schema("model")
+class ServedModelViewSet(ServiceViewSet):
+    queryset = ServedModel.objects.prefetch_related(
+        Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class"))
+    )
+    serializer_class = s.ServedModelSerializer
+    filterset_fields = ["declared", "attention", "profiles__engine", "profiles__gpu_class__name"]
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+    save_service = staticmethod(services.model_save)
+    delete_service = staticmethod(services.model_delete)
+
+
+@_crud_schema("profile")
+class ProfileViewSet(ServiceViewSet):
+    queryset = Profile.objects.select_related("model", "gpu_class")
+    serializer_class = s.ProfileSerializer
+    filterset_fields = ["engine", "model__name", "gpu_class__name"]
+    save_service = staticmethod(services.profile_save)
+    delete_service = staticmethod(services.profile_delete)
+
+
+@_crud_schema("replica")
+class ReplicaViewSet(ServiceViewSet):
+    queryset = Replica.objects.select_related("profile__model").prefetch_related(
+        Prefetch("shards", queryset=Shard.objects.select_related("card__node"))
+    )
+    serializer_class = s.ReplicaSerializer
+    filterset_fields = ["state", "profile__model__name", "profile"]
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+    save_service = staticmethod(services.replica_save)
+    delete_service = staticmethod(services.replica_delete)

@@ -1,0 +1,91 @@
+"""The append-only audit log: one entry per change, chained by hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class AuditLogIsAppendOnly(Exception):
+    """Raised on any attempt to change or remove an audit entry."""
+
+
+class AuditQuerySet(models.QuerySet):
+    def update(self, **kwargs: Any) -> int:
+        raise AuditLogIsAppendOnly("audit entries are never updated")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AuditLogIsAppendOnly("audit entries are never deleted")
+
+
+class AuditEntry(models.Model):
+    class Via(models.TextChoices):
+        UI = "ui", "pages"
+        API = "api", "API"
+        ADMIN = "admin", "admin"
+        CLI = "cli", "command"
+        WORKER = "worker", "worker"
+
+    at = models.DateTimeField(db_index=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, related_name="+",
+        # An account with a history is deactivated, not deleted: the log is never rewritten.
+        on_delete=models.PROTECT,
+    )
+    actor = models.CharField(max_length=150, help_text="The user name, or the command's or worker's name, copied.")
+    via = models.CharField(max_length=8, choices=Via.choices)
+    action = models.CharField(max_length=64, db_index=True)
+    object_type = models.CharField(max_length=64, db_index=True)
+    object_key = models.CharField(max_length=200, db_index=True)
+    object_repr = models.CharField(max_length=300)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    message = models.TextField(blank=True, default="")
+    request_id = models.CharField(max_length=64, blank=True, default="", db_index=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    objects = AuditQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "audit entries"
+        constraints = [
+            models.CheckConstraint(condition=Q(via__in=["ui", "api", "admin", "cli", "worker"]), name="audit_via_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_type} {self.object_key}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise AuditLogIsAppendOnly("audit entries are never updated")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AuditLogIsAppendOnly("audit entries are never deleted")
+
+    def compute_hash(self) -> str:
+        """The hash of this entry's content and the previous entry's hash."""
+        content = {
+            "prev": self.prev_hash,
+            "at": self.at.isoformat(),
+            "user_id": self.user_id,
+            "actor": self.actor,
+            "via": self.via,
+            "action": self.action,
+            "object_type": self.object_type,
+            "object_key": self.object_key,
+            "object_repr": self.object_repr,
+            "before": self.before,
+            "after": self.after,
+            "message": self.message,
+            "request_id": self.request_id,
+        }
+        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()

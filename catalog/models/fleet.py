@@ -1,0 +1,85 @@
+"""The hardware: kinds of card, the nodes that hold them, and each card."""
+
+from __future__ import annotations
+
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+
+name_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+    "Use letters, digits, dots, dashes and underscores, starting with a letter or digit.",
+)
+capability_validator = RegexValidator(r"^\d{1,2}\.\d$", "Write the compute capability as major.minor, e.g. 9.0.")
+
+
+class GPUClass(models.Model):
+    """A kind of card. ``usable_mib`` is what an engine may fill: the card budget."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[name_validator])
+    memory_mib = models.PositiveIntegerField(help_text="Total memory of one card, in MiB (nvidia-smi's figure).")
+    usable_mib = models.PositiveIntegerField(help_text="What an engine may fill on one card, in MiB.")
+    compute_capability = models.CharField(max_length=8, validators=[capability_validator])
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "GPU class"
+        verbose_name_plural = "GPU classes"
+        constraints = [
+            models.CheckConstraint(condition=Q(memory_mib__gte=1), name="gpuclass_memory_positive"),
+            models.CheckConstraint(
+                condition=Q(usable_mib__gte=1) & Q(usable_mib__lte=models.F("memory_mib")),
+                name="gpuclass_usable_within_memory",
+                violation_error_message="Usable memory must be between 1 MiB and the card's total memory.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.usable_mib * 2**20
+
+    @property
+    def capability_tuple(self) -> tuple[int, int]:
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
+
+
+class Node(models.Model):
+    class State(models.TextChoices):
+        READY = "ready"
+        CORDONED = "cordoned"
+        DOWN = "down"
+
+    name = models.CharField(max_length=64, unique=True, validators=[name_validator])
+    agent_url = models.URLField(help_text="Base URL of the node agent, e.g. http://10.0.0.5:9101")
+    agent_token = models.CharField(max_length=200, help_text="Bearer token the node agent expects.")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=["ready", "cordoned", "down"]), name="node_state_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Card(models.Model):
+    """One card in a node. It is free when no replica holds it (no Shard row)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="cards")
+    index = models.PositiveSmallIntegerField()
+    gpu_class = models.ForeignKey(GPUClass, on_delete=models.PROTECT, related_name="cards")
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="card_index_unique_on_node"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}#{self.index}"

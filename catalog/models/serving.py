@@ -1,0 +1,152 @@
+"""What is served: models with their shape, profiles, replicas and their cards."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import F, Q
+
+from catalog.models.fleet import Card, GPUClass, name_validator
+
+
+class ServedModel(models.Model):
+    """A served model. Shape fields are None when unknown: checks that need them are skipped."""
+
+    class Attention(models.TextChoices):
+        MHA = "mha", "MHA"
+        GQA = "gqa", "GQA"
+        MQA = "mqa", "MQA"
+        MLA = "mla", "MLA"
+
+    name = models.CharField(max_length=128, unique=True, validators=[name_validator])
+    source = models.CharField(max_length=500, help_text="Hugging Face repo id or a path on the nodes.")
+    context_length = models.PositiveIntegerField(null=True, blank=True, help_text="Tokens the model supports.")
+    # The shape, read from the checkpoint's config.json and safetensors index or headers.
+    layers = models.PositiveIntegerField(null=True, blank=True)
+    attention_heads = models.PositiveIntegerField(null=True, blank=True)
+    kv_heads = models.PositiveIntegerField(null=True, blank=True)
+    head_dim = models.PositiveIntegerField(null=True, blank=True)
+    dtype = models.CharField(max_length=32, blank=True, default="")
+    attention = models.CharField(max_length=8, choices=Attention.choices, blank=True, default="")
+    kv_bytes_per_token = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="KV cache per token for the whole model, every layer keeping every token."
+    )
+    weight_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    expert_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="MoE routed-expert weights.")
+    sliding_window = models.PositiveIntegerField(null=True, blank=True)
+    sliding_layers = models.PositiveIntegerField(default=0, help_text="Layers that keep only the sliding window.")
+    declared = models.BooleanField(default=False, help_text="Comes from the cluster settings file; read-only here.")
+    declared_in = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "model"
+        db_table = "catalog_model"
+        permissions = [
+            ("resize_model", "Can resize a model or change its context"),
+            ("restart_model", "Can restart a model's replicas"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(context_length__isnull=True) | Q(context_length__gte=1), name="model_context_positive"
+            ),
+            models.CheckConstraint(condition=Q(layers__isnull=True) | Q(layers__gte=1), name="model_layers_positive"),
+            models.CheckConstraint(
+                condition=Q(attention_heads__isnull=True) | Q(attention_heads__gte=1), name="model_heads_positive"
+            ),
+            models.CheckConstraint(condition=Q(kv_heads__isnull=True) | Q(kv_heads__gte=1), name="model_kv_heads_positive"),
+            models.CheckConstraint(condition=Q(head_dim__isnull=True) | Q(head_dim__gte=1), name="model_head_dim_positive"),
+            models.CheckConstraint(
+                condition=Q(weight_bytes__isnull=True) | Q(weight_bytes__gte=1), name="model_weights_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(sliding_window__isnull=True) | Q(sliding_window__gte=1), name="model_window_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Profile(models.Model):
+    """How a model is served. ``revision`` goes up on every change; replicas record the one they run."""
+
+    model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="profiles")
+    name = models.CharField(max_length=64, validators=[name_validator])
+    engine = models.CharField(max_length=32)
+    gpu_class = models.ForeignKey(
+        GPUClass, null=True, blank=True, on_delete=models.PROTECT, related_name="profiles",
+        help_text="Empty: runs on CPUs only.",
+    )
+    gpus_per_node = models.PositiveSmallIntegerField(default=1)
+    tp = models.PositiveSmallIntegerField(default=1, verbose_name="tensor-parallel width")
+    nodes = models.PositiveSmallIntegerField(default=1)
+    pp = models.PositiveSmallIntegerField(default=0, verbose_name="pipeline stages")
+    args = models.JSONField(default=list, blank=True, help_text="Engine arguments, a list of strings.")
+    env = models.JSONField(default=dict, blank=True, help_text="Environment variables, a mapping of strings.")
+    revision = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["model__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "name"], name="profile_name_unique_per_model"),
+            models.CheckConstraint(condition=Q(gpus_per_node__gte=1), name="profile_gpus_per_node_positive"),
+            models.CheckConstraint(condition=Q(tp__gte=1), name="profile_tp_positive"),
+            models.CheckConstraint(condition=Q(nodes__gte=1), name="profile_nodes_positive"),
+            models.CheckConstraint(condition=Q(revision__gte=1), name="profile_revision_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}/{self.name}"
+
+    @property
+    def cards(self) -> int:
+        return max(self.gpus_per_node, self.tp, 1) * max(self.nodes, self.pp, 1)
+
+
+class Replica(models.Model):
+    class State(models.TextChoices):
+        STARTING = "starting"
+        LOADING = "loading"
+        READY = "ready"
+        FAILED = "failed"
+        STOPPED = "stopped"
+
+    LIVE_STATES = ("starting", "loading", "ready")
+
+    name = models.CharField(max_length=128, unique=True, validators=[name_validator])
+    profile = models.ForeignKey(Profile, on_delete=models.PROTECT, related_name="replicas")
+    port = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.STARTING)
+    revision = models.PositiveIntegerField(help_text="The profile revision this replica runs.")
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(port__gte=1) & Q(port__lte=65535), name="replica_port_range"),
+            models.CheckConstraint(condition=Q(revision__gte=1), name="replica_revision_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in self.LIVE_STATES
+
+
+class Shard(models.Model):
+    """One card a replica holds. A card is held by at most one replica."""
+
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards")
+    card = models.OneToOneField(Card, on_delete=models.PROTECT, related_name="shard")
+
+    class Meta:
+        ordering = ["card__node__name", "card__index"]
+
+    def __str__(self) -> str:
+        return f"{self.replica.name} on {self.card}"
+
+
+def stale_replicas_q() -> Q:
+    """Replicas running an older revision than their profile's."""
+    return Q(revision__lt=F("profile__revision"))

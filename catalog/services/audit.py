@@ -1,0 +1,104 @@
+"""The only place audit entries are written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from django.db import connection, models
+from django.utils import timezone
+
+from catalog.actor import Actor, current_actor
+from catalog.models import AuditEntry
+
+GENESIS_HASH = "0" * 64
+# One lock for the chain: each entry must see the hash of the one committed before it.
+_CHAIN_LOCK_KEY = 0x6C6C6D67  # "llmg"
+
+SECRET_FIELDS = frozenset({"agent_token"})
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as it will read back from a JSON column, so the hash is stable."""
+    return json.loads(json.dumps(value, default=str, sort_keys=True))
+
+
+def snapshot(instance: models.Model) -> dict[str, Any]:
+    """The object's fields as JSON, foreign keys by their name, secrets masked."""
+    out: dict[str, Any] = {}
+    for field in instance._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        if field.name in SECRET_FIELDS:
+            # A fingerprint, so a rotation shows as a change without the secret in the log.
+            secret = getattr(instance, field.attname)
+            out[field.name] = f"sha256:{hashlib.sha256(secret.encode()).hexdigest()[:8]}" if secret else ""
+        elif field.is_relation:
+            related = getattr(instance, field.name)
+            out[field.name] = None if related is None else str(related)
+        else:
+            out[field.name] = getattr(instance, field.attname)
+    return jsonable(out)
+
+
+def _lock_chain() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
+    # SQLite runs write transactions one at a time (IMMEDIATE), which is the lock.
+
+
+def audit_record(
+    *,
+    action: str,
+    object_type: str,
+    object_key: str,
+    object_repr: str = "",
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+    message: str = "",
+    actor: Actor | None = None,
+) -> AuditEntry:
+    """Append one entry, chained to the last; must run inside the change's transaction."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("audit_record must run inside the transaction of the change it records")
+    actor = actor or current_actor()
+    _lock_chain()
+    prev = AuditEntry.objects.order_by("-id").values_list("hash", flat=True).first() or GENESIS_HASH
+    entry = AuditEntry(
+        at=timezone.now(),
+        user=actor.resolved_user,
+        actor=actor.display_name[:150],
+        via=actor.via,
+        action=action,
+        object_type=object_type,
+        object_key=str(object_key)[:200],
+        object_repr=(object_repr or str(object_key))[:300],
+        before=None if before is None else jsonable(before),
+        after=None if after is None else jsonable(after),
+        message=message,
+        request_id=actor.request_id[:64],
+        prev_hash=prev,
+    )
+    entry.hash = entry.compute_hash()
+    entry.save()
+    return entry
+
+
+def changed_fields(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[str]:
+    before, after = before or {}, after or {}
+    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+
+
+def verify_chain() -> list[str]:
+    """Problems in the chain: an entry altered, removed or inserted. Empty when intact."""
+    problems: list[str] = []
+    prev = GENESIS_HASH
+    for entry in AuditEntry.objects.order_by("id").iterator():
+        if entry.prev_hash != prev:
+            problems.append(f"entry {entry.pk}: the entry before it was removed or altered")
+        if entry.compute_hash() != entry.hash:
+            problems.append(f"entry {entry.pk}: its content does not match its hash (altered)")
+        prev = entry.hash
+    return problems

@@ -1,0 +1,253 @@
+"""Every write to the catalog: validate, save inside a transaction, audit there.
+
+Each public function is ``<entity>_<action>(*, ..., actor=None)``; the actor
+defaults to the one the entry point set (middleware, command, worker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, models, transaction
+from django.db.models.deletion import ProtectedError
+
+from catalog.actor import Actor
+from catalog.errors import DomainError, conflict
+from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from catalog.services.audit import audit_record, changed_fields, snapshot
+
+M = TypeVar("M", bound=models.Model)
+
+# A change to any of these is a change to what runs: replicas on the old revision are stale.
+SERVING_FIELDS = ("engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env")
+
+
+def validation_sentence(exc: ValidationError) -> str:
+    if hasattr(exc, "message_dict"):
+        parts = []
+        for field, messages in exc.message_dict.items():
+            label = "" if field == "__all__" else f"{field}: "
+            parts.append(label + " ".join(messages))
+        return "; ".join(parts)
+    return " ".join(exc.messages)
+
+
+def declared_refusal(model: ServedModel) -> DomainError:
+    where = model.declared_in or settings.LLMGW_CLUSTER_SETTINGS
+    return conflict(
+        "declared",
+        f"Model {model.name} is declared in the cluster's settings ({where}) and is read-only here: "
+        "change it in that file, then run `python manage.py sync_cluster_settings`.",
+    )
+
+
+def ensure_not_declared(model: ServedModel | None) -> None:
+    if model is not None and model.declared:
+        raise declared_refusal(model)
+
+
+def _object_type(instance: models.Model) -> str:
+    return instance._meta.model_name or type(instance).__name__.lower()
+
+
+def _save(
+    instance: M,
+    *,
+    actor: Actor | None,
+    message: str = "",
+    before_save: Callable[[M, dict[str, Any] | None], None] | None = None,
+) -> M:
+    """Validate and save ``instance``, writing one audit entry; nothing is saved on failure."""
+    model_cls = type(instance)
+    creating = instance.pk is None
+    try:
+        with transaction.atomic():
+            before = None
+            if not creating:
+                current = model_cls._default_manager.select_for_update().get(pk=instance.pk)
+                before = snapshot(current)
+            if before_save is not None:
+                before_save(instance, before)
+            instance.full_clean()
+            instance.save()
+            after = snapshot(instance)
+            if not creating and not changed_fields(before, after):
+                return instance  # nothing changed: nothing to record
+            audit_record(
+                action="create" if creating else "update",
+                object_type=_object_type(instance),
+                object_key=str(getattr(instance, "name", None) or instance),
+                object_repr=str(instance),
+                before=before,
+                after=after,
+                message=message or ("" if creating else "changed " + ", ".join(changed_fields(before, after))),
+                actor=actor,
+            )
+    except ValidationError as exc:
+        raise DomainError("invalid", validation_sentence(exc)) from exc
+    except IntegrityError as exc:
+        raise DomainError("integrity", f"The database refused the change: {exc}".strip()) from exc
+    return instance
+
+
+def _delete(instance: models.Model, *, actor: Actor | None, message: str = "") -> None:
+    try:
+        with transaction.atomic():
+            before = snapshot(instance)
+            key = str(getattr(instance, "name", None) or instance)
+            repr_ = str(instance)
+            instance.delete()
+            audit_record(
+                action="delete",
+                object_type=_object_type(instance),
+                object_key=key,
+                object_repr=repr_,
+                before=before,
+                after=None,
+                message=message,
+                actor=actor,
+            )
+    except ProtectedError as exc:
+        users = sorted({str(o) for o in exc.protected_objects})[:5]
+        raise conflict(
+            "in_use", f"{instance} is still used by {', '.join(users)}: remove or move those first."
+        ) from exc
+
+
+# GPU classes, nodes, cards ---------------------------------------------------------------
+
+
+def gpu_class_save(*, instance: GPUClass, actor: Actor | None = None) -> GPUClass:
+    return _save(instance, actor=actor)
+
+
+def gpu_class_delete(*, instance: GPUClass, actor: Actor | None = None) -> None:
+    _delete(instance, actor=actor)
+
+
+def node_save(*, instance: Node, actor: Actor | None = None) -> Node:
+    return _save(instance, actor=actor)
+
+
+def node_delete(*, instance: Node, actor: Actor | None = None) -> None:
+    if Shard.objects.filter(card__node=instance).exists():
+        raise conflict("in_use", f"Node {instance.name} has cards held by replicas: stop or move them first.")
+    _delete(instance, actor=actor)
+
+
+def card_save(*, instance: Card, actor: Actor | None = None) -> Card:
+    return _save(instance, actor=actor)
+
+
+def card_delete(*, instance: Card, actor: Actor | None = None) -> None:
+    _delete(instance, actor=actor)
+
+
+# Models and profiles ----------------------------------------------------------------------
+
+
+def model_save(*, instance: ServedModel, actor: Actor | None = None, from_settings: bool = False) -> ServedModel:
+    """Save a model; a declared one only from the cluster settings sync."""
+
+    def guard(obj: ServedModel, before: dict[str, Any] | None) -> None:
+        if from_settings:
+            return
+        if before is not None and before.get("declared"):
+            raise declared_refusal(obj)
+        if obj.declared:
+            raise DomainError(
+                "declared", "Only the cluster settings sync may mark a model declared.", status=409
+            )
+
+    return _save(instance, actor=actor, before_save=guard)
+
+
+def model_delete(*, instance: ServedModel, actor: Actor | None = None, from_settings: bool = False) -> None:
+    if not from_settings:
+        ensure_not_declared(instance)
+    if Replica.objects.filter(profile__model=instance).exclude(state=Replica.State.STOPPED).exists():
+        raise conflict("in_use", f"Model {instance.name} has replicas that are not stopped: stop them first.")
+    Replica.objects.filter(profile__model=instance, state=Replica.State.STOPPED).delete()
+    _delete(instance, actor=actor)
+
+
+def validate_profile_spec(profile: Profile) -> None:
+    """Engine known, arguments a list of strings, env a mapping of strings, nothing refused."""
+    from catalog.planning import engines  # the registry is data; loaded once
+
+    engine = engines.engine(profile.engine)
+    if not isinstance(profile.args, list) or not all(isinstance(a, str) for a in profile.args):
+        raise DomainError("invalid", "args must be a list of strings, e.g. [\"--max-model-len\", \"8192\"].")
+    if not isinstance(profile.env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in profile.env.items()
+    ):
+        raise DomainError("invalid", "env must be a mapping of strings to strings, e.g. {\"HF_HUB_OFFLINE\": \"1\"}.")
+    refusals = engines.refused(engine, profile.args, profile.env)
+    if refusals:
+        raise DomainError("refused_arg", " ".join(refusals))
+
+
+def profile_save(
+    *, instance: Profile, actor: Actor | None = None, from_settings: bool = False, message: str = ""
+) -> Profile:
+    """Save a profile; its revision goes up whenever what it runs changes."""
+
+    def guard(obj: Profile, before: dict[str, Any] | None) -> None:
+        model = ServedModel.objects.select_for_update().get(pk=obj.model_id)
+        if not from_settings:
+            ensure_not_declared(model)
+        validate_profile_spec(obj)
+        if before is not None:
+            proposed = snapshot(obj)
+            if any(before.get(f) != proposed.get(f) for f in SERVING_FIELDS):
+                obj.revision = int(before["revision"]) + 1
+
+    return _save(instance, actor=actor, before_save=guard, message=message)
+
+
+def profile_delete(*, instance: Profile, actor: Actor | None = None, from_settings: bool = False) -> None:
+    if not from_settings:
+        ensure_not_declared(instance.model)
+    _delete(instance, actor=actor)
+
+
+# Replicas and their cards -----------------------------------------------------------------
+
+
+def replica_save(*, instance: Replica, actor: Actor | None = None, message: str = "") -> Replica:
+    return _save(instance, actor=actor, message=message)
+
+
+def replica_delete(*, instance: Replica, actor: Actor | None = None) -> None:
+    _delete(instance, actor=actor)
+
+
+def shard_save(*, instance: Shard, actor: Actor | None = None) -> Shard:
+    def guard(obj: Shard, before: dict[str, Any] | None) -> None:
+        if Shard.objects.filter(card_id=obj.card_id).exclude(pk=obj.pk).exists():
+            raise conflict("card_busy", f"Card {obj.card} is held by another replica.")
+
+    return _save(instance, actor=actor, before_save=guard)
+
+
+def shard_delete(*, instance: Shard, actor: Actor | None = None) -> None:
+    _delete(instance, actor=actor)
+
+
+def model_import(
+    *, name: str, source: str, shape: dict[str, Any], actor: Actor | None = None, message: str = ""
+) -> ServedModel:
+    """Create a model from a checkpoint's shape, or refresh an existing one's shape."""
+    with transaction.atomic():
+        instance = ServedModel.objects.select_for_update().filter(name=name).first()
+        if instance is None:
+            instance = ServedModel(name=name)
+        else:
+            ensure_not_declared(instance)
+        instance.source = source
+        for field, value in shape.items():
+            setattr(instance, field, value if value is not None or field not in ("dtype", "attention") else "")
+        return _save(instance, actor=actor, message=message or f"shape imported from {source}")

@@ -1,0 +1,157 @@
+"""The audit write path: one entry per change, in the change's transaction, chained."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+from django.db.models.deletion import ProtectedError
+
+from catalog.actor import Actor, acting_as
+from catalog.errors import DomainError
+from catalog.models import AuditEntry, GPUClass, Node, ServedModel
+from catalog.models.audit import AuditLogIsAppendOnly
+from catalog.services import catalog as services
+from catalog.services.audit import GENESIS_HASH, audit_record, verify_chain
+from tests import builders as b
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_create_writes_one_entry_with_actor_via_and_after(actor):
+    services.gpu_class_save(instance=GPUClass(name="l4-24g", memory_mib=23034, usable_mib=20000,
+                                              compute_capability="8.9"))
+    (entry,) = AuditEntry.objects.all()
+    assert (entry.actor, entry.via, entry.action, entry.object_type, entry.object_key) == (
+        "pytest", "cli", "create", "gpuclass", "l4-24g")
+    assert entry.before is None
+    assert entry.after["usable_mib"] == 20000
+    assert entry.request_id == actor.request_id
+    assert entry.prev_hash == GENESIS_HASH
+
+
+def test_an_update_records_before_and_after_and_what_changed(actor):
+    cls = b.gpu_class("l4-24g", memory_mib=23034, usable_mib=20000, capability="8.9")
+    cls.usable_mib = 21000
+    services.gpu_class_save(instance=cls)
+    (entry,) = AuditEntry.objects.all()
+    assert entry.action == "update"
+    assert (entry.before["usable_mib"], entry.after["usable_mib"]) == (20000, 21000)
+    assert "usable_mib" in entry.message
+
+
+def test_saving_without_a_change_writes_nothing(actor):
+    cls = b.gpu_class()
+    services.gpu_class_save(instance=cls)
+    assert AuditEntry.objects.count() == 0
+
+
+def test_a_refused_change_writes_no_entry_and_saves_nothing(actor):
+    cls = b.gpu_class("l4-24g", memory_mib=23034, usable_mib=20000, capability="8.9")
+    cls.usable_mib = 99999  # more than the card has
+    with pytest.raises(DomainError) as err:
+        services.gpu_class_save(instance=cls)
+    assert err.value.code == "invalid"
+    assert "usable" in err.value.message.lower()
+    assert AuditEntry.objects.count() == 0
+    assert GPUClass.objects.get(name="l4-24g").usable_mib == 20000
+
+
+def test_an_entry_is_written_inside_the_change_and_rolls_back_with_it(actor):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.gpu_class_save(instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0"))
+        raise RuntimeError("the caller's transaction fails later")
+    assert not GPUClass.objects.filter(name="x").exists()
+    assert AuditEntry.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_audit_record_refuses_to_run_outside_a_transaction(actor):
+    with pytest.raises(RuntimeError, match="inside the transaction"):
+        audit_record(action="x", object_type="y", object_key="z")
+
+
+def test_no_actor_means_no_change():
+    with pytest.raises(RuntimeError, match="no actor is set"):
+        services.gpu_class_save(instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0"))
+    assert not GPUClass.objects.exists()
+
+
+def test_node_tokens_are_never_written_to_the_log(actor):
+    node = services.node_save(instance=Node(name="gpu-1", agent_url="http://127.0.0.1:9", agent_token="s3cret"))
+    node.agent_token = "n3w-s3cret"
+    services.node_save(instance=node)
+    entries = list(AuditEntry.objects.order_by("id"))
+    assert len(entries) == 2  # the rotation is recorded...
+    assert entries[1].message == "changed agent_token"
+    assert entries[1].before["agent_token"] != entries[1].after["agent_token"]
+    assert all("s3cret" not in str(e.before) + str(e.after) + e.message for e in entries)
+
+
+def test_a_user_acting_through_a_request_is_recorded_with_a_copied_name(db):
+    user = b.user("alice")
+    with acting_as(Actor(via="ui", user=user, request_id="req-1")):
+        services.model_save(instance=ServedModel(name="m", source="org/m"))
+    entry = AuditEntry.objects.get()
+    assert (entry.user, entry.actor, entry.via, entry.request_id) == (user, "alice", "ui", "req-1")
+    with pytest.raises(ProtectedError):
+        user.delete()  # accounts with a history are deactivated, not deleted
+
+
+def test_entries_are_never_updated_or_deleted_through_the_orm(actor):
+    services.gpu_class_save(instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0"))
+    entry = AuditEntry.objects.get()
+    entry.message = "rewritten"
+    with pytest.raises(AuditLogIsAppendOnly):
+        entry.save()
+    with pytest.raises(AuditLogIsAppendOnly):
+        entry.delete()
+    with pytest.raises(AuditLogIsAppendOnly):
+        AuditEntry.objects.all().delete()
+    with pytest.raises(AuditLogIsAppendOnly):
+        AuditEntry.objects.update(message="x")
+
+
+def test_the_database_refuses_to_change_or_remove_an_entry_even_by_raw_sql(actor):
+    services.gpu_class_save(instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0"))
+    for sql in ("UPDATE catalog_auditentry SET message = 'x'", "DELETE FROM catalog_auditentry"):
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as c:
+            c.execute(sql)
+    assert AuditEntry.objects.count() == 1
+
+
+def _tamper(sql: str) -> None:
+    """Change the log behind the application's back, the way an attacker with SQL access would."""
+    with connection.cursor() as c:
+        if connection.vendor == "postgresql":
+            c.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            c.execute("ALTER TABLE catalog_auditentry DISABLE TRIGGER catalog_audit_no_update")
+            c.execute(sql)
+            c.execute("ALTER TABLE catalog_auditentry ENABLE TRIGGER catalog_audit_no_update")
+        else:
+            c.execute("DROP TRIGGER catalog_audit_no_update")
+            c.execute("DROP TRIGGER catalog_audit_no_delete")
+            c.execute(sql)
+
+
+def _three_entries() -> list[AuditEntry]:
+    for name in ("a", "b", "c"):
+        services.gpu_class_save(instance=GPUClass(name=name, memory_mib=10, usable_mib=5, compute_capability="8.0"))
+    return list(AuditEntry.objects.order_by("id"))
+
+
+def test_the_chain_links_each_entry_to_the_one_before(actor):
+    entries = _three_entries()
+    assert [e.prev_hash for e in entries[1:]] == [e.hash for e in entries[:-1]]
+    assert verify_chain() == []
+
+
+def test_an_altered_entry_is_detected(actor):
+    entries = _three_entries()
+    _tamper(f"UPDATE catalog_auditentry SET actor = 'mallory' WHERE id = {entries[1].pk}")
+    assert verify_chain() == [f"entry {entries[1].pk}: its content does not match its hash (altered)"]
+
+
+def test_a_removed_entry_is_detected(actor):
+    entries = _three_entries()
+    _tamper(f"DELETE FROM catalog_auditentry WHERE id = {entries[1].pk}")
+    assert verify_chain() == [f"entry {entries[2].pk}: the entry before it was removed or altered"]
