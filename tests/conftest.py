@@ -7,7 +7,9 @@ from catalog.actor import Actor, acting_as
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if connection.vendor == "postgresql":
+    from django.conf import settings
+
+    if not settings.configured or connection.vendor == "postgresql":
         return
     skip = pytest.mark.skip(
         reason="needs PostgreSQL: row locks and concurrent connections; SQLite runs one writer at a time"

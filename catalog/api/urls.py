@@ -4,7 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from catalog.api import views
+from catalog.api import operations, views
 
 router = DefaultRouter()
 router.register("gpu-classes", views.GPUClassViewSet, basename="gpuclass")
@@ -16,5 +16,7 @@ router.register("replicas", views.ReplicaViewSet, basename="replica")
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("models/<str:name>/gpus/", operations.ResizeView.as_view(), name="model-gpus"),
+    path("models/<str:name>/context/", operations.ContextView.as_view(), name="model-context"),
     path("", include(router.urls)),
 ]

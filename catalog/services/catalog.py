@@ -58,6 +58,7 @@ def _save(
     *,
     actor: Actor | None,
     message: str = "",
+    action: str | None = None,
     before_save: Callable[[M, dict[str, Any] | None], None] | None = None,
 ) -> M:
     """Validate and save ``instance``, writing one audit entry; nothing is saved on failure."""
@@ -77,7 +78,7 @@ def _save(
             if not creating and not changed_fields(before, after):
                 return instance  # nothing changed: nothing to record
             audit_record(
-                action="create" if creating else "update",
+                action=action or ("create" if creating else "update"),
                 object_type=_object_type(instance),
                 object_key=str(getattr(instance, "name", None) or instance),
                 object_repr=str(instance),
@@ -191,7 +192,8 @@ def validate_profile_spec(profile: Profile) -> None:
 
 
 def profile_save(
-    *, instance: Profile, actor: Actor | None = None, from_settings: bool = False, message: str = ""
+    *, instance: Profile, actor: Actor | None = None, from_settings: bool = False, message: str = "",
+    action: str | None = None,
 ) -> Profile:
     """Save a profile; its revision goes up whenever what it runs changes."""
 
@@ -205,7 +207,7 @@ def profile_save(
             if any(before.get(f) != proposed.get(f) for f in SERVING_FIELDS):
                 obj.revision = int(before["revision"]) + 1
 
-    return _save(instance, actor=actor, before_save=guard, message=message)
+    return _save(instance, actor=actor, before_save=guard, message=message, action=action)
 
 
 def profile_delete(*, instance: Profile, actor: Actor | None = None, from_settings: bool = False) -> None:

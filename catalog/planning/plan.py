@@ -1,0 +1,371 @@
+"""The two planned changes: a model to N cards, and a model to T tokens of
+context. Each runs every check in DESIGN.md's order and answers with the
+``Change``, or refuses with a ``DomainError`` carrying the part of the change
+worked out so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from catalog.errors import DomainError
+from catalog.planning.engines import Engine, engine, parse_capability, with_context
+from catalog.planning.memory import card_memory, longest_context_that_fits
+from catalog.planning.room import room_for
+from catalog.planning.rules import MAX_CARDS, context_of, heads_known, pick_profile, respread, splits_heads
+from catalog.planning.types import CardMemory, Change, GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
+from catalog.planning.units import and_list, cards, gib, gib_short
+
+CONTEXT_CHANGE = "the context change (POST /api/models/{name}/context/)"
+
+
+class _Notes:
+    """What could not be checked, each thing said once, in the order found."""
+
+    def __init__(self) -> None:
+        self._sentences: list[str] = []
+
+    def add(self, sentence: str) -> None:
+        if sentence not in self._sentences:
+            self._sentences.append(sentence)
+
+    def text(self) -> str:
+        return " ".join(self._sentences)
+
+
+def _is_count(value: object) -> bool:
+    # bool is an int subclass; True is not a card count.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _refuse_declared(model: ModelSpec) -> None:
+    if model.declared:
+        where = f" ({model.declared_in})" if model.declared_in else ""
+        raise DomainError(
+            "declared",
+            f"{model.name} is declared in the cluster's settings file and is read-only here; "
+            f"change it there{where}.",
+            status=409,
+        )
+
+
+def _with_change(err: DomainError, change: Change, notes: _Notes) -> DomainError:
+    """``err`` again, carrying the change worked out so far."""
+    return DomainError(err.code, err.message, status=err.status, change=_finish(change, notes).as_dict())
+
+
+def _finish(change: Change, notes: _Notes) -> Change:
+    return replace(change, note=notes.text())
+
+
+def _engine_of(p: ProfileSpec, change: Change, notes: _Notes) -> Engine:
+    try:
+        return engine(p.engine)
+    except DomainError as err:
+        raise _with_change(err, change, notes) from None
+
+
+def _check_class(
+    eng: Engine, p: ProfileSpec, spec: GPUClassSpec | None, change: Change, notes: _Notes
+) -> int | None:
+    """The class's usable bytes a card (None: unknown), after refusing a class
+    older than the engine needs (400 ``capability``)."""
+    if spec is None:
+        notes.add(
+            f"The {p.gpu_class} class is not in the catalog, so its usable memory and compute capability "
+            "are not checked."
+        )
+        return None
+    have, need = parse_capability(spec.capability), parse_capability(eng.min_capability)
+    if have is None:
+        notes.add(f"The compute capability of {spec.name} cards is not known, so it is not checked.")
+    elif need is not None and have < need:
+        raise DomainError(
+            "capability",
+            f"The {eng.name} engine needs cards of compute capability {eng.min_capability} or newer; "
+            f"{spec.name} cards are {spec.capability}.",
+            change=_finish(change, notes).as_dict(),
+        )
+    return spec.usable_bytes if spec.usable_bytes > 0 else None
+
+
+def _unknown_note(model: ModelSpec, context: int | None, *, heads_checked: bool | None) -> str | None:
+    """One sentence naming what is not known and the checks that skips; None
+    when nothing was skipped. ``heads_checked`` is None when the head split is
+    not a check of this change."""
+    shape = model.shape
+    heads, memory = "how its heads split over the cards", "what each card holds"
+    skipped: list[str] = []
+    unknown: list[tuple[str, bool]] = []  # (what, is it plural)
+    if shape is None:
+        skipped = [heads, memory] if heads_checked is False else [memory]
+        unknown = [("shape", False)]
+    else:
+        if heads_checked is False:
+            skipped.append(heads)
+            unknown += [
+                (what, True)
+                for what, n in (("KV heads", shape.kv_heads), ("attention heads", shape.attention_heads))
+                if not n
+            ]
+        missing = [
+            (what, plural)
+            for what, plural, known in (
+                ("weight bytes", True, shape.weight_bytes is not None),
+                ("KV-cache bytes per token", True, shape.kv_bytes_per_token is not None),
+                ("context", False, bool(context)),
+            )
+            if not known
+        ]
+        if missing:
+            skipped.append(memory)
+            unknown += missing
+    if not skipped:
+        return None
+    verb = "are" if len(unknown) > 1 or unknown[0][1] else "is"
+    checks = "are" if len(skipped) > 1 else "is"
+    what = and_list([w for w, _ in unknown])
+    return f"{model.name}'s {what} {verb} not known, so {and_list(skipped)} {checks} not checked."
+
+
+def _memory_refusal(
+    *,
+    model: ModelSpec,
+    eng: Engine,
+    p: ProfileSpec,
+    shape: Shape,
+    memory: CardMemory,
+    budget: int,
+    next_cards: int | None,
+) -> str:
+    n = memory.cards
+    held = (
+        f"On {n} {p.gpu_class} {'card' if n == 1 else 'cards'} each would hold {gib(memory.need)} GiB "
+        f"(weights {gib(memory.weights)}, KV cache {gib(memory.kv)} for {memory.context} tokens, "
+        f"overhead {gib(memory.overhead)}), more than the {gib_short(budget)} GiB usable on each."
+    )
+    more = f"more cards ({cards(next_cards)} would hold it)" if next_cards else "more cards"
+    shorter = longest_context_that_fits(eng, shape, n, budget, memory.context)
+    context = CONTEXT_CHANGE.format(name=model.name)
+    if shorter:
+        less = f"a shorter context (at most {shorter} tokens fits on {cards(n)}) through {context}"
+    else:
+        less = f"a shorter context through {context}, though even one token does not fit on {cards(n)}"
+    return f"{held} Two ways out: {more}, or {less}."
+
+
+def _fewest_cards_that_fit(eng: Engine, shape: Shape, context: int, budget: int, above: int) -> int | None:
+    """The fewest cards above ``above`` that the engine can spread over and
+    whose share fits ``budget``, or None."""
+    if eng.spread == "single":
+        return None
+    for n in range(above + 1, MAX_CARDS + 1):
+        if eng.spread == "tensor" and not splits_heads(shape.kv_heads, shape.attention_heads, n):
+            continue
+        memory = card_memory(eng, shape, n, context, budget)
+        if memory is not None and memory.fits:
+            return n
+    return None
+
+
+def _check_memory(
+    *,
+    model: ModelSpec,
+    eng: Engine,
+    p: ProfileSpec,
+    n: int,
+    context: int | None,
+    budget: int | None,
+    change: Change,
+    notes: _Notes,
+    heads_checked: bool | None,
+) -> Change:
+    note = _unknown_note(model, context, heads_checked=heads_checked)
+    if note:
+        notes.add(note)
+    memory = card_memory(eng, model.shape, n, context, budget)
+    if memory is None:
+        return change
+    change = replace(change, memory=memory, per_card=memory.per_card)
+    if not memory.fits:
+        assert (
+            model.shape is not None and budget is not None and context is not None
+        )  # fits is True otherwise
+        raise DomainError(
+            "memory",
+            _memory_refusal(
+                model=model,
+                eng=eng,
+                p=p,
+                shape=model.shape,
+                memory=memory,
+                budget=budget,
+                next_cards=_fewest_cards_that_fit(eng, model.shape, context, budget, n),
+            ),
+            change=_finish(change, notes).as_dict(),
+        )
+    return change
+
+
+def _check_room(
+    nodes: Iterable[NodeRoom],
+    p: ProfileSpec,
+    n: int,
+    *,
+    running: int,
+    in_place: bool,
+    change: Change,
+    notes: _Notes,
+) -> Change:
+    assert p.gpu_class is not None  # pick_profile never answers a CPU-only profile
+    try:
+        room = room_for(nodes, p.gpu_class, n, running=running > 0, in_place=in_place)
+    except DomainError as err:
+        raise _with_change(err, change, notes) from None
+    return replace(change, room=room, in_place=room.in_place)
+
+
+def plan_resize(
+    *,
+    model: ModelSpec,
+    gpus: int,
+    profile: str | None,
+    in_place: bool,
+    classes: Mapping[str, GPUClassSpec],
+    nodes: Iterable[NodeRoom],
+    running: int,
+) -> Change:
+    """The change that spreads ``model``'s profile over ``gpus`` cards of one
+    node, after every check of DESIGN.md's "Resize", in its order.
+
+    Refusals: ``declared`` (409), ``gpus_range``, the profile's
+    (``no_profile``, ``cpu_only``, ``ambiguous_profile``), ``unknown_engine``,
+    ``unchanged``, ``capability``, ``heads``, ``single_card_engine``,
+    ``memory`` (400), and the room's (409). Those after the profile is chosen
+    carry ``change``. What could not be checked (an unknown shape, context or
+    class) is said once in ``note``, never refused. ``running`` is how many
+    replicas the model has running now; ``in_place`` asks to stop each before
+    its replacement starts when there is no room beside it.
+    """
+    _refuse_declared(model)
+    if not _is_count(gpus) or not 1 <= gpus <= MAX_CARDS:
+        raise DomainError("gpus_range", f"A replica uses 1 to {MAX_CARDS} cards; {gpus!r} was asked for.")
+
+    p = pick_profile(model, profile)
+    notes = _Notes()
+    change = Change(
+        model=model.name,
+        profile=p.name,
+        engine=p.engine,
+        gpu_class=p.gpu_class,
+        before=p.cards,
+        after=gpus,
+        kind="gpus",
+        args=p.args,
+    )
+    eng = _engine_of(p, change, notes)
+    if p.cards == gpus:
+        raise DomainError(
+            "unchanged",
+            f"{model.name}'s {p.name} profile already uses {cards(gpus)}.",
+            change=change.as_dict(),
+        )
+    budget = _check_class(eng, p, classes.get(p.gpu_class or ""), change, notes)
+
+    try:
+        new = respread(p, gpus, model.shape, eng)
+    except DomainError as err:
+        raise _with_change(err, change, notes) from None
+    change = replace(change, args=new.args, new_profile=new)
+
+    change = _check_memory(
+        model=model,
+        eng=eng,
+        p=new,
+        n=gpus,
+        context=context_of(model, new, eng),
+        budget=budget,
+        change=change,
+        notes=notes,
+        heads_checked=heads_known(model.shape) if eng.spread == "tensor" else None,
+    )
+    change = _check_room(nodes, p, gpus, running=running, in_place=in_place, change=change, notes=notes)
+    return _finish(change, notes)
+
+
+def plan_context(
+    *,
+    model: ModelSpec,
+    tokens: int,
+    profile: str | None,
+    in_place: bool,
+    classes: Mapping[str, GPUClassSpec],
+    nodes: Iterable[NodeRoom],
+    running: int,
+) -> Change:
+    """The change that sets the context of ``model``'s profile to ``tokens``:
+    the engine's context flag is written (every other spelling of it, and its
+    environment variable, dropped), then the memory and room checks of a
+    resize run at the profile's current card count — a new context needs a
+    restart too. ``before`` and ``after`` are tokens.
+
+    Refusals: ``declared`` (409), ``context_range`` (1 to the model's context
+    length, when known), the profile's, ``unknown_engine``, ``unchanged``,
+    ``capability``, ``memory`` (400) and the room's (409).
+    """
+    _refuse_declared(model)
+    limit = model.context_length
+    if not _is_count(tokens) or tokens < 1 or (limit is not None and tokens > limit):
+        allowed = f"1 to {limit} tokens" if limit is not None else "at least 1 token"
+        raise DomainError(
+            "context_range", f"{model.name}'s context can be {allowed}; {tokens!r} was asked for."
+        )
+
+    p = pick_profile(model, profile)
+    notes = _Notes()
+    change = Change(
+        model=model.name,
+        profile=p.name,
+        engine=p.engine,
+        gpu_class=p.gpu_class,
+        before=None,
+        after=tokens,
+        kind="context",
+        args=p.args,
+    )
+    eng = _engine_of(p, change, notes)
+    before = context_of(model, p, eng)
+    change = replace(change, before=before)
+    if before == tokens:
+        raise DomainError(
+            "unchanged",
+            f"{model.name}'s {p.name} profile already serves a context of {tokens} tokens.",
+            change=change.as_dict(),
+        )
+    budget = _check_class(eng, p, classes.get(p.gpu_class or ""), change, notes)
+
+    try:
+        args = with_context(eng, p.args, tokens)
+    except DomainError as err:
+        raise _with_change(err, change, notes) from None
+    # The flag now wins over any environment spelling; dropping those keeps
+    # the profile from saying two things.
+    env = tuple((k, v) for k, v in p.env if k not in eng.context_env)
+    new = replace(p, args=tuple(args), env=env)
+    change = replace(change, args=new.args, new_profile=new)
+
+    n = p.cards
+    change = _check_memory(
+        model=model,
+        eng=eng,
+        p=new,
+        n=n,
+        context=tokens,
+        budget=budget,
+        change=change,
+        notes=notes,
+        heads_checked=None,
+    )
+    change = _check_room(nodes, p, n, running=running, in_place=in_place, change=change, notes=notes)
+    return _finish(change, notes)

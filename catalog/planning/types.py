@@ -1,0 +1,213 @@
+"""The plain data the planner reads and answers with.
+
+Frozen dataclasses, built by the services from the ORM (or by tests by hand):
+nothing here touches a database or a request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from catalog.planning.units import gib, gib_short
+
+Attention = Literal["mha", "gqa", "mqa", "mla"]
+ChangeKind = Literal["gpus", "context"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the checkpoint says about a model's size; any figure may be unknown.
+
+    ``kv_bytes_per_token`` is for the whole model as if every layer kept every
+    token; ``sliding_layers`` of the ``layers`` keep only the last
+    ``sliding_window`` tokens. ``expert_bytes`` is the part of
+    ``weight_bytes`` held by mixture-of-experts experts.
+    """
+
+    layers: int | None = None
+    attention_heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    attention: str | None = None  # one of Attention, or unknown
+    kv_bytes_per_token: int | None = None
+    weight_bytes: int | None = None
+    expert_bytes: int | None = None
+    sliding_window: int | None = None
+    sliding_layers: int = 0
+    context_length: int | None = None
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """How a model is served: engine, card class (None: CPU only), layout, arguments."""
+
+    name: str
+    engine: str
+    gpu_class: str | None
+    gpus_per_node: int = 1
+    tp: int = 1
+    nodes: int = 1
+    pp: int = 0
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def cards(self) -> int:
+        """Cards one replica uses: ``max(gpus_per_node, tp, 1) × max(nodes, pp, 1)``."""
+        return max(self.gpus_per_node, self.tp, 1) * max(self.nodes, self.pp, 1)
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.gpu_class is None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A served model as the planner needs it.
+
+    ``declared_in`` says where a declared model is changed (e.g. the settings
+    file and the command that edits it).
+    """
+
+    name: str
+    context_length: int | None
+    declared: bool
+    declared_in: str | None
+    shape: Shape | None
+    profiles: tuple[ProfileSpec, ...]
+
+
+@dataclass(frozen=True)
+class GPUClassSpec:
+    """A kind of card: the memory an engine may fill, and its compute capability ("9.0")."""
+
+    name: str
+    usable_bytes: int
+    capability: str
+
+
+@dataclass(frozen=True)
+class NodeRoom:
+    """One node's cards of one class.
+
+    ``free`` are held by no replica; ``own`` are held by the model being
+    changed (they come free if its replicas are stopped first).
+    """
+
+    node: str
+    ready: bool
+    gpu_class: str
+    cards: int
+    free: int
+    own: int
+
+
+@dataclass(frozen=True)
+class CardMemory:
+    """What each of ``cards`` cards holds, in bytes, for ``context`` tokens.
+
+    ``budget`` is the class's usable memory per card, None when unknown.
+    """
+
+    cards: int
+    weights: int
+    kv: int
+    overhead: int
+    need: int
+    budget: int | None
+    context: int
+
+    @property
+    def fits(self) -> bool:
+        """True unless the budget is known and the need exceeds it."""
+        return self.budget is None or self.need <= self.budget
+
+    @property
+    def per_card(self) -> str:
+        """E.g. "34.1 GiB a card of 4, of 72 usable"."""
+        text = f"{gib(self.need)} GiB a card of {self.cards}"
+        if self.budget is not None:
+            text += f", of {gib_short(self.budget)} usable"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cards": self.cards,
+            "weights": self.weights,
+            "kv": self.kv,
+            "overhead": self.overhead,
+            "need": self.need,
+            "budget": self.budget,
+            "context": self.context,
+            "fits": self.fits,
+        }
+
+
+@dataclass(frozen=True)
+class Room:
+    """Where the new replicas fit.
+
+    ``in_place`` is True only when they fit nowhere beside the running ones
+    and stopping each first was asked for. ``beside`` lists the nodes with
+    the cards free now; ``in_place_nodes`` those with them free once the
+    model's own replicas stop.
+    """
+
+    in_place: bool
+    beside: tuple[str, ...] = ()
+    in_place_nodes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "in_place": self.in_place,
+            "beside": list(self.beside),
+            "in_place_nodes": list(self.in_place_nodes),
+        }
+
+
+@dataclass(frozen=True)
+class Change:
+    """A planned change: the answer of a resize (``kind="gpus"``, ``before`` and
+    ``after`` are card counts) or of a context change (``kind="context"``, they
+    are tokens; ``before`` is None when the context was not known).
+
+    ``args`` are the profile's arguments after the change, ``new_profile`` the
+    profile to save, ``note`` what could not be checked. ``restarted`` is
+    filled in by the service that restarts the replicas.
+    """
+
+    model: str
+    profile: str
+    engine: str
+    gpu_class: str | None
+    before: int | None
+    after: int
+    kind: ChangeKind = "gpus"
+    args: tuple[str, ...] = ()
+    per_card: str = ""
+    memory: CardMemory | None = None
+    room: Room | None = None
+    restarted: int = 0
+    in_place: bool = False
+    note: str = ""
+    new_profile: ProfileSpec | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The API's keys (DESIGN.md, "Resize"), plus ``kind``, ``memory`` and ``room``."""
+        return {
+            "model": self.model,
+            "profile": self.profile,
+            "engine": self.engine,
+            "gpu_class": self.gpu_class,
+            "kind": self.kind,
+            "before": self.before,
+            "after": self.after,
+            "args": list(self.args),
+            "per_card": self.per_card,
+            "restarted": self.restarted,
+            "in_place": self.in_place,
+            "note": self.note,
+            "memory": self.memory.as_dict() if self.memory else None,
+            "room": self.room.as_dict() if self.room else None,
+        }

@@ -1,0 +1,119 @@
+"""Resize a model to N cards, or change its context: plan, save, audit, (restart).
+
+The rules are the planner's (catalog.planning); this module reads the catalog
+for it, holds the model's row while the change is saved, and writes the
+profile through profile_save so the audit entry lands in the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from django.db import OperationalError, connection, transaction
+
+from catalog import selectors
+from catalog.actor import Actor
+from catalog.errors import DomainError, conflict, not_found
+from catalog.models import Profile, ServedModel
+from catalog.planning import Change, plan_context, plan_resize
+from catalog.services.catalog import profile_save
+
+
+def _busy(name: str) -> DomainError:
+    return conflict("busy", f"Another change to {name} is being saved right now: look at it, then try again.")
+
+
+def _lock_model(name: str) -> ServedModel:
+    """The model's row, locked for this transaction; ``busy`` if another change holds it."""
+    qs = ServedModel.objects.filter(name=name)
+    if connection.vendor == "postgresql":
+        qs = qs.select_for_update(nowait=True)
+    # SQLite takes the write lock when the transaction begins (IMMEDIATE): a
+    # second writer waits for the first, then sees its change (unchanged).
+    try:
+        model = qs.first()
+    except OperationalError as exc:
+        raise _busy(name) from exc
+    if model is None:
+        raise not_found(f"No model {name!r} in the catalog.")
+    return model
+
+
+def _plan(planner: Callable[..., Change], model: ServedModel, profile: str | None, **kw: Any) -> Change:
+    profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
+    chosen = next((p for p in profiles if p.name == profile), None) if profile else None
+    if chosen is None and not profile:
+        on_cards = [p for p in profiles if p.gpu_class_id]
+        chosen = on_cards[0] if len(on_cards) == 1 else None
+    running = selectors.live_replicas(chosen).count() if chosen else 0
+    return planner(
+        model=selectors.model_spec(model, profiles),
+        profile=profile,
+        classes=selectors.gpu_class_specs(),
+        nodes=selectors.node_rooms(model),
+        running=running,
+        **kw,
+    )
+
+
+def _apply(model: ServedModel, change: Change, *, action: str, message: str, actor: Actor | None) -> Change:
+    new = change.new_profile
+    assert new is not None  # the planner always proposes the profile it approved
+    profile = Profile.objects.select_related("gpu_class").get(model=model, name=change.profile)
+    profile.gpus_per_node, profile.tp, profile.nodes, profile.pp = new.gpus_per_node, new.tp, new.nodes, new.pp
+    profile.args, profile.env = list(new.args), dict(new.env)
+    profile = profile_save(instance=profile, action=action, message=message, actor=actor)
+    stale = selectors.live_replicas(profile).filter(revision__lt=profile.revision).count()
+    note = change.note
+    if stale:
+        note = (note + " " if note else "") + (
+            f"{stale} replica(s) still run the previous revision and were not restarted: "
+            f"python manage.py restart {model.name}"
+        )
+    return replace(change, note=note)
+
+
+def _change_model(
+    name: str, planner: Callable[..., Change], *, profile: str | None, dry_run: bool, action: str,
+    describe: Callable[[Change], str], actor: Actor | None, **kw: Any,
+) -> Change:
+    if dry_run:
+        model = ServedModel.objects.filter(name=name).first()
+        if model is None:
+            raise not_found(f"No model {name!r} in the catalog.")
+        return _plan(planner, model, profile, **kw)
+    with transaction.atomic():
+        model = _lock_model(name)
+        change = _plan(planner, model, profile, **kw)
+        return _apply(model, change, action=action, message=describe(change), actor=actor)
+
+
+def model_resize(
+    *, name: str, gpus: int, profile: str | None = None, in_place: bool = False, dry_run: bool = False,
+    actor: Actor | None = None,
+) -> Change:
+    """Spread ``name``'s profile over ``gpus`` cards of one node.
+
+    Every check of DESIGN.md's "Resize" runs, in its order; a refusal raises
+    DomainError and saves nothing. ``dry_run`` runs them all and saves nothing.
+    """
+    return _change_model(
+        name, plan_resize, profile=profile, dry_run=dry_run, action="resize", actor=actor, gpus=gpus,
+        in_place=in_place,
+        describe=lambda c: f"{c.model}/{c.profile}: {c.before} -> {c.after} cards ({c.per_card or 'memory not checked'})",
+    )
+
+
+def model_set_context(
+    *, name: str, tokens: int, profile: str | None = None, in_place: bool = False, dry_run: bool = False,
+    actor: Actor | None = None,
+) -> Change:
+    """Set the engine's context flag of ``name``'s profile to ``tokens``, with the memory and room checks."""
+    return _change_model(
+        name, plan_context, profile=profile, dry_run=dry_run, action="set_context", actor=actor,
+        tokens=tokens,
+        in_place=in_place,
+        describe=lambda c: f"{c.model}/{c.profile}: context {c.before} -> {c.after} tokens",
+    )

@@ -1,0 +1,209 @@
+"""What each card holds, worked out by hand from the models' config.json.
+
+Figures come from /work/shared/fixtures/hf-configs (config.json and the
+safetensors index's total_size); each test writes out its arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from catalog.planning.engines import engine
+from catalog.planning.memory import card_memory, kv_cache_bytes
+from catalog.planning.types import CardMemory, Shape
+
+GIB = 2**30
+VLLM_OVERHEAD = int(1.5 * GIB)  # the registry's planning figure
+LLAMACPP_OVERHEAD = GIB // 2
+FREETOKEN_OVERHEAD = GIB
+
+# meta-llama/Llama-3.1-8B: 32 layers, 32 attention heads, 8 KV heads, head_dim
+# 4096 / 32 = 128, bfloat16. K and V for every layer and KV head, 2 bytes each:
+LLAMA_KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2
+assert LLAMA_KV_PER_TOKEN == 131072
+LLAMA_WEIGHTS = 16060522496  # total_size, quoted
+LLAMA = Shape(
+    layers=32,
+    attention_heads=32,
+    kv_heads=8,
+    head_dim=128,
+    attention="gqa",
+    kv_bytes_per_token=LLAMA_KV_PER_TOKEN,
+    weight_bytes=LLAMA_WEIGHTS,
+    context_length=131072,
+)
+
+
+def test_gqa_on_fewer_cards_than_kv_heads_splits_the_cache_by_card():
+    # 8192 tokens: 131072 × 8192 = 1 GiB of cache for the whole model; on 4
+    # cards each keeps 2 of the 8 KV heads, a quarter of it.
+    memory = card_memory(engine("vllm"), LLAMA, 4, 8192, 72 * GIB)
+    kv_total = 131072 * 8192
+    assert kv_total == GIB
+    assert memory == CardMemory(
+        cards=4,
+        weights=16060522496 // 4,  # 4015130624, exact
+        kv=kv_total // 4,  # 268435456
+        overhead=VLLM_OVERHEAD,
+        need=4015130624 + 268435456 + VLLM_OVERHEAD,  # 5894178816 ≈ 5.49 GiB
+        budget=72 * GIB,
+        context=8192,
+    )
+    assert memory.fits
+    assert memory.per_card == "5.5 GiB a card of 4, of 72 usable"
+
+
+def test_gqa_on_more_cards_than_kv_heads_keeps_one_head_a_card():
+    # 16 cards, 8 KV heads: cards pair up on a head, so each keeps 1/8 of the
+    # cache, not 1/16. The weights still split 16 ways.
+    memory = card_memory(engine("vllm"), LLAMA, 16, 8192, 72 * GIB)
+    assert memory.kv == GIB // 8  # 134217728, not GIB // 16
+    assert memory.weights == 16060522496 // 16  # 1003782656, exact
+    assert memory.need == 1003782656 + 134217728 + VLLM_OVERHEAD
+
+
+def test_the_full_context_of_llama_on_one_card():
+    # 131072 tokens × 131072 bytes = 16 GiB of cache on one card, plus all
+    # 16060522496 bytes of weights and the overhead: 32.46 GiB.
+    memory = card_memory(engine("vllm"), LLAMA, 1, 131072, 24 * GIB)
+    assert memory.kv == 16 * GIB
+    assert memory.need == 16060522496 + 16 * GIB + VLLM_OVERHEAD
+    assert not memory.fits
+    assert memory.per_card == "32.5 GiB a card of 1, of 24 usable"
+
+
+# deepseek-ai/DeepSeek-V3: 61 layers, MLA with kv_lora_rank 512 and
+# qk_rope_head_dim 64: one latent of 512 + 64 = 576 values a layer a token,
+# 2 bytes each (bf16 cache).
+DEEPSEEK_KV_PER_TOKEN = 61 * (512 + 64) * 2
+assert DEEPSEEK_KV_PER_TOKEN == 70272
+DEEPSEEK_WEIGHTS = 688586727753  # its files' sizes summed (headers included): close enough to plan with
+DEEPSEEK = Shape(
+    layers=61,
+    attention_heads=128,
+    kv_heads=128,
+    attention="mla",
+    kv_bytes_per_token=DEEPSEEK_KV_PER_TOKEN,
+    weight_bytes=DEEPSEEK_WEIGHTS,
+    context_length=163840,
+)
+
+
+@pytest.mark.parametrize("n", [8, 16, 32])
+def test_an_mla_cache_is_whole_on_every_card(n):
+    # 32768 tokens × 70272 bytes = 2302672896 bytes (2.14 GiB), on each card
+    # whatever the count; only the weights shrink.
+    memory = card_memory(engine("sglang"), DEEPSEEK, n, 32768, 141 * GIB)
+    assert memory.kv == 70272 * 32768 == 2302672896
+    assert memory.weights == -(-688586727753 // n)  # rounded up to whole bytes
+    assert memory.need == memory.weights + 2302672896 + VLLM_OVERHEAD
+
+
+def test_llamacpp_splits_layers_so_the_cache_splits_by_card():
+    # A llama.cpp profile of the same 8B model: say a 4920739232-byte GGUF.
+    # 16384 tokens × 131072 = 2 GiB of cache; each of 2 cards keeps half the
+    # layers, so half the cache and half the weights, and llama.cpp's 0.5 GiB.
+    gguf = replace(LLAMA, weight_bytes=4920739232)
+    memory = card_memory(engine("llamacpp"), gguf, 2, 16384, 24 * GIB)
+    assert memory.weights == 4920739232 // 2  # 2460369616
+    assert memory.kv == 2 * GIB // 2  # 1073741824
+    assert memory.overhead == LLAMACPP_OVERHEAD
+    assert memory.need == 2460369616 + 1073741824 + LLAMACPP_OVERHEAD
+
+
+def test_llamacpp_splits_even_an_mla_cache_by_layers():
+    memory = card_memory(engine("llamacpp"), DEEPSEEK, 4, 32768, None)
+    assert memory.kv == 2302672896 // 4
+
+
+# Qwen/Qwen3-30B-A3B: 48 layers, 4 KV heads, head_dim 128, bf16; 128 experts a
+# layer, each gate, up and down of 2048 × 768.
+QWEN_MOE_KV_PER_TOKEN = 2 * 48 * 4 * 128 * 2
+assert QWEN_MOE_KV_PER_TOKEN == 98304
+QWEN_MOE_EXPERTS = 3 * 2048 * 768 * 2 * 128 * 48
+assert QWEN_MOE_EXPERTS == 57982058496
+QWEN_MOE = Shape(
+    layers=48,
+    attention_heads=32,
+    kv_heads=4,
+    head_dim=128,
+    attention="gqa",
+    kv_bytes_per_token=QWEN_MOE_KV_PER_TOKEN,
+    weight_bytes=61064245248,  # total_size, quoted
+    expert_bytes=QWEN_MOE_EXPERTS,
+    context_length=40960,
+)
+
+
+def test_freetoken_keeps_the_experts_off_the_card():
+    # 61064245248 − 57982058496 = 3082186752 bytes stay on the card; 40960
+    # tokens × 98304 = 4026531840 bytes of cache; FreeToken's 1 GiB.
+    memory = card_memory(engine("freetoken"), QWEN_MOE, 1, 40960, 22 * GIB)
+    assert memory.weights == 61064245248 - 57982058496 == 3082186752
+    assert memory.kv == 98304 * 40960 == 4026531840
+    assert memory.need == 3082186752 + 4026531840 + FREETOKEN_OVERHEAD  # 7.62 GiB
+    assert memory.fits
+
+
+def test_an_engine_that_keeps_experts_on_cards_holds_all_the_weights():
+    memory = card_memory(engine("vllm"), QWEN_MOE, 4, 40960, None)
+    assert memory.weights == 61064245248 // 4  # 15266061312, exact
+    assert memory.kv == 4026531840 // 4  # 4 cards, 4 KV heads: a head each
+
+
+# openai/gpt-oss-20b: 24 layers alternating sliding (window 128) and full
+# attention; 8 KV heads, head_dim 64, bf16 cache.
+GPT_OSS = Shape(
+    layers=24,
+    attention_heads=64,
+    kv_heads=8,
+    head_dim=64,
+    attention="gqa",
+    kv_bytes_per_token=2 * 24 * 8 * 64 * 2,  # 49152, as if every layer kept every token
+    weight_bytes=13761264768,
+    sliding_window=128,
+    sliding_layers=12,
+)
+
+
+def test_sliding_window_layers_keep_only_the_window():
+    # 8192 tokens: 12 full layers keep 8192, 12 sliding ones keep 128.
+    # 49152 bytes a token over 24 layers is 2048 a layer a token:
+    # 2048 × (12 × 8192 + 12 × 128) = 204472320.
+    assert kv_cache_bytes(GPT_OSS, 8192) == 2048 * (12 * 8192 + 12 * 128) == 204472320
+    # Shorter than the window, every layer keeps every token.
+    assert kv_cache_bytes(GPT_OSS, 100) == 49152 * 100
+
+
+@pytest.mark.parametrize(
+    ("shape", "context"),
+    [
+        (None, 8192),
+        (Shape(kv_bytes_per_token=131072), 8192),  # weights unknown
+        (Shape(weight_bytes=16060522496), 8192),  # KV per token unknown
+        (LLAMA, None),  # context unknown
+        (LLAMA, 0),
+    ],
+)
+def test_card_memory_is_none_when_a_figure_is_unknown(shape, context):
+    assert card_memory(engine("vllm"), shape, 4, context, 72 * GIB) is None
+
+
+def test_without_a_budget_it_fits_and_says_no_budget():
+    memory = card_memory(engine("vllm"), LLAMA, 4, 8192, None)
+    assert memory.fits
+    assert memory.per_card == "5.5 GiB a card of 4"
+
+
+def test_the_cache_splits_over_every_card_when_kv_heads_are_unknown():
+    shape = Shape(kv_bytes_per_token=131072, weight_bytes=16060522496)
+    assert card_memory(engine("vllm"), shape, 16, 8192, None).kv == GIB // 16
+
+
+def test_mqa_keeps_the_whole_cache_on_each_card():
+    shape = Shape(
+        kv_heads=1, attention_heads=32, kv_bytes_per_token=4096, weight_bytes=10**9, attention="mqa"
+    )
+    assert card_memory(engine("vllm"), shape, 8, 1000, None).kv == 4096 * 1000
