@@ -58,13 +58,14 @@ PROFILES = [
 ]
 
 REPLICAS = [
-    # replica, model, node, cards, port
+    # replica, model, node, cards, port. In the demo every "node" is this
+    # machine, so ports are distinct across nodes too.
     ("llama-3.1-8b-1", "llama-3.1-8b", "gpu-h1", [0], 8001),
-    ("llama-3.1-8b-2", "llama-3.1-8b", "gpu-h2", [0], 8001),
-    ("qwen3-30b-a3b-1", "qwen3-30b-a3b", "gpu-h1", [1, 2], 8002),
-    ("deepseek-v2-lite-1", "deepseek-v2-lite", "gpu-a1", [0, 1], 8003),
-    ("gpt-oss-20b-1", "gpt-oss-20b", "gpu-l1", [0], 8004),
-    ("mistral-7b-1", "mistral-7b", "gpu-l1", [1, 2], 8005),
+    ("llama-3.1-8b-2", "llama-3.1-8b", "gpu-h2", [0], 8002),
+    ("qwen3-30b-a3b-1", "qwen3-30b-a3b", "gpu-h1", [1, 2], 8003),
+    ("deepseek-v2-lite-1", "deepseek-v2-lite", "gpu-a1", [0, 1], 8004),
+    ("gpt-oss-20b-1", "gpt-oss-20b", "gpu-l1", [0], 8005),
+    ("mistral-7b-1", "mistral-7b", "gpu-l1", [1, 2], 8006),
 ]
 
 USERS = [

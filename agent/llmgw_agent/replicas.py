@@ -1,0 +1,769 @@
+"""Replica supervision: start engines as real processes, watch them become
+ready, notice when they die, and stop them with their whole process tree.
+
+One lock guards the replica table and every record in it. Each live replica
+has a watcher thread that waits on its process (so an exit is seen at once)
+and, until the replica is ready, probes its HTTP endpoints every
+``ready_poll_seconds``.
+
+Engines run in their own session (``start_new_session``), so they survive a
+restart of the agent. The table is written to a state file on every change;
+an agent that starts again re-adopts the replicas whose processes are still
+alive (checked by pid *and* start time, so that a reused pid is not mistaken
+for the engine), and marks the others failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from .config import AgentConfig, CardConfig
+from .registry import EngineRules, RegistryError, RegistryFile, refusal
+from .spec import AgentError, Spec, parse_spec
+
+log = logging.getLogger("llmgw_agent")
+
+STARTING, LOADING, READY, FAILED, STOPPED = "starting", "loading", "ready", "failed", "stopped"
+LIVE_STATES = frozenset({STARTING, LOADING, READY})
+LOG_TAIL_LINES = 20
+MAX_FINISHED_RECORDS = 500
+PROBE_TIMEOUT = 2.0
+KILL_WAIT = 5.0
+
+# Readiness probes go straight to 127.0.0.1, never through a proxy from the
+# agent's environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# --- processes ---------------------------------------------------------------
+
+
+class ProcessHandle(Protocol):
+    pid: int
+
+    def exited(self) -> bool: ...
+
+    def exit_code(self) -> int | None: ...
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True once the process is gone."""
+        ...
+
+
+class ChildProcess:
+    """A process this agent started: it can be waited for and has an exit code."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]):
+        self.popen = popen
+        self.pid = popen.pid
+
+    def exited(self) -> bool:
+        return self.popen.poll() is not None
+
+    def exit_code(self) -> int | None:
+        return self.popen.returncode
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self.popen.wait(timeout=max(timeout, 0))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+
+class AdoptedProcess:
+    """An engine started by an earlier run of the agent. It is not our child,
+    so its exit code is unknown; it is gone when its pid no longer names a
+    live process with the start time recorded when it was started."""
+
+    def __init__(self, pid: int, starttime: int):
+        self.pid = pid
+        self.starttime = starttime
+
+    def exited(self) -> bool:
+        stat = proc_stat(self.pid)
+        return stat is None or stat[1] != self.starttime or stat[0] in "ZX"
+
+    def exit_code(self) -> int | None:
+        return None
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.exited():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(0.05, left))
+        return True
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of ``pid`` from /proc, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces.
+    fields = raw[raw.rfind(")") + 2 :].split()
+    try:
+        return fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+_SECRET_FLAG = re.compile(r"^--?[\w-]*(key|token|secret|password)[\w-]*$", re.IGNORECASE)
+
+
+def redacted(argv: list[str]) -> list[str]:
+    """``argv`` for a log line: the value of any flag named like a secret
+    (``--api-key KEY``, ``--hf-token=...``) replaced by ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for token in argv:
+        name, eq, _ = token.partition("=")
+        if hide_next and not token.startswith("-"):
+            out.append("***")
+        elif _SECRET_FLAG.match(name) and eq:
+            out.append(f"{name}=***")
+        else:
+            out.append(token)
+        hide_next = bool(_SECRET_FLAG.match(token))
+    return out
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exit code unknown"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    return f"exit code {code}"
+
+
+# --- readiness ---------------------------------------------------------------
+
+
+def probe(port: int, model: str, timeout: float = PROBE_TIMEOUT) -> tuple[str, str]:
+    """The state an engine on 127.0.0.1:``port`` is in, and why.
+
+    starting: /health does not answer. loading: /health answers but not 200,
+    or says it is loading (a JSON body whose ``status`` is "loading" or
+    "starting"), or /v1/models does not list ``model`` yet. ready: otherwise.
+    """
+    base = f"http://127.0.0.1:{port}"
+    try:
+        status, body = _get(f"{base}/health", timeout)
+    except (OSError, http.client.HTTPException):
+        return STARTING, "/health is not answering yet"
+    if status != 200:
+        return LOADING, f"/health answered {status}"
+    said = _json_status(body)
+    if said in {"loading", "starting"}:
+        return LOADING, f"/health says {said}"
+    try:
+        status, body = _get(f"{base}/v1/models", timeout)
+    except (OSError, http.client.HTTPException):
+        return LOADING, "/v1/models is not answering yet"
+    if status != 200:
+        return LOADING, f"/v1/models answered {status}"
+    if model not in _model_ids(body):
+        return LOADING, f"/v1/models does not list {model} yet"
+    return READY, "ready"
+
+
+def _get(url: str, timeout: float) -> tuple[int, bytes]:
+    try:
+        with _OPENER.open(url, timeout=timeout) as response:
+            return response.status, response.read(1 << 20)
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read(1 << 20)
+
+
+def _json_status(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    status = data.get("status") if isinstance(data, dict) else None
+    return status.strip().lower() if isinstance(status, str) else ""
+
+
+def _model_ids(body: bytes) -> set[str]:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return set()
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return set()
+    return {entry["id"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)}
+
+
+# --- the replica table ---------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Replica:
+    id: str
+    spec: Spec
+    state: str
+    log_path: Path
+    log_offset: int
+    started_at: str
+    ready_deadline: float  # epoch seconds
+    pid: int | None = None
+    starttime: int | None = None
+    ready_at: str | None = None
+    finished_at: str | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    adopted: bool = False
+    handle: ProcessHandle | None = field(default=None, repr=False)
+    stopping: bool = False
+    stop_reason: str = ""
+    timed_out: bool = False
+    killed_after_grace: float | None = None
+    done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+    @property
+    def holds_resources(self) -> bool:
+        """Its cards and port are taken: it is live, or its process is still
+        being stopped."""
+        return self.live or (self.handle is not None and not self.done.is_set())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "engine": self.spec.engine,
+            "model": self.spec.model,
+            "cards": list(self.spec.cards),
+            "port": self.spec.port,
+            "pid": self.pid,
+            "state": self.state,
+            "started_at": self.started_at,
+            "ready_at": self.ready_at,
+            "finished_at": self.finished_at,
+            "exit_code": self.exit_code,
+            "log_tail": self.log_tail() if self.state == FAILED else [],
+            "reason": self.reason,
+            "args": redacted(list(self.spec.args)),
+            "adopted": self.adopted,
+            "log_file": str(self.log_path),
+        }
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
+        """The last ``lines`` lines this run wrote to its log."""
+        try:
+            with self.log_path.open("rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                start = max(self.log_offset, size - 64 * 1024)
+                fh.seek(start)
+                chunk = fh.read()
+        except OSError:
+            return []
+        text = chunk.decode("utf-8", "replace")
+        tail = text.splitlines()
+        if start > self.log_offset and tail:
+            tail = tail[1:]  # the first line was cut in the middle
+        return [line[:2000] for line in tail[-lines:]]
+
+    def as_state(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "spec": self.spec.as_dict(),
+            "state": self.state,
+            "log_path": str(self.log_path),
+            "log_offset": self.log_offset,
+            "started_at": self.started_at,
+            "ready_deadline": self.ready_deadline,
+            "pid": self.pid,
+            "starttime": self.starttime,
+            "ready_at": self.ready_at,
+            "finished_at": self.finished_at,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+        }
+
+
+class Supervisor:
+    """The replicas of one node: the only code that starts or stops engines."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        cards: tuple[CardConfig, ...],
+        *,
+        registry: RegistryFile | None = None,
+        probe: Callable[[int, str], tuple[str, str]] = probe,
+    ):
+        self.config = config
+        self.cards = cards
+        self.registry = registry
+        self._probe = probe
+        self._lock = threading.Lock()
+        self._replicas: dict[str, Replica] = {}
+        self._closing = False
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+        config.state_file.parent.mkdir(parents=True, exist_ok=True)
+
+    # -- reads --
+
+    def node(self) -> list[dict[str, Any]]:
+        with self._lock:
+            holders = {
+                card: rec.id
+                for rec in self._replicas.values()
+                if rec.holds_resources
+                for card in rec.spec.cards
+            }
+        return [
+            {"index": c.index, "name": c.name, "memory_mib": c.memory_mib, "replica": holders.get(c.index)}
+            for c in self.cards
+        ]
+
+    def all_replicas(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [self._replicas[rid].as_dict() for rid in sorted(self._replicas)]
+
+    def get(self, replica_id: str) -> dict[str, Any]:
+        with self._lock:
+            return self._find(replica_id).as_dict()
+
+    # -- start --
+
+    def start(self, replica_id: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """Start the replica ``body`` describes; (201, state) when a process was
+        started, (200, state) when the same spec is already live."""
+        spec = parse_spec(body)
+        engine = self.config.engines.get(spec.engine)
+        if engine is None:
+            known = ", ".join(sorted(self.config.engines))
+            raise AgentError(
+                400,
+                "unknown_engine",
+                f"Engine {spec.engine!r} is not configured on this node (known: {known}).",
+            )
+        refused = refusal(
+            spec.engine,
+            spec.args,
+            [name for name, _ in spec.env],
+            self._rules(spec.engine),
+            port=spec.port,
+            model=spec.model,
+        )
+        if refused is not None:
+            raise AgentError(400, refused.code, refused.sentence)
+        known_cards = {card.index for card in self.cards}
+        missing = [card for card in spec.cards if card not in known_cards]
+        if missing:
+            have = ", ".join(str(i) for i in sorted(known_cards)) or "none"
+            raise AgentError(
+                400,
+                "unknown_card",
+                f"Card {missing[0]} does not exist on node {self.config.node} (cards: {have}).",
+            )
+        if spec.port == self.config.port:
+            raise AgentError(409, "port_busy", f"Port {spec.port} is the agent's own port.")
+
+        with self._lock:
+            if self._closing:
+                raise AgentError(
+                    503, "shutting_down", "The agent is shutting down; try again when it is back."
+                )
+            current = self._replicas.get(replica_id)
+            if current is not None and current.holds_resources:
+                if current.stopping or current.timed_out or not current.live:
+                    raise AgentError(
+                        409,
+                        "stopping",
+                        f"Replica {replica_id} is being stopped; start it again once it has stopped.",
+                    )
+                if current.spec.runs_same_as(spec):
+                    return 200, current.as_dict()
+                raise AgentError(
+                    409,
+                    "spec_conflict",
+                    f"Replica {replica_id} is {current.state} with a different spec; stop it first, or use another id.",
+                )
+            for other in self._replicas.values():
+                if other.id == replica_id or not other.holds_resources:
+                    continue
+                busy = sorted(set(other.spec.cards) & set(spec.cards))
+                if busy:
+                    raise AgentError(
+                        409,
+                        "card_busy",
+                        f"Card {busy[0]} is held by replica {other.id} ({other.state}); pick a free card or stop it first.",
+                    )
+                if other.spec.port == spec.port:
+                    raise AgentError(
+                        409,
+                        "port_busy",
+                        f"Port {spec.port} is used by replica {other.id} ({other.state}); pick another port.",
+                    )
+            record = self._launch(replica_id, spec, engine.command)
+            self._replicas[replica_id] = record
+            self._prune()
+            self._save()
+            return 201, record.as_dict()
+
+    def _rules(self, engine: str) -> EngineRules | None:
+        if self.registry is None:
+            return None
+        try:
+            rules = self.registry.current().get(engine)
+        except RegistryError as exc:
+            # Fail closed: without the registry nobody can say what is safe.
+            raise AgentError(
+                503,
+                "registry_unavailable",
+                f"The engine registry cannot be read, so no replica is started: {exc}.",
+            ) from None
+        if rules is None:
+            raise AgentError(
+                400,
+                "unknown_engine",
+                f"Engine {engine!r} is configured on this node but not in the engine registry "
+                f"{self.registry.path}, so nobody has said which of its flags are safe.",
+            )
+        return rules
+
+    def _launch(self, replica_id: str, spec: Spec, command: tuple[str, ...]) -> Replica:
+        """Start the process (called with the lock held, so that two PUTs cannot
+        both take the same cards)."""
+        argv = [*command, *spec.args]
+        env = {name: value for name, value in os.environ.items() if not name.startswith("LLMGW_")}
+        env.update(spec.env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(card) for card in spec.cards)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["LLMGW_REPLICA_ID"] = replica_id
+        env["LLMGW_REPLICA_PORT"] = str(spec.port)
+        env["LLMGW_SERVED_MODEL"] = spec.model
+
+        log_path = self.config.log_dir / f"{replica_id}.log"
+        started_at = now_iso()
+        with log_path.open("ab") as log_file:
+            offset = log_file.tell()
+            header = (
+                f"{started_at} llmgw-agent: starting replica {replica_id} on cards "
+                f"[{env['CUDA_VISIBLE_DEVICES']}] port {spec.port}: {json.dumps(redacted(argv))}"
+                f" (spec env: {', '.join(name for name, _ in spec.env) or 'none'})\n"
+            )
+            log_file.write(header.encode())
+            log_file.flush()
+            record = Replica(
+                id=replica_id,
+                spec=spec,
+                state=STARTING,
+                log_path=log_path,
+                log_offset=offset,
+                started_at=started_at,
+                ready_deadline=time.time() + spec.ready_timeout,
+                reason="process started; /health is not answering yet",
+            )
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                record.state = FAILED
+                record.finished_at = now_iso()
+                record.reason = f"could not start {argv[0]}: {exc.strerror or exc}"
+                log_file.write(f"llmgw-agent: {record.reason}\n".encode())
+                record.done.set()
+                log.warning("replica %s: %s", replica_id, record.reason)
+                return record
+        record.handle = ChildProcess(popen)
+        record.pid = popen.pid
+        stat = proc_stat(popen.pid)
+        record.starttime = stat[1] if stat else None
+        log.info(
+            "replica %s: started pid %s (%s on cards %s, port %s)",
+            replica_id,
+            popen.pid,
+            spec.engine,
+            list(spec.cards),
+            spec.port,
+        )
+        self._watch_in_background(record)
+        return record
+
+    # -- stop --
+
+    def stop(
+        self, replica_id: str, grace: float | None = None, *, why: str = "stopped through the API"
+    ) -> dict[str, Any]:
+        """Stop the replica and answer once its process is gone: SIGTERM to its
+        process group, SIGKILL after ``grace`` seconds. Stopping a replica that
+        is not running is harmless."""
+        grace = self.config.stop_grace_seconds if grace is None else grace
+        with self._lock:
+            record = self._find(replica_id)
+            if record.handle is None or record.done.is_set():
+                return record.as_dict()
+            record.stopping = True
+            record.stop_reason = why
+        self._terminate(record, grace)
+        record.done.wait(timeout=KILL_WAIT * 2)
+        return self.get(replica_id)
+
+    def _terminate(self, record: Replica, grace: float) -> None:
+        handle = record.handle
+        assert handle is not None
+        pgid = handle.pid
+        log.info("replica %s: stopping pid %s (grace %gs)", record.id, pgid, grace)
+        signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        handle.wait(deadline - time.monotonic())
+        # Give the engine's workers the rest of the grace period too.
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not handle.exited() or group_alive(pgid):
+            with self._lock:
+                record.killed_after_grace = grace
+            signal_group(pgid, signal.SIGKILL)
+            if not handle.wait(KILL_WAIT):
+                log.error("replica %s: pid %s survived SIGKILL for %gs", record.id, pgid, KILL_WAIT)
+
+    def shutdown(self, *, stop_children: bool) -> None:
+        """Refuse new starts; stop every live replica first if ``stop_children``."""
+        with self._lock:
+            self._closing = True
+            live = [
+                rec for rec in self._replicas.values() if rec.handle is not None and not rec.done.is_set()
+            ]
+        if stop_children and live:
+            threads = [
+                threading.Thread(target=self.stop, args=(rec.id,), kwargs={"why": "stopped with the agent"})
+                for rec in live
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        with self._lock:
+            self._save()
+
+    # -- watching --
+
+    def _watch_in_background(self, record: Replica) -> None:
+        threading.Thread(target=self._watch, args=(record,), name=f"watch-{record.id}", daemon=True).start()
+
+    def _watch(self, record: Replica) -> None:
+        handle = record.handle
+        assert handle is not None
+        poll = self.config.ready_poll_seconds
+        while not handle.wait(poll):
+            with self._lock:
+                if record.stopping or record.timed_out or record.state not in (STARTING, LOADING):
+                    continue
+                overdue = time.time() > record.ready_deadline
+                if overdue:
+                    record.timed_out = True
+            if overdue:
+                log.warning(
+                    "replica %s: not ready within %gs; stopping it", record.id, record.spec.ready_timeout
+                )
+                self._terminate(record, self.config.stop_grace_seconds)
+                continue
+            try:
+                state, reason = self._probe(record.spec.port, record.spec.model)
+            except Exception as exc:  # a probe must never kill the watcher
+                log.exception("replica %s: readiness probe failed", record.id)
+                state, reason = LOADING, f"readiness probe failed: {exc}"
+            with self._lock:
+                if (
+                    record.stopping
+                    or record.timed_out
+                    or record.state not in (STARTING, LOADING)
+                    or handle.exited()
+                ):
+                    continue
+                if (state, reason) != (record.state, record.reason):
+                    record.state, record.reason = state, reason
+                    if state == READY:
+                        record.ready_at = now_iso()
+                        log.info("replica %s: ready", record.id)
+                    self._save()
+        self._finished(record)
+
+    def _finished(self, record: Replica) -> None:
+        handle = record.handle
+        assert handle is not None
+        code = handle.exit_code()
+        if not (record.stopping or record.timed_out) and group_alive(handle.pid):
+            # The engine died on its own; whatever it left behind in its
+            # process group (workers holding GPU memory) is of no use now.
+            signal_group(handle.pid, signal.SIGKILL)
+        with self._lock:
+            was = record.state
+            record.exit_code = code
+            record.finished_at = now_iso()
+            if record.stopping:
+                record.state = STOPPED
+                record.reason = record.stop_reason
+                if record.killed_after_grace is not None:
+                    record.reason += f"; killed with SIGKILL after {record.killed_after_grace:g}s without exiting on SIGTERM"
+            elif record.timed_out:
+                record.state = FAILED
+                record.reason = f"not ready within {record.spec.ready_timeout:g}s; stopped by the agent ({was}: {record.reason})"
+            else:
+                record.state = FAILED
+                when = "after it was ready" if was == READY else f"while {was}"
+                if record.adopted and code is None:
+                    record.reason = (
+                        f"exited {when} (not started by this run of the agent, so its exit code is unknown)"
+                    )
+                else:
+                    record.reason = f"exited on its own {when}: {describe_exit(code)}"
+            record.done.set()
+            self._save()
+        log.info("replica %s: %s (%s)", record.id, record.state, record.reason)
+
+    # -- state file --
+
+    def adopt(self) -> int:
+        """Load the state file of an earlier run: re-adopt the engines that are
+        still running, mark the others failed. Returns how many were adopted."""
+        path = self.config.state_file
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            entries = data["replicas"]
+            records = [self._from_state(entry) for entry in entries]
+        except FileNotFoundError:
+            return 0
+        except (OSError, ValueError, KeyError, TypeError, AgentError) as exc:
+            aside = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
+            with contextlib.suppress(OSError):
+                path.rename(aside)
+            log.error(
+                "state file %s cannot be read (%s); moved it to %s and starting with no replicas",
+                path,
+                exc,
+                aside,
+            )
+            return 0
+        adopted = 0
+        with self._lock:
+            for record in records:
+                self._replicas[record.id] = record
+                if record.live:
+                    stat = proc_stat(record.pid) if record.pid else None
+                    if (
+                        stat
+                        and record.starttime is not None
+                        and stat[1] == record.starttime
+                        and stat[0] not in "ZX"
+                    ):
+                        record.handle = AdoptedProcess(record.pid, record.starttime)
+                        record.adopted = True
+                        adopted += 1
+                        log.info(
+                            "replica %s: adopted running pid %s (%s)", record.id, record.pid, record.state
+                        )
+                        self._watch_in_background(record)
+                    else:
+                        record.reason = f"exited while the agent was not running, exit code unknown (it was {record.state})"
+                        record.state = FAILED
+                        record.finished_at = now_iso()
+                        record.done.set()
+                        log.warning("replica %s: %s", record.id, record.reason)
+                else:
+                    record.done.set()
+            self._save()
+        return adopted
+
+    def _from_state(self, entry: Mapping[str, Any]) -> Replica:
+        spec = parse_spec(entry["spec"])
+        return Replica(
+            id=entry["id"],
+            spec=spec,
+            state=entry["state"],
+            log_path=Path(entry["log_path"]),
+            log_offset=int(entry["log_offset"]),
+            started_at=entry["started_at"],
+            ready_deadline=float(entry["ready_deadline"]),
+            pid=entry.get("pid"),
+            starttime=entry.get("starttime"),
+            ready_at=entry.get("ready_at"),
+            finished_at=entry.get("finished_at"),
+            exit_code=entry.get("exit_code"),
+            reason=entry.get("reason", ""),
+        )
+
+    def _save(self) -> None:
+        """Write the table (lock held), atomically: a crash mid-write leaves the
+        previous version."""
+        path = self.config.state_file
+        tmp = path.with_name(f".{path.name}.tmp")
+        data = {"node": self.config.node, "replicas": [rec.as_state() for rec in self._replicas.values()]}
+        try:
+            # Mode 600: a spec's environment may carry an engine's API key.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(data, fh, indent=1)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.error("could not write the state file %s: %s", path, exc)
+
+    def _prune(self) -> None:
+        finished = [rec for rec in self._replicas.values() if not rec.holds_resources]
+        if len(finished) > MAX_FINISHED_RECORDS:
+            finished.sort(key=lambda rec: rec.finished_at or "")
+            for rec in finished[: len(finished) - MAX_FINISHED_RECORDS]:
+                del self._replicas[rec.id]
+
+    def _find(self, replica_id: str) -> Replica:
+        record = self._replicas.get(replica_id)
+        if record is None:
+            raise AgentError(404, "not_found", f"No replica {replica_id[:140]!r} on node {self.config.node}.")
+        return record

@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""A stand-in for an LLM engine (vLLM, SGLang, FreeToken, ...), standard library
+only, so that the whole restart path runs on a machine without a GPU.
+
+    python agent/standin_engine.py --port 8101 --served-model-name qwen-7b [real engine flags...]
+
+It speaks just enough of an engine's HTTP API for the agent and a gateway:
+
+- ``GET /health``: 200 ``{"status": "loading"}`` while it "loads" (as FreeToken
+  does), then 200 ``{"status": "ok"}``;
+- ``GET /v1/models``: ``{"object": "list", "data": [{"id": NAME, "object":
+  "model", ...}], "standin": {"pid", "cuda_visible_devices", "argv", ...}}``;
+  the model is listed only once loaded;
+- ``POST /v1/chat/completions``: an OpenAI-shaped answer echoing the last user
+  message, with usage counts; 503 while loading.
+
+Arguments it does not know are ignored, so real engine flags pass through.
+Behaviour comes from flags or, so that a profile's environment can drive it,
+from variables (a flag wins):
+
+  --port / LLMGW_REPLICA_PORT                 where to listen (127.0.0.1 unless --host)
+  --served-model-name, --alias / LLMGW_SERVED_MODEL   the served name
+  --load-seconds / STANDIN_LOAD_SECONDS       time spent "loading" (default 2)
+  --never-ready / STANDIN_NEVER_READY=1       stay loading forever
+  --exit-at-start CODE / STANDIN_EXIT_AT_START   log a few lines, exit CODE before listening
+  --crash-after SECONDS / STANDIN_CRASH_AFTER    exit 137 that long after starting
+  --ignore-sigterm / STANDIN_IGNORE_SIGTERM=1    only SIGKILL stops it
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+CRASH_EXIT_CODE = 137
+
+
+def log(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    print(f"{stamp} standin[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_float(name: str, default: float | None) -> float | None:
+    raw = os.environ.get(name, "").strip()
+    return float(raw) if raw else default
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        description="Stand-in LLM engine for tests and demos.", allow_abbrev=False
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--served-model-name", "--alias", dest="served_model_name", default=None)
+    parser.add_argument("--load-seconds", type=float, default=None)
+    parser.add_argument("--never-ready", action="store_true", default=None)
+    parser.add_argument("--exit-at-start", type=int, default=None)
+    parser.add_argument("--crash-after", type=float, default=None)
+    parser.add_argument("--ignore-sigterm", action="store_true", default=None)
+    args, unknown = parser.parse_known_args(argv)
+
+    if args.port is None:
+        port = os.environ.get("LLMGW_REPLICA_PORT", "").strip()
+        if not port.isdigit():
+            parser.error("no port: pass --port or set LLMGW_REPLICA_PORT")
+        args.port = int(port)
+    if args.served_model_name is None:
+        args.served_model_name = os.environ.get("LLMGW_SERVED_MODEL", "").strip() or "standin"
+    if args.load_seconds is None:
+        args.load_seconds = _env_float("STANDIN_LOAD_SECONDS", 2.0)
+    if args.never_ready is None:
+        args.never_ready = _env_flag("STANDIN_NEVER_READY")
+    if args.exit_at_start is None and os.environ.get("STANDIN_EXIT_AT_START", "").strip():
+        args.exit_at_start = int(os.environ["STANDIN_EXIT_AT_START"])
+    if args.crash_after is None:
+        args.crash_after = _env_float("STANDIN_CRASH_AFTER", None)
+    if args.ignore_sigterm is None:
+        args.ignore_sigterm = _env_flag("STANDIN_IGNORE_SIGTERM")
+    return args, unknown
+
+
+class Engine:
+    """What the HTTP handler needs to know about the running stand-in."""
+
+    def __init__(self, args: argparse.Namespace, argv: list[str]):
+        self.args = args
+        self.argv = argv
+        self.model = args.served_model_name
+        self.started = time.monotonic()
+
+    @property
+    def loaded(self) -> bool:
+        return not self.args.never_ready and time.monotonic() - self.started >= self.args.load_seconds
+
+
+class StandinHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "llmgw-standin/0.1"
+    sys_version = ""
+    engine: Engine  # set on the subclass made in main()
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            self._json(200, {"status": "ok" if self.engine.loaded else "loading"})
+        elif path == "/v1/models":
+            data = (
+                [{"id": self.engine.model, "object": "model", "owned_by": "llmgw-standin"}]
+                if self.engine.loaded
+                else []
+            )
+            self._json(200, {"object": "list", "data": data, "standin": self._facts()})
+        else:
+            self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if self.path.split("?", 1)[0] != "/v1/chat/completions":
+            self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+            return
+        if not self.engine.loaded:
+            self._json(503, {"error": {"message": "the model is still loading", "type": "unavailable"}})
+            return
+        try:
+            body = json.loads(raw or b"{}")
+            messages = body.get("messages", [])
+            assert isinstance(messages, list)
+        except (ValueError, AssertionError, AttributeError):
+            self._json(
+                400,
+                {
+                    "error": {
+                        "message": "body must be JSON with a messages list",
+                        "type": "invalid_request_error",
+                    }
+                },
+            )
+            return
+        if body.get("model") not in (None, self.engine.model):
+            self._json(
+                404,
+                {
+                    "error": {
+                        "message": f"model {body.get('model')!r} is not served here",
+                        "type": "not_found",
+                    }
+                },
+            )
+            return
+        prompt = " ".join(_text(m.get("content")) for m in messages if isinstance(m, dict))
+        last_user = next(
+            (
+                _text(m.get("content"))
+                for m in reversed(messages)
+                if isinstance(m, dict) and m.get("role") == "user"
+            ),
+            "",
+        )
+        answer = f"echo: {last_user}"
+        prompt_tokens, completion_tokens = len(prompt.split()), len(answer.split())
+        self._json(
+            200,
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.engine.model,
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            },
+        )
+
+    def _facts(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "argv": self.engine.argv,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "replica_id": os.environ.get("LLMGW_REPLICA_ID"),
+            "loaded": self.engine.loaded,
+        }
+
+    def _json(self, status: int, body: Any) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # the readiness polls would drown the log
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args, unknown = parse_args(argv)
+    log(
+        f"starting: argv={json.dumps([sys.argv[0], *argv])} "
+        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')} "
+        f"model={args.served_model_name} port={args.port}"
+    )
+    if unknown:
+        log(f"ignoring engine arguments: {' '.join(unknown)}")
+
+    if args.exit_at_start is not None:
+        log("loading weights ...")
+        log("error: stand-in told to fail at start (STANDIN_EXIT_AT_START)")
+        log(f"exiting with code {args.exit_at_start}")
+        return args.exit_at_start
+
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, lambda *_: log("SIGTERM received and ignored"))
+
+    handler = type("Handler", (StandinHandler,), {"engine": Engine(args, [sys.argv[0], *argv])})
+    try:
+        server = ThreadingHTTPServer((args.host, args.port), handler)
+    except OSError as exc:
+        log(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+        return 1
+    server.daemon_threads = True
+
+    if not args.ignore_sigterm:
+
+        def on_sigterm(*_: Any) -> None:
+            log("SIGTERM received; shutting down")
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    if args.crash_after is not None:
+
+        def crash() -> None:
+            log(f"fatal: simulated crash after {args.crash_after:g}s (CUDA error: an illegal memory access)")
+            os._exit(CRASH_EXIT_CODE)
+
+        timer = threading.Timer(args.crash_after, crash)
+        timer.daemon = True
+        timer.start()
+
+    state = "never ready" if args.never_ready else f"ready in {args.load_seconds:g}s"
+    log(f"listening on {args.host}:{args.port}, serving {args.served_model_name} ({state})")
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever(poll_interval=0.1)
+    server.server_close()
+    log("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""Run the node agent and the stand-in engine as real processes, for tests.
+
+Plain functions and context managers, no pytest or Django dependency, so that
+any test module (the agent's own, the restart operation's, the pages') can
+start a real agent on 127.0.0.1 and talk to it over HTTP::
+
+    with running_agent(tmp_path) as agent:
+        with agent.client() as http:
+            http.put("/v1/replicas/r1", json=standin_spec(port=free_port()))
+            agent.wait_for_state("r1", "ready")
+
+Every agent started here is stopped on exit, and so is every replica it still
+knew about, even when the test failed half-way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+AGENT_DIR = REPO_ROOT / "agent"
+STANDIN = AGENT_DIR / "standin_engine.py"
+
+ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken")
+H100 = "NVIDIA H100 80GB HBM3"
+DEFAULT_CARDS: tuple[Mapping[str, Any], ...] = tuple(
+    {"index": i, "name": H100, "memory_mib": 81559} for i in range(4)
+)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (bind to port 0, read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def standin_command() -> list[str]:
+    """The engine command that runs the stand-in with this interpreter."""
+    return [sys.executable, str(STANDIN)]
+
+
+def standin_spec(
+    *,
+    port: int,
+    model: str = "standin-model",
+    cards: Iterable[int] = (0,),
+    args: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+    load_seconds: float = 0.3,
+    engine: str = "vllm",
+    ready_timeout: float = 60,
+) -> dict[str, Any]:
+    """A PUT /v1/replicas/{id} body for a stand-in that loads in ``load_seconds``."""
+    return {
+        "engine": engine,
+        "model": model,
+        "args": list(args),
+        "env": {"STANDIN_LOAD_SECONDS": str(load_seconds), **(env or {})},
+        "cards": list(cards),
+        "port": port,
+        "ready_timeout": ready_timeout,
+    }
+
+
+def wait_until(
+    predicate: Any, *, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"
+) -> Any:
+    """Call ``predicate`` until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def process_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def toml_config(values: Mapping[str, Any]) -> str:
+    """A small TOML writer for agent configurations: scalars, arrays of
+    scalars, ``cards`` (array of tables) and ``engines`` (table of tables).
+    JSON's spelling of strings, numbers, booleans and arrays is valid TOML."""
+    lines = [
+        f"{key} = {json.dumps(value)}" for key, value in values.items() if key not in ("cards", "engines")
+    ]
+    for card in values.get("cards", ()):
+        lines += ["", "[[cards]]", *(f"{k} = {json.dumps(v)}" for k, v in card.items())]
+    for name, engine in values.get("engines", {}).items():
+        lines += ["", f"[engines.{json.dumps(name)}]", *(f"{k} = {json.dumps(v)}" for k, v in engine.items())]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class RunningAgent:
+    base_url: str
+    token: str
+    node: str
+    directory: Path
+    config_path: Path
+    output_path: Path  # the agent's own stdout and stderr
+    log_dir: Path  # replica logs
+    process: subprocess.Popen[bytes]
+    known_pids: set[int] = field(default_factory=set)
+
+    def headers(self, token: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token if token is None else token}"}
+
+    def client(self, *, token: str | None = None, timeout: float = 30.0) -> httpx.Client:
+        """An httpx client on the agent, with the token (or ``token``)."""
+        return httpx.Client(
+            base_url=self.base_url, headers=self.headers(token), timeout=timeout, trust_env=False
+        )
+
+    def replica(self, replica_id: str) -> dict[str, Any]:
+        response = httpx.get(
+            f"{self.base_url}/v1/replicas/{replica_id}", headers=self.headers(), timeout=10, trust_env=False
+        )
+        response.raise_for_status()
+        state = response.json()
+        if state.get("pid"):
+            self.known_pids.add(state["pid"])
+        return state
+
+    def wait_for_state(self, replica_id: str, *states: str, timeout: float = 15.0) -> dict[str, Any]:
+        """Poll GET /v1/replicas/{id} until its state is one of ``states``."""
+        last: dict[str, Any] = {}
+
+        def reached() -> dict[str, Any] | None:
+            nonlocal last
+            last = self.replica(replica_id)
+            return last if last["state"] in states else None
+
+        try:
+            return wait_until(reached, timeout=timeout, what=f"replica {replica_id} to be {'/'.join(states)}")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; last seen: {last}") from None
+
+    def output(self) -> str:
+        return self.output_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self, *, timeout: float = 30.0) -> int:
+        """SIGTERM the agent and wait for it; returns its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        return self.process.returncode
+
+    def kill_known_replicas(self) -> None:
+        """SIGKILL the process group of every replica this helper has seen."""
+        for pid in self.known_pids:
+            if not process_gone(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+def agent_config(
+    directory: Path,
+    *,
+    node: str = "gpu-test",
+    port: int | None = None,
+    cards: Iterable[Mapping[str, Any]] = DEFAULT_CARDS,
+    engines: Mapping[str, Iterable[str]] | None = None,
+    engines_registry: Path | None = None,
+    stop_grace_seconds: float = 5,
+    ready_poll_seconds: float = 0.1,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The configuration ``running_agent`` writes (without the token)."""
+    values: dict[str, Any] = {
+        "node": node,
+        "listen": f"127.0.0.1:{port or free_port()}",
+        "log_dir": str(directory / "logs"),
+        "stop_grace_seconds": stop_grace_seconds,
+        "ready_poll_seconds": ready_poll_seconds,
+    }
+    if engines_registry is not None:
+        values["engines_registry"] = str(engines_registry)
+    values.update(extra or {})
+    values["cards"] = [dict(card) for card in cards]
+    if engines is None:  # every engine of the catalog's registry, played by the stand-in
+        engines = {name: standin_command() for name in ENGINES}
+    values["engines"] = {name: {"command": list(command)} for name, command in engines.items()}
+    return values
+
+
+@contextlib.contextmanager
+def running_agent(
+    directory: Path,
+    *,
+    token: str | None = None,
+    token_in_env: bool = False,
+    stop_children_on_exit: bool = True,
+    env: Mapping[str, str] | None = None,
+    startup_timeout: float = 15.0,
+    **config: Any,
+) -> Iterator[RunningAgent]:
+    """Write a configuration into ``directory``, start ``python -m llmgw_agent``
+    on it, wait for /healthz, and yield a ``RunningAgent``. On exit the agent
+    is stopped, and every replica it reported is killed if still there.
+
+    ``config`` goes to ``agent_config`` (node, port, cards, engines,
+    engines_registry, stop_grace_seconds, ready_poll_seconds, extra). The
+    token goes in a mode-600 file unless ``token_in_env``. Calling it again
+    with the same directory and port restarts "the same" agent.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    token = token or secrets.token_urlsafe(24)
+    values = agent_config(directory, **config)
+    process_env = {key: value for key, value in os.environ.items() if not key.startswith("LLMGW_")}
+    process_env["PYTHONPATH"] = str(AGENT_DIR)
+    process_env.update(env or {})
+    if token_in_env:
+        process_env["LLMGW_AGENT_TOKEN"] = token
+    else:
+        token_file = directory / "token"
+        token_file.write_text(token + "\n", encoding="utf-8")
+        token_file.chmod(0o600)
+        values["token_file"] = str(token_file)
+    config_path = directory / "agent.toml"
+    config_path.write_text(toml_config(values), encoding="utf-8")
+
+    output_path = directory / "agent-output.log"
+    command = [sys.executable, "-m", "llmgw_agent", "--config", str(config_path)]
+    if stop_children_on_exit:
+        command.append("--stop-children-on-exit")
+    with output_path.open("ab") as output:
+        process = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=process_env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    agent = RunningAgent(
+        base_url=f"http://{values['listen']}",
+        token=token,
+        node=values["node"],
+        directory=directory,
+        config_path=config_path,
+        output_path=output_path,
+        log_dir=Path(values["log_dir"]),
+        process=process,
+    )
+    try:
+        _wait_for_healthz(agent, startup_timeout)
+        yield agent
+    finally:
+        with contextlib.suppress(Exception):
+            if process.poll() is None:
+                for state in httpx.get(
+                    f"{agent.base_url}/v1/replicas", headers=agent.headers(), timeout=5, trust_env=False
+                ).json():
+                    if state.get("pid"):
+                        agent.known_pids.add(state["pid"])
+        agent.stop()
+        agent.kill_known_replicas()
+
+
+def _wait_for_healthz(agent: RunningAgent, timeout: float) -> None:
+    def healthy() -> bool:
+        if agent.process.poll() is not None:
+            raise RuntimeError(f"the agent exited with {agent.process.returncode}:\n{agent.output()}")
+        try:
+            return httpx.get(f"{agent.base_url}/healthz", timeout=1, trust_env=False).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(healthy, timeout=timeout, what="the agent's /healthz")
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; its output:\n{agent.output()}") from None
+
+
+@dataclass
+class RunningStandin:
+    base_url: str
+    port: int
+    model: str
+    process: subprocess.Popen[bytes]
+    output_path: Path
+
+    def output(self) -> str:
+        return self.output_path.read_text(encoding="utf-8", errors="replace")
+
+
+@contextlib.contextmanager
+def running_standin(
+    directory: Path,
+    *,
+    model: str = "standin-model",
+    port: int | None = None,
+    args: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+    load_seconds: float = 0.0,
+    wait_ready: bool = True,
+) -> Iterator[RunningStandin]:
+    """Run the stand-in engine on its own (no agent), e.g. as a gateway backend."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    process_env = {**os.environ, "STANDIN_LOAD_SECONDS": str(load_seconds), **(env or {})}
+    output_path = directory / f"standin-{port}.log"
+    with output_path.open("ab") as output:
+        process = subprocess.Popen(
+            [*standin_command(), "--port", str(port), "--served-model-name", model, *args],
+            env=process_env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    standin = RunningStandin(f"http://127.0.0.1:{port}", port, model, process, output_path)
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            return True
+        try:
+            data = httpx.get(f"{standin.base_url}/v1/models", timeout=1, trust_env=False).json()
+        except (httpx.TransportError, ValueError):
+            return False
+        return not wait_ready or any(entry.get("id") == model for entry in data.get("data", []))
+
+    try:
+        wait_until(ready, timeout=15, what=f"the stand-in on port {port}")
+        yield standin
+    finally:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
