@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
 from catalog.models import Card, GPUClass, Profile, Replica, ServedModel
@@ -37,8 +38,9 @@ def model_spec(model: ServedModel, profiles: list[Profile] | None = None) -> Mod
         name=model.name,
         context_length=model.context_length,
         declared=model.declared,
-        declared_in=(f"{model.declared_in} (then python manage.py sync_cluster_settings)"
-                     if model.declared else None),
+        # Where a declared model is changed: the file it was read from, else the settings file.
+        declared_in=(f"{model.declared_in or settings.LLMGW_CLUSTER_SETTINGS}, "
+                     "then python manage.py sync_cluster_settings" if model.declared else None),
         shape=shape_of(model),
         profiles=tuple(profile_spec(p) for p in profiles),
     )
@@ -51,13 +53,15 @@ def gpu_class_specs() -> dict[str, GPUClassSpec]:
     }
 
 
-def node_rooms(model: ServedModel | None = None) -> list[NodeRoom]:
-    """Each node's cards per class: how many, how many free, how many ``model``'s live replicas hold.
+def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
+    """Each node's cards per class: how many, how many free, how many ``profile``'s live replicas hold.
 
-    One query, whatever the size of the fleet.
+    ``own`` counts only the replicas of the profile being changed: those are the ones an in-place
+    restart stops, so only their cards come free (another profile's replicas of the same model keep
+    theirs). One query, whatever the size of the fleet.
     """
-    own = (Q(shard__replica__profile__model=model, shard__replica__state__in=Replica.LIVE_STATES)
-           if model is not None else Q(pk__in=[]))
+    own = (Q(shard__replica__profile=profile, shard__replica__state__in=Replica.LIVE_STATES)
+           if profile is not None else Q(pk__in=[]))
     rows = (
         Card.objects.values("node__name", "node__state", "gpu_class__name")
         .annotate(cards=Count("id"), free=Count("id", filter=Q(shard__isnull=True)), own=Count("id", filter=own))

@@ -349,12 +349,12 @@ def test_a_context_outside_the_models_range_is_refused(tokens):
     assert "1 to 131072 tokens" in err.message
 
 
-def test_a_model_of_unknown_context_takes_any_positive_one():
+def test_a_model_of_unknown_context_takes_any_positive_one_up_to_the_ceiling():
     change = context(llama(context=None, shape=None), 10**6)
     assert change.after == 10**6
     assert "shape is not known" in change.note
     assert refusal(lambda: context(llama(context=None), 0)).message.startswith(
-        "llama's context can be at least 1 token"
+        "llama's context can be 1 to 16777216 tokens (the model does not say its own limit)"
     )
 
 
@@ -393,3 +393,23 @@ def test_a_context_change_needs_room_for_the_current_cards():
 def test_a_context_change_refuses_an_old_card():
     p = ProfileSpec("trt", "trtllm", "t4")
     assert refusal(lambda: context(llama(p), 4096)).code == "capability"
+
+
+
+def test_a_context_without_a_known_limit_still_has_a_ceiling():
+    from catalog.planning.plan import MAX_UNKNOWN_CONTEXT
+
+    with pytest.raises(DomainError) as err:
+        context(llama(context=None), MAX_UNKNOWN_CONTEXT + 1)
+    assert err.value.code == "context_range"
+    assert f"1 to {MAX_UNKNOWN_CONTEXT} tokens" in err.value.message
+    assert context(llama(context=None, shape=None), MAX_UNKNOWN_CONTEXT).after == MAX_UNKNOWN_CONTEXT
+
+
+def test_a_dry_run_refuses_a_profile_the_save_would_refuse():
+    risky = llama(vllm_profile(args=("--trust-remote-code",)))
+    with pytest.raises(DomainError) as err:
+        resize(risky, 4)
+    assert err.value.code == "refused_arg"
+    assert "--trust-remote-code" in err.value.message
+    assert err.value.change is not None and err.value.change["after"] == 4

@@ -48,7 +48,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.ValidationError):
         sentences = _flatten(exc.detail)
         code = _first_code(exc.detail, "invalid")
-        response.data = {"detail": "; ".join(sentences), "code": "invalid" if code in ("invalid", "required") else code}
+        # A missing, null or blank value is bad input like any other: one code for it.
+        invalid = code in ("invalid", "required", "null", "blank")
+        response.data = {"detail": "; ".join(sentences), "code": "invalid" if invalid else code}
         response.status_code = status.HTTP_400_BAD_REQUEST
         return response
     if isinstance(exc, exceptions.APIException):

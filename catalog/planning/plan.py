@@ -10,14 +10,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from catalog.errors import DomainError
-from catalog.planning.engines import Engine, engine, parse_capability, with_context
+from catalog.planning.engines import Engine, engine, parse_capability, refused, with_context
 from catalog.planning.memory import card_memory, longest_context_that_fits
 from catalog.planning.room import room_for
 from catalog.planning.rules import MAX_CARDS, context_of, heads_known, pick_profile, respread, splits_heads
 from catalog.planning.types import CardMemory, Change, GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
 from catalog.planning.units import and_list, cards, gib, gib_short
 
-CONTEXT_CHANGE = "the context change (POST /api/models/{name}/context/)"
+CONTEXT_CHANGE = "a context change (the model page's context form, POST /api/models/{name}/context/, or manage.py context)"
+
+# When the model does not say how long its context may be, a ceiling still
+# keeps a typo (an extra zero or ten) out of a profile: 16 Mi tokens is past
+# any model served today.
+MAX_UNKNOWN_CONTEXT = 2**24
 
 
 class _Notes:
@@ -57,6 +62,19 @@ def _with_change(err: DomainError, change: Change, notes: _Notes) -> DomainError
 
 def _finish(change: Change, notes: _Notes) -> Change:
     return replace(change, note=notes.text())
+
+
+def _refuse_forbidden(eng: Engine, p: ProfileSpec, change: Change, notes: _Notes) -> None:
+    """The new profile must pass the registry's refusals, as its save will: a
+    dry run never approves what the real change then refuses (the registry may
+    have learnt a refusal since the profile was saved)."""
+    sentences = refused(eng, p.args, dict(p.env))
+    if sentences:
+        raise DomainError(
+            "refused_arg",
+            " ".join(sentences) + " Remove it from the profile first.",
+            change=_finish(change, notes).as_dict(),
+        )
 
 
 def _engine_of(p: ProfileSpec, change: Change, notes: _Notes) -> Engine:
@@ -278,6 +296,7 @@ def plan_resize(
     except DomainError as err:
         raise _with_change(err, change, notes) from None
     change = replace(change, args=new.args, new_profile=new)
+    _refuse_forbidden(eng, new, change, notes)
 
     change = _check_memory(
         model=model,
@@ -316,8 +335,9 @@ def plan_context(
     """
     _refuse_declared(model)
     limit = model.context_length
-    if not _is_count(tokens) or tokens < 1 or (limit is not None and tokens > limit):
-        allowed = f"1 to {limit} tokens" if limit is not None else "at least 1 token"
+    if not _is_count(tokens) or tokens < 1 or tokens > (limit or MAX_UNKNOWN_CONTEXT):
+        allowed = (f"1 to {limit} tokens" if limit is not None
+                   else f"1 to {MAX_UNKNOWN_CONTEXT} tokens (the model does not say its own limit)")
         raise DomainError(
             "context_range", f"{model.name}'s context can be {allowed}; {tokens!r} was asked for."
         )
@@ -354,6 +374,7 @@ def plan_context(
     env = tuple((k, v) for k, v in p.env if k not in eng.context_env)
     new = replace(p, args=tuple(args), env=env)
     change = replace(change, args=new.args, new_profile=new)
+    _refuse_forbidden(eng, new, change, notes)
 
     n = p.cards
     change = _check_memory(

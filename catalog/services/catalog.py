@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models.deletion import ProtectedError
 
@@ -53,6 +53,16 @@ def _object_type(instance: models.Model) -> str:
     return instance._meta.model_name or type(instance).__name__.lower()
 
 
+def _object_key(instance: models.Model) -> str:
+    """The name when it alone identifies the object (a node, a model), else its
+    full string ("llama/h100" for a profile, "gpu-1#3" for a card)."""
+    try:
+        unique_name = instance._meta.get_field("name").unique
+    except FieldDoesNotExist:
+        unique_name = False
+    return str(instance.name) if unique_name else str(instance)  # type: ignore[attr-defined]
+
+
 def _save(
     instance: M,
     *,
@@ -80,7 +90,7 @@ def _save(
             audit_record(
                 action=action or ("create" if creating else "update"),
                 object_type=_object_type(instance),
-                object_key=str(getattr(instance, "name", None) or instance),
+                object_key=_object_key(instance),
                 object_repr=str(instance),
                 before=before,
                 after=after,
@@ -98,7 +108,7 @@ def _delete(instance: models.Model, *, actor: Actor | None, message: str = "") -
     try:
         with transaction.atomic():
             before = snapshot(instance)
-            key = str(getattr(instance, "name", None) or instance)
+            key = _object_key(instance)
             repr_ = str(instance)
             instance.delete()
             audit_record(

@@ -25,17 +25,25 @@ def _busy(name: str) -> DomainError:
     return conflict("busy", f"Another change to {name} is being saved right now: look at it, then try again.")
 
 
+def _is_lock_conflict(exc: OperationalError) -> bool:
+    """Whether the database refused only because another transaction holds the lock.
+
+    Any other failure (a lost connection, a broken query) is not "busy" and is not hidden as one.
+    """
+    if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # PostgreSQL's lock_not_available (NOWAIT)
+        return True
+    # SQLite's writer lock still held when its busy timeout ran out.
+    return "database is locked" in str(exc) or "database table is locked" in str(exc)
+
+
 def _lock_model(name: str) -> ServedModel:
-    """The model's row, locked for this transaction; ``busy`` if another change holds it."""
+    """The model's row, locked for this transaction (OperationalError if another change holds it)."""
     qs = ServedModel.objects.filter(name=name)
     if connection.vendor == "postgresql":
         qs = qs.select_for_update(nowait=True)
     # SQLite takes the write lock when the transaction begins (IMMEDIATE): a
     # second writer waits for the first, then sees its change (unchanged).
-    try:
-        model = qs.first()
-    except OperationalError as exc:
-        raise _busy(name) from exc
+    model = qs.first()
     if model is None:
         raise not_found(f"No model {name!r} in the catalog.")
     return model
@@ -52,7 +60,7 @@ def _plan(planner: Callable[..., Change], model: ServedModel, profile: str | Non
         model=selectors.model_spec(model, profiles),
         profile=profile,
         classes=selectors.gpu_class_specs(),
-        nodes=selectors.node_rooms(model),
+        nodes=selectors.node_rooms(chosen),
         running=running,
         **kw,
     )
@@ -84,10 +92,15 @@ def _change_model(
         if model is None:
             raise not_found(f"No model {name!r} in the catalog.")
         return _plan(planner, model, profile, **kw)
-    with transaction.atomic():
-        model = _lock_model(name)
-        change = _plan(planner, model, profile, **kw)
-        return _apply(model, change, action=action, message=describe(change), actor=actor)
+    try:
+        with transaction.atomic():
+            model = _lock_model(name)
+            change = _plan(planner, model, profile, **kw)
+            return _apply(model, change, action=action, message=describe(change), actor=actor)
+    except OperationalError as exc:
+        if _is_lock_conflict(exc):
+            raise _busy(name) from exc
+        raise
 
 
 def model_resize(
