@@ -11,7 +11,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from llmgw_web.env import env_bool, env_int, env_list, env_str
+from llmgw_web.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("LLMGW_VAR_DIR") or BASE_DIR / "var")
@@ -158,6 +158,22 @@ TASKS = {
         "BACKEND": env_str("LLMGW_TASKS_BACKEND") or "django_tasks_db.DatabaseBackend",
     }
 }
+
+# Restart operations and the node agents (catalog/tasks.py says how they fit).
+# A worker's operation counts as abandoned when its heartbeat is older than
+# STALE; the sweep then has another worker take it over.
+LLMGW_OPERATION_STALE_SECONDS = env_int("LLMGW_OPERATION_STALE_SECONDS", 60, minimum=2)
+LLMGW_OPERATION_HEARTBEAT_SECONDS = env_float("LLMGW_OPERATION_HEARTBEAT_SECONDS", 5.0, minimum=0.1)
+if LLMGW_OPERATION_HEARTBEAT_SECONDS * 2 > LLMGW_OPERATION_STALE_SECONDS:
+    raise ImproperlyConfigured(
+        "LLMGW_OPERATION_HEARTBEAT_SECONDS must be at most half of LLMGW_OPERATION_STALE_SECONDS, "
+        "or a live worker's operation would be taken over"
+    )
+LLMGW_OPERATION_SWEEP_SECONDS = env_float("LLMGW_OPERATION_SWEEP_SECONDS", 30.0, minimum=0.5)
+LLMGW_OPERATION_POLL_SECONDS = env_float("LLMGW_OPERATION_POLL_SECONDS", 1.0, minimum=0.05)
+LLMGW_OPERATION_MAX_ATTEMPTS = env_int("LLMGW_OPERATION_MAX_ATTEMPTS", 3, minimum=1)
+LLMGW_AGENT_TIMEOUT_SECONDS = env_float("LLMGW_AGENT_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+LLMGW_REPLICA_PORT_BASE = env_int("LLMGW_REPLICA_PORT_BASE", 8100, minimum=1024)
 
 # Where the cluster's declared models live (TOML); refusals point here.
 LLMGW_CLUSTER_SETTINGS = env_str("LLMGW_CLUSTER_SETTINGS") or str(BASE_DIR / "cluster.toml")

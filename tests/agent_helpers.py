@@ -365,3 +365,85 @@ def running_standin(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
+
+
+# --- a misbehaving agent -------------------------------------------------------------------------
+
+_FAKE_AGENT = r'''
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+status, delay = int(sys.argv[2]), float(sys.argv[3])
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def answer(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        print(self.command, self.path, flush=True)
+        if self.path == "/healthz":
+            body, code = {"status": "ok"}, 200
+        else:
+            time.sleep(delay)
+            if status >= 400:
+                body, code = {"detail": "Something broke inside the agent.", "code": "internal"}, status
+            else:
+                body, code = {"state": "starting", "reason": "pretending"}, status
+        payload = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_PUT = do_DELETE = answer
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+'''
+
+
+@dataclass
+class FakeAgent:
+    base_url: str
+    process: subprocess.Popen[bytes]
+    output_path: Path
+
+    def requests(self) -> list[str]:
+        """The requests it received, as "METHOD /path" lines."""
+        return self.output_path.read_text(encoding="utf-8", errors="replace").splitlines()
+
+
+@contextlib.contextmanager
+def running_fake_agent(directory: Path, *, status: int = 500, delay: float = 0.0) -> Iterator[FakeAgent]:
+    """An HTTP server standing where an agent should be, as its own process: every
+    /v1 request waits ``delay`` seconds, then answers ``status`` (an error body
+    for 4xx/5xx, a replica "starting" otherwise). /healthz answers at once."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    output_path = directory / f"fake-agent-{port}.log"
+    with output_path.open("ab") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _FAKE_AGENT, str(port), str(status), str(delay)],
+            stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+        )
+    fake = FakeAgent(f"http://127.0.0.1:{port}", process, output_path)
+
+    def healthy() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"the fake agent exited with {process.returncode}")
+        try:
+            return httpx.get(f"{fake.base_url}/healthz", timeout=1, trust_env=False).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(healthy, timeout=15, what="the fake agent")
+        yield fake
+    finally:
+        process.kill()
+        process.wait(timeout=10)

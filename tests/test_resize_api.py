@@ -24,7 +24,7 @@ GIB = 2**30
 MIB = 2**20
 DESIGN_KEYS = {"model", "profile", "engine", "gpu_class", "before", "after", "args", "per_card", "restarted",
                "in_place", "note"}
-CHANGE_KEYS = DESIGN_KEYS | {"memory", "room", "kind"}
+CHANGE_KEYS = DESIGN_KEYS | {"memory", "room", "kind", "operation"}
 
 
 def client_for(user=None) -> APIClient:
@@ -141,7 +141,10 @@ def test_in_place_resize_answers_in_place_when_only_the_models_own_cards_make_ro
     response = client_for(resizer()).post(gpus_url(), {"gpus": 4, "in_place": True}, format="json")
     assert response.status_code == 200, response.content
     assert response.json()["in_place"] is True
-    assert "1 replica(s) still run the previous revision" in response.json()["note"]
+    assert response.json()["restarted"] == 1
+    from catalog.models import RestartOperation
+
+    assert RestartOperation.objects.get(pk=response.json()["operation"]).in_place is True
 
 
 # -- every refusal ------------------------------------------------------------------------------

@@ -131,7 +131,7 @@ def test_profile_and_in_place_reach_the_service():
     assert str(beside).endswith("[no_room_beside]")
     out = run("gpus", "llama-3.1-8b", "4", "--profile", "short", "--in-place")
     assert "restart: in place" in out
-    assert "1 replica(s) still run the previous revision" in out
+    assert "restarting 1 replica(s)" in out
     assert state(short)[:2] == (4, 4)
 
 

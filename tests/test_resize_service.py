@@ -209,14 +209,17 @@ def test_a_model_of_unknown_shape_is_resized_and_says_once_what_was_not_checked(
     assert serving(p)[:2] == (2, 2)
 
 
-def test_replicas_left_on_the_old_revision_are_named_in_the_note(actor):
+def test_only_live_replicas_left_on_the_old_revision_are_restarted(actor):
     n = b.node("gpu-1", cards=8)
     p = b.profile(b.llama_8b(), "h100", gpus=1)
-    b.replica(p, n, [0])
-    b.replica(p, n, [1], state="stopped")  # not live: not counted
+    live = b.replica(p, n, [0])
+    b.replica(p, n, [1], state="stopped")  # not live: not restarted
     change = model_resize(name="llama-3.1-8b", gpus=2)
-    assert "1 replica(s) still run the previous revision" in change.note
-    assert change.restarted == 0
+    assert change.restarted == 1
+    from catalog.models import RestartOperation
+
+    op = RestartOperation.objects.get(pk=change.operation)
+    assert list(op.steps.values_list("old_replica", flat=True)) == [live.pk]
 
 
 def test_declared_model_refusal_names_where_to_change_it_even_without_a_recorded_file(actor, settings):
@@ -330,3 +333,37 @@ def test_a_database_failure_that_is_not_a_lock_is_not_passed_off_as_busy(actor, 
     monkeypatch.setattr("catalog.services.resize._plan", broken)
     with pytest.raises(OperationalError, match="server closed"):
         model_resize(name="llama-3.1-8b", gpus=2)
+
+
+def test_a_resize_starts_the_restart_of_the_replicas_it_made_stale_in_the_same_transaction(actor):
+    from catalog.models import RestartOperation
+    from catalog.services.resize import model_resize
+
+    n = b.node("gpu-1", cards=8)
+    p = b.profile(b.llama_8b(), "h100", gpus=1)
+    r1 = b.replica(p, n, [0], name="llama-1", port=8001)
+    r2 = b.replica(p, n, [1], name="llama-2", port=8002)
+    change = model_resize(name="llama-3.1-8b", gpus=2)
+    assert change.restarted == 2 and change.in_place is False
+    op = RestartOperation.objects.get(pk=change.operation)
+    assert (op.state, op.in_place, op.profile_id) == ("queued", False, p.pk)
+    assert sorted(op.steps.values_list("old_replica__name", flat=True)) == [r1.name, r2.name]
+    assert list(AuditEntry.objects.order_by("id").values_list("action", flat=True)) == ["resize", "restart_start"]
+
+
+def test_a_change_while_a_restart_runs_is_refused_as_busy_before_and_at_apply(actor):
+    from catalog.models import RestartOperation
+    from catalog.services.resize import model_resize
+
+    n = b.node("gpu-1", cards=8)
+    p = b.profile(b.llama_8b(), "h100", gpus=1)
+    b.replica(p, n, [0], name="llama-1", port=8001)
+    first = model_resize(name="llama-3.1-8b", gpus=2)
+    entries = AuditEntry.objects.count()
+    for dry_run in (True, False):
+        with pytest.raises(DomainError) as err:
+            model_resize(name="llama-3.1-8b", gpus=4, dry_run=dry_run)
+        assert err.value.code == "busy" and err.value.status == 409
+        assert f"Restart #{first.operation}" in err.value.message
+    p.refresh_from_db()
+    assert (p.tp, AuditEntry.objects.count(), RestartOperation.objects.count()) == (2, entries, 1)

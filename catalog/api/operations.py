@@ -88,6 +88,8 @@ class ChangeSerializer(serializers.Serializer):
     note = serializers.CharField(allow_blank=True, help_text="What could not be checked, said once.")
     memory = MemorySerializer(allow_null=True)
     room = RoomSerializer(allow_null=True)
+    operation = serializers.IntegerField(allow_null=True, help_text="The restart operation started for the "
+                                         "replicas on the old revision (GET /api/operations/{id}/), if any.")
 
 
 class ChangeErrorSerializer(serializers.Serializer):

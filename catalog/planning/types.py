@@ -173,8 +173,9 @@ class Change:
     are tokens; ``before`` is None when the context was not known).
 
     ``args`` are the profile's arguments after the change, ``new_profile`` the
-    profile to save, ``note`` what could not be checked. ``restarted`` is
-    filled in by the service that restarts the replicas.
+    profile to save, ``note`` what could not be checked. ``restarted`` and
+    ``operation`` (the restart operation's id) are filled in by the service
+    that restarts the replicas.
     """
 
     model: str
@@ -192,6 +193,7 @@ class Change:
     in_place: bool = False
     note: str = ""
     new_profile: ProfileSpec | None = None
+    operation: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The API's keys (DESIGN.md, "Resize"), plus ``kind``, ``memory`` and ``room``."""
@@ -210,4 +212,5 @@ class Change:
             "note": self.note,
             "memory": self.memory.as_dict() if self.memory else None,
             "room": self.room.as_dict() if self.room else None,
+            "operation": self.operation,
         }

@@ -16,9 +16,10 @@ from django.db import OperationalError, connection, transaction
 from catalog import selectors
 from catalog.actor import Actor
 from catalog.errors import DomainError, conflict, not_found
-from catalog.models import Profile, ServedModel
+from catalog.models import Profile, RestartOperation, ServedModel
 from catalog.planning import Change, plan_context, plan_resize
 from catalog.services.catalog import profile_save
+from catalog.services.restart import restart_start
 
 
 def _busy(name: str) -> DomainError:
@@ -73,14 +74,28 @@ def _apply(model: ServedModel, change: Change, *, action: str, message: str, act
     profile.gpus_per_node, profile.tp, profile.nodes, profile.pp = new.gpus_per_node, new.tp, new.nodes, new.pp
     profile.args, profile.env = list(new.args), dict(new.env)
     profile = profile_save(instance=profile, action=action, message=message, actor=actor)
-    stale = selectors.live_replicas(profile).filter(revision__lt=profile.revision).count()
-    note = change.note
-    if stale:
-        note = (note + " " if note else "") + (
-            f"{stale} replica(s) still run the previous revision and were not restarted: "
-            f"python manage.py restart {model.name}"
+    stale = list(
+        selectors.live_replicas(profile).filter(revision__lt=profile.revision).values_list("name", flat=True)
+    )
+    if not stale:
+        return change
+    # In the same transaction: the restart is recorded with the change, and its
+    # task is enqueued only once both are committed. Rolling where the planner
+    # found room beside; in place only where it found none and in place was asked.
+    operation = restart_start(model_name=model.name, replicas=stale, in_place=change.in_place, actor=actor)
+    return replace(change, restarted=len(stale), operation=operation.pk)
+
+
+def _refuse_while_restarting(model: ServedModel, change: Change) -> None:
+    """A change while a restart of the model runs would be overtaken by it: refused, before and at apply."""
+    running = RestartOperation.objects.filter(model=model, state__in=RestartOperation.ACTIVE_STATES).first()
+    if running is not None:
+        raise conflict(
+            "busy",
+            f"Restart #{running.pk} of {model.name} is {running.state}: wait until it ends, or cancel it, "
+            "then change the profile.",
+            change=change.as_dict(),
         )
-    return replace(change, note=note)
 
 
 def _change_model(
@@ -91,11 +106,14 @@ def _change_model(
         model = ServedModel.objects.filter(name=name).first()
         if model is None:
             raise not_found(f"No model {name!r} in the catalog.")
-        return _plan(planner, model, profile, **kw)
+        change = _plan(planner, model, profile, **kw)
+        _refuse_while_restarting(model, change)
+        return change
     try:
         with transaction.atomic():
             model = _lock_model(name)
             change = _plan(planner, model, profile, **kw)
+            _refuse_while_restarting(model, change)
             return _apply(model, change, action=action, message=describe(change), actor=actor)
     except OperationalError as exc:
         if _is_lock_conflict(exc):

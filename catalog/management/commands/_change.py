@@ -18,7 +18,8 @@ def describe(change: Change, *, dry_run: bool) -> str:
         lines.append("  restart: " + ("in place (each replica stops before its replacement starts)"
                                       if change.in_place else "rolling"))
     if change.restarted:
-        lines.append(f"  restarting {change.restarted} replica(s)")
+        lines.append(f"  restarting {change.restarted} replica(s): operation #{change.operation} "
+                     f"(its page /operations/{change.operation}/, or GET /api/operations/{change.operation}/)")
     if change.note:
         lines.append(f"  note: {change.note}")
     return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""The control plane's side of the node agent API (docs/agent-api.md).
+
+Every failure becomes an ``AgentError`` whose message is a plain sentence an
+operator can act on (the agent is down, refused the token, failed, was too
+slow, refused the spec), naming the node; a restart step records it as its
+reason. Nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from django.conf import settings
+
+from catalog.models import Node
+
+# DELETE answers only once the process is gone: SIGTERM, ``grace`` seconds,
+# then SIGKILL and a few seconds more (the agent waits up to 10 s for that).
+STOP_MARGIN_SECONDS = 15.0
+DEFAULT_STOP_GRACE_SECONDS = 10.0
+
+
+class AgentError(Exception):
+    """The agent could not be used, or refused. ``code``: agent_down,
+    agent_slow, agent_token, agent_failed, agent_refused, not_found, agent_bad_answer."""
+
+    def __init__(self, code: str, message: str, *, status: int | None = None, agent_code: str = ""):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.agent_code = agent_code
+
+
+@dataclass(frozen=True)
+class AgentClient:
+    """One node's agent: its URL, its token, and a timeout for each request."""
+
+    node: str
+    url: str
+    token: str
+    timeout: float
+
+    @classmethod
+    def for_node(cls, node: Node, *, timeout: float | None = None) -> AgentClient:
+        return cls(
+            node=node.name,
+            url=node.agent_url.rstrip("/"),
+            token=node.agent_token,
+            timeout=settings.LLMGW_AGENT_TIMEOUT_SECONDS if timeout is None else timeout,
+        )
+
+    # -- the endpoints ------------------------------------------------------------------------
+
+    def node_info(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/node", what="reading its cards")
+
+    def replicas(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/replicas", what="listing its replicas")
+
+    def start(self, replica_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """PUT the spec: 201 started, 200 already live with the same spec (harmless)."""
+        return self._call("PUT", self._path(replica_id), json=spec, what=f"starting replica {replica_id}")
+
+    def get(self, replica_id: str) -> dict[str, Any]:
+        return self._call("GET", self._path(replica_id), what=f"reading the state of replica {replica_id}")
+
+    def stop(self, replica_id: str, *, grace: float | None = None) -> dict[str, Any]:
+        """DELETE: answers once the process is gone. A replica the agent does not
+        know is as stopped as it gets: answered as such, not as an error."""
+        params = {} if grace is None else {"grace": f"{grace:g}"}
+        wait = (DEFAULT_STOP_GRACE_SECONDS if grace is None else grace) + STOP_MARGIN_SECONDS
+        try:
+            return self._call("DELETE", self._path(replica_id), params=params, what=f"stopping replica {replica_id}",
+                              timeout=max(self.timeout, wait))
+        except AgentError as exc:
+            if exc.code == "not_found":
+                return {"id": replica_id, "state": "stopped", "reason": "the agent does not know it"}
+            raise
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _path(replica_id: str) -> str:
+        return "/v1/replicas/" + quote(replica_id, safe="")
+
+    def _call(self, method: str, path: str, *, what: str, json: Any = None, params: dict[str, str] | None = None,
+              timeout: float | None = None) -> Any:
+        timeout = self.timeout if timeout is None else timeout
+        who = f"The agent of node {self.node} ({self.url})"
+        try:
+            # trust_env=False: an agent is reached directly, never through a proxy from the environment.
+            with httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)), trust_env=False) as http:
+                response = http.request(method, self.url + path, json=json, params=params,
+                                        headers={"Authorization": f"Bearer {self.token}"})
+        except httpx.ConnectTimeout:
+            raise AgentError("agent_down", f"{who} could not be reached within {min(timeout, 5.0):g} s "
+                                           f"while {what}: is the node up?") from None
+        except httpx.TimeoutException:
+            raise AgentError("agent_slow", f"{who} did not answer within {timeout:g} s while {what}.") from None
+        except httpx.ConnectError as exc:
+            refused = "refused" in str(exc).lower()
+            raise AgentError(
+                "agent_down",
+                f"{who} refused the connection while {what}: is the agent running?" if refused
+                else f"{who} could not be reached while {what}: {exc}.",
+            ) from None
+        except httpx.TransportError as exc:
+            raise AgentError("agent_down", f"{who} broke off the connection while {what}: {exc}.") from None
+
+        body: Any
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        detail, code = "", ""
+        if isinstance(body, dict):
+            detail, code = str(body.get("detail", "")), str(body.get("code", ""))
+        if response.status_code == 401:
+            raise AgentError("agent_token", f"{who} refused the token while {what}: the node's agent token in the "
+                             "catalog is not the one the agent expects.", status=401, agent_code=code)
+        if response.status_code == 404 and code == "not_found":
+            raise AgentError("not_found", f"{who} does not know it ({what}): {detail}", status=404, agent_code=code)
+        if response.status_code >= 500:
+            said = detail or response.text.strip()[:200] or "no explanation"
+            raise AgentError("agent_failed", f"{who} failed while {what} (HTTP {response.status_code}): {said}",
+                             status=response.status_code, agent_code=code)
+        if response.status_code >= 400:
+            said = detail or response.text.strip()[:200] or "no explanation"
+            raise AgentError("agent_refused", f"{who} refused {what} (HTTP {response.status_code}"
+                             f"{', ' + code if code else ''}): {said}", status=response.status_code, agent_code=code)
+        if body is None:
+            raise AgentError("agent_bad_answer", f"{who} answered {what} with something that is not JSON "
+                             f"(HTTP {response.status_code}): is that URL really a node agent?",
+                             status=response.status_code)
+        return body
+
+
+def describe_failure(state: dict[str, Any], *, lines: int = 8) -> str:
+    """A failed replica in a sentence: the agent's reason, exit code, last log lines."""
+    parts = [str(state.get("reason") or "failed")]
+    code = state.get("exit_code")
+    if code is not None and "exit code" not in parts[0] and "killed by" not in parts[0]:
+        parts.append(f"exit code {code}")
+    tail = [line for line in state.get("log_tail") or [] if line.strip()][-lines:]
+    text = "; ".join(parts)
+    if tail:
+        text += ". Last lines of its log:\n" + "\n".join(tail)
+    return text

@@ -1,0 +1,140 @@
+"""Restarts: an operation kept in the database, one step per replica, run by a worker.
+
+How an operation is claimed, kept alive and taken over is explained in
+``catalog/tasks.py``; what a step does, in ``catalog/services/restart.py``.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from catalog.models.serving import Profile, Replica, ServedModel
+
+
+class RestartOperation(models.Model):
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        PARTLY_FAILED = "partly_failed", "partly failed"
+        CANCELLED = "cancelled"
+
+    ACTIVE_STATES = ("queued", "running")
+
+    class Via(models.TextChoices):
+        UI = "ui", "pages"
+        API = "api", "API"
+        ADMIN = "admin", "admin"
+        CLI = "cli", "command"
+        WORKER = "worker", "worker"
+
+    model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="restarts")
+    profile = models.ForeignKey(Profile, on_delete=models.CASCADE, related_name="restarts")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
+    in_place = models.BooleanField(
+        null=True, blank=True,
+        help_text="True: every replica stops before its replacement starts. False: rolling only (a step with "
+                  "no room beside fails). Empty: rolling where a node has room beside, in place where not.",
+    )
+    max_parallel = models.PositiveSmallIntegerField(default=1, help_text="Steps run at once.")
+    ready_timeout = models.FloatField(default=600, help_text="Seconds a replacement has to become ready.")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, related_name="+",
+        # Like the audit log: an account with a history is deactivated, not deleted.
+        on_delete=models.PROTECT,
+    )
+    requested_by_name = models.CharField(max_length=150, help_text="Who asked, copied (user, or command's name).")
+    via = models.CharField(max_length=8, choices=Via.choices)
+    reason = models.TextField(blank=True, default="", help_text="Why it ended as it did, in a sentence.")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="Last sign of life of its worker.")
+    worker = models.CharField(max_length=200, blank=True, default="", help_text="The worker holding it.")
+    attempts = models.PositiveSmallIntegerField(default=0, help_text="Times a worker claimed it.")
+    cancel_requested = models.BooleanField(default=False)
+    task_id = models.CharField(max_length=64, blank=True, default="", help_text="The latest task enqueued for it.")
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = "restart operation"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=["queued", "running", "succeeded", "failed", "partly_failed", "cancelled"]),
+                name="restart_state_valid",
+            ),
+            models.CheckConstraint(condition=Q(max_parallel__gte=1), name="restart_max_parallel_positive"),
+            models.CheckConstraint(condition=Q(ready_timeout__gt=0), name="restart_ready_timeout_positive"),
+            # One restart of a model at a time, whoever asks and however.
+            models.UniqueConstraint(
+                fields=["model"], condition=Q(state__in=["queued", "running"]), name="restart_one_active_per_model"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"restart #{self.pk} of {self.model.name}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in self.ACTIVE_STATES
+
+    @property
+    def mode(self) -> str:
+        """In the operators' words: how replicas are replaced."""
+        if self.in_place:
+            return "in place"
+        return "rolling" if self.in_place is False else "rolling where there is room, else in place"
+
+
+class RestartStep(models.Model):
+    """One replica of an operation: its replacement, where it runs, and how it went."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        STARTING = "starting"
+        WAITING = "waiting"
+        STOPPING = "stopping"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    IN_FLIGHT_STATES = ("starting", "waiting", "stopping")
+    FINISHED_STATES = ("succeeded", "failed", "cancelled")
+
+    operation = models.ForeignKey(RestartOperation, on_delete=models.CASCADE, related_name="steps")
+    old_replica = models.ForeignKey(Replica, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    new_replica = models.ForeignKey(Replica, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    node = models.CharField(max_length=64, blank=True, default="", help_text="Where the replacement runs.")
+    cards = models.JSONField(default=list, blank=True, help_text="Card indices of the replacement on its node.")
+    in_place = models.BooleanField(default=False, help_text="The old replica was stopped first, freeing its cards.")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    reason = models.TextField(blank=True, default="")
+    # The specs sent to the agents: the replacement's, so that a worker taking
+    # over sends the very same one (a repeated PUT is then harmless), and the
+    # old replica's, so that an in-place step that fails can start it again.
+    spec = models.JSONField(null=True, blank=True)
+    old_spec = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["operation_id", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=["pending", "starting", "waiting", "stopping", "succeeded", "failed",
+                                       "cancelled"]),
+                name="restart_step_state_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        old = self.old_replica.name if self.old_replica_id else "?"
+        return f"restart #{self.operation_id}: {old} ({self.state})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in self.FINISHED_STATES

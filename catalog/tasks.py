@@ -1,0 +1,257 @@
+"""The worker's tasks: run a restart operation, and sweep for abandoned ones.
+
+Workers are django-tasks-db's ``python manage.py db_worker`` processes; any
+number of them may run, on any host, against the same database.
+
+Claiming. A task carries only the operation's id. The worker that runs it
+claims the operation row in one short transaction: the row is read with
+``SELECT ... FOR UPDATE SKIP LOCKED`` (PostgreSQL; SQLite runs write
+transactions one at a time) and only if it is *claimable* — queued, or
+running with a heartbeat older than ``LLMGW_OPERATION_STALE_SECONDS`` — is it
+set to running with this worker's name, a fresh heartbeat and one more
+attempt. A second worker holding a task for the same operation finds it
+locked or no longer claimable and returns "not_claimed" without touching
+anything, so two workers never run the same operation, hence never the same
+step.
+
+Heartbeat. While it runs, the worker writes ``heartbeat_at`` every
+``LLMGW_OPERATION_HEARTBEAT_SECONDS`` (between polls of the agents, and while
+waiting for parallel steps), with ``WHERE worker = me AND state = running``.
+When that matches no row, another worker has taken the operation over (this
+one was paused or cut off for longer than the stale threshold): it stops at
+once, touching nothing more.
+
+Takeover. django-tasks-db has no lease: a worker killed mid-task leaves its
+task "RUNNING" forever and nobody runs it again. So a *sweep* looks for
+operations no live worker holds — running with a stale heartbeat, or queued
+with no task waiting for a worker — and enqueues a new task for each. The
+worker that runs it claims the operation (its heartbeat is stale) and
+continues where the records say it was: every step records its replacement
+(replica row, shards, and the exact spec sent to the agent) before the PUT,
+so a step in flight is resumed by PUTting the same spec again (harmless: the
+agent answers 200 for a live replica with the same spec) and polling; a step
+that was stopping the old replica stops it again (also harmless). An
+operation claimed more than ``LLMGW_OPERATION_MAX_ATTEMPTS`` times is not run
+again: its steps in flight are rolled back and it ends failed, saying why.
+
+The sweep runs: as a task of its own that re-enqueues itself every
+``LLMGW_OPERATION_SWEEP_SECONDS`` while any operation is queued or running
+(every enqueued restart and every restart task make sure one is waiting, so
+any live worker sweeps); and from ``python manage.py operations_sweep
+[--loop]`` (cron, or the demo launcher). With the defaults (stale 60 s,
+sweep 30 s) a killed worker's operation is taken up again within about 90 s,
+as long as another worker is free: a db_worker runs one task at a time, so
+run two or more.
+
+Limits: a worker that loses its hold notices at its next heartbeat and may
+write once more in between (a step's state); the worker that took over
+reads the records afresh and carries on from them, and the agents are only
+ever sent the spec recorded for a replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import OperationalError, connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+from django_tasks import TaskResultStatus, task
+
+from catalog.actor import Actor
+from catalog.models import RestartOperation
+from catalog.services.audit import audit_record
+from catalog.services.restart import OperationLost, run_operation
+
+log = logging.getLogger("catalog.restart")
+
+Op = RestartOperation
+_SWEEPER_LOCK_KEY = 0x6C6C7377  # "llsw": one sweeper chain
+# An operation queued this recently may still be waiting for its transaction's on_commit enqueue.
+ENQUEUE_GRACE_SECONDS = 5
+
+
+def worker_name() -> str:
+    """``worker:<hostname>-<pid>``: who the audit log says acted, and who holds an operation."""
+    return f"worker:{socket.gethostname()}-{os.getpid()}"
+
+
+# --- claiming and the heartbeat -----------------------------------------------------------------
+
+
+def _stale_before() -> timezone.datetime:
+    return timezone.now() - timedelta(seconds=settings.LLMGW_OPERATION_STALE_SECONDS)
+
+
+def _claimable() -> Q:
+    return Q(state=Op.State.QUEUED) | (
+        Q(state=Op.State.RUNNING) & (Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=_stale_before()))
+    )
+
+
+def claim(operation_id: int, worker: str) -> RestartOperation | None:
+    """Take the operation for ``worker``: the operation, or None when it is not claimable."""
+    with transaction.atomic():
+        qs = Op.objects.filter(_claimable(), pk=operation_id)
+        if connection.vendor == "postgresql":
+            qs = qs.select_for_update(skip_locked=True, of=("self",))
+        op = qs.select_related("model").first()
+        if op is None:
+            return None
+        previous, last_beat = op.worker, op.heartbeat_at
+        now = timezone.now()
+        op.state, op.worker, op.heartbeat_at = Op.State.RUNNING, worker, now
+        op.attempts += 1
+        op.started_at = op.started_at or now
+        op.save(update_fields=["state", "worker", "heartbeat_at", "attempts", "started_at"])
+        if previous:
+            audit_record(
+                action="restart_takeover", object_type="restartoperation", object_key=str(op.pk),
+                object_repr=str(op), before={"worker": previous}, after={"worker": worker, "attempt": op.attempts},
+                actor=Actor(via="worker", name=worker, request_id=f"restart-{op.pk}"),
+                message=f"restart #{op.pk} of {op.model.name} (asked by {op.requested_by_name}) taken over from "
+                        f"{previous}, whose last heartbeat was at {last_beat:%Y-%m-%d %H:%M:%S} UTC",
+            )
+    return op
+
+
+class Lease:
+    """This worker's hold on an operation: ``tick()`` keeps it fresh and raises
+    ``OperationLost`` once another worker has taken the operation over.
+
+    Safe to call from several threads: one heartbeat at a time, each thread
+    with its own database connection.
+    """
+
+    def __init__(self, operation_id: int, worker: str):
+        self.operation_id = operation_id
+        self.worker = worker
+        self.interval = settings.LLMGW_OPERATION_HEARTBEAT_SECONDS
+        self._last = time.monotonic()
+        self._lock = threading.Lock()
+        self.lost = threading.Event()
+
+    def tick(self) -> None:
+        if self.lost.is_set():
+            raise OperationLost()
+        if time.monotonic() - self._last < self.interval or not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._beat()
+        finally:
+            self._lock.release()
+
+    def _beat(self) -> None:
+        try:
+            held = Op.objects.filter(pk=self.operation_id, worker=self.worker, state=Op.State.RUNNING).update(
+                heartbeat_at=timezone.now())
+        except OperationalError:  # a busy database: the next tick tries again, well before the threshold
+            log.warning("restart #%s: heartbeat not written", self.operation_id, exc_info=True)
+            return
+        self._last = time.monotonic()
+        if not held:
+            log.warning("restart #%s: taken over by another worker; %s stops here", self.operation_id, self.worker)
+            self.lost.set()
+            raise OperationLost()
+
+
+# --- the tasks ----------------------------------------------------------------------------------
+
+
+@task()
+def run_restart(operation_id: int) -> str:
+    """Run (or take over) one restart operation; returns its final state."""
+    ensure_sweeper()
+    return run_operation(operation_id)
+
+
+@task()
+def sweep_restarts() -> list[int]:
+    """Enqueue a run for abandoned operations; come back while any is active."""
+    enqueued = operations_sweep()
+    if Op.objects.filter(state__in=Op.ACTIVE_STATES).exists():
+        ensure_sweeper()
+    return enqueued
+
+
+def _uses_database_backend() -> bool:
+    from django_tasks import task_backends
+    from django_tasks_db.backend import DatabaseBackend
+
+    return isinstance(task_backends[run_restart.backend], DatabaseBackend)
+
+
+def enqueue_restart(operation_id: int) -> str:
+    """Enqueue a run of the operation and remember the task's id on it."""
+    result = run_restart.enqueue(operation_id)
+    Op.objects.filter(pk=operation_id).update(task_id=str(result.id))
+    if _uses_database_backend():
+        ensure_sweeper()
+    return str(result.id)
+
+
+def ensure_sweeper() -> None:
+    """Make sure a sweep is waiting in the queue (at most one, give or take a race)."""
+    if not _uses_database_backend():
+        return  # with another backend (immediate, dummy) there is no queue to sweep
+    from django_tasks_db.models import DBTaskResult
+
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_SWEEPER_LOCK_KEY])
+        waiting = DBTaskResult.objects.filter(task_path=sweep_restarts.module_path,
+                                              status=TaskResultStatus.READY).exists()
+        if not waiting:
+            due = timezone.now() + timedelta(seconds=settings.LLMGW_OPERATION_SWEEP_SECONDS)
+            sweep_restarts.using(run_after=due).enqueue()
+
+
+def _task_state(task_id: str) -> tuple[str, timezone.datetime | None] | None:
+    if not task_id or not _uses_database_backend():
+        return None
+    from django.core.exceptions import ValidationError
+    from django_tasks_db.models import DBTaskResult
+
+    try:
+        row = DBTaskResult.objects.filter(id=task_id).values_list("status", "started_at").first()
+    except (ValidationError, ValueError):
+        return None
+    return row
+
+
+def operations_sweep() -> list[int]:
+    """Enqueue a run for every operation no live worker holds; the ids enqueued.
+
+    Running with a stale heartbeat, unless a run for it already waits; queued
+    with no task waiting or running for it (the enqueue was lost, or the worker
+    that took the task died before claiming).
+    """
+    stale = _stale_before()
+    grace = timezone.now() - timedelta(seconds=ENQUEUE_GRACE_SECONDS)
+    enqueued = []
+    for op in Op.objects.filter(state__in=Op.ACTIVE_STATES).order_by("id"):
+        task_state = _task_state(op.task_id)
+        status, task_started = task_state if task_state else (None, None)
+        if op.state == Op.State.RUNNING:
+            if op.heartbeat_at is not None and op.heartbeat_at >= stale:
+                continue  # alive
+            if status == TaskResultStatus.READY:
+                continue  # a run is already waiting for a worker
+        else:
+            if status == TaskResultStatus.READY:
+                continue
+            if status == TaskResultStatus.RUNNING and task_started is not None and task_started >= stale:
+                continue  # a worker is about to claim it
+            if task_state is None and op.created_at >= grace:
+                continue
+        log.info("restart #%s (%s) has no live worker: enqueueing a run", op.pk, op.state)
+        enqueue_restart(op.pk)
+        enqueued.append(op.pk)
+    return enqueued

@@ -1,0 +1,261 @@
+"""What the restart and worker tests share: a fleet of real agents recorded in the catalog.
+
+Not collected as tests (no ``test_`` prefix); the fixtures are imported by
+``tests/test_restart_*.py`` and ``tests/test_worker.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from catalog.actor import Actor, acting_as
+from catalog.models import Card, GPUClass, Node, Profile, Replica, RestartOperation, ServedModel, Shard
+from catalog.services import catalog as services
+from catalog.services.restart import profile_spec
+from tests import builders as b
+from tests.agent_helpers import REPO_ROOT, RunningAgent, running_agent, standin_command, wait_until
+
+MODEL = "llama"
+
+
+def port_block(size: int = 80) -> int:
+    """The middle of ``size`` consecutive free ports below Linux's ephemeral range (32768 up), where
+    no outgoing connection takes one by chance: old replicas go below it, replacements from it."""
+    for _ in range(200):
+        start = random.randrange(20000, 32700 - size)
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(start, start + size):
+                    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return start + size // 2
+    raise RuntimeError("no block of free ports below 32700")
+
+
+@pytest.fixture
+def fast_restarts(settings):  # type: ignore[no-untyped-def]
+    """Short polls and heartbeats, and replica ports nothing else on this host is likely to use."""
+    settings.LLMGW_OPERATION_POLL_SECONDS = 0.1
+    settings.LLMGW_OPERATION_HEARTBEAT_SECONDS = 0.5
+    settings.LLMGW_OPERATION_STALE_SECONDS = 5
+    settings.LLMGW_OPERATION_SWEEP_SECONDS = 1
+    settings.LLMGW_AGENT_TIMEOUT_SECONDS = 5.0
+    settings.LLMGW_REPLICA_PORT_BASE = port_block()
+    return settings
+
+
+@pytest.fixture
+def audit_flushable(transactional_db):  # type: ignore[no-untyped-def]
+    """On SQLite, the teardown flush of a transactional test DELETEs every row,
+    which the audit log's append-only triggers refuse (PostgreSQL's TRUNCATE
+    does not fire them). Empty the log with the triggers lifted, then put them back."""
+    yield
+    if connection.vendor != "sqlite":
+        return
+    from importlib import import_module
+
+    migration = import_module("catalog.migrations.0002_audit_append_only")
+    with connection.cursor() as cursor:
+        for sql in migration.SQLITE_DOWN:
+            cursor.execute(sql)
+        cursor.execute("DELETE FROM catalog_auditentry")
+        for sql in migration.SQLITE_UP:
+            cursor.execute(sql)
+
+
+@dataclass
+class Fleet:
+    agents: dict[str, RunningAgent]
+    nodes: dict[str, Node]
+    model: ServedModel
+    profile: Profile
+    replicas: list[Replica] = field(default_factory=list)
+
+    def agent_of(self, replica: Replica) -> RunningAgent:
+        shard = Shard.objects.select_related("card__node").filter(replica=replica).first()
+        assert shard is not None, f"{replica.name} holds no cards"
+        return self.agents[shard.card.node.name]
+
+    def start(self, name: str, node: str, cards: list[int], *, port: int | None = None) -> Replica:
+        """A replica of the profile recorded ready, and really started (and ready) on its agent."""
+        port = port or settings.LLMGW_REPLICA_PORT_BASE - 30 + len(self.replicas)
+        replica = b.replica(self.profile, self.nodes[node], cards, name=name, port=port)
+        spec = profile_spec(Profile.objects.select_related("model").get(pk=self.profile.pk), port=port, cards=cards)
+        with self.agents[node].client() as http:
+            response = http.put(f"/v1/replicas/{name}", json=spec)
+            assert response.status_code == 201, response.text
+        self.agents[node].wait_for_state(name, "ready")
+        self.replicas.append(replica)
+        return replica
+
+    def change_profile(self, **fields: Any) -> Profile:
+        """Change what the profile runs (audited as a command would): its replicas become stale."""
+        profile = Profile.objects.get(pk=self.profile.pk)
+        for name, value in fields.items():
+            setattr(profile, name, value)
+        with acting_as(Actor(via="cli", name="pytest")):
+            self.profile = services.profile_save(instance=profile)
+        return self.profile
+
+    def ready_on_agents(self) -> dict[str, int]:
+        counts = {}
+        for name, agent in self.agents.items():
+            with agent.client(timeout=5) as http:
+                counts[name] = sum(r["state"] == "ready" for r in http.get("/v1/replicas").json())
+        return counts
+
+
+def gpu_class() -> GPUClass:
+    return b.gpu_class("h100-80g")
+
+
+def record_node(name: str, agent_url: str, token: str, cards: int = 4) -> Node:
+    node = Node.objects.create(name=name, agent_url=agent_url, agent_token=token)
+    Card.objects.bulk_create(Card(node=node, index=i, gpu_class=gpu_class()) for i in range(cards))
+    return node
+
+
+@contextlib.contextmanager
+def fleet_of(tmp_path: Path, nodes: tuple[str, ...] = ("gpu-a", "gpu-b"), *, cards: int = 4,
+             env: dict[str, str] | None = None, load_seconds: float = 0.5) -> Iterator[Fleet]:
+    """Real agents, one per node, each with ``cards`` cards and the stand-in for vLLM;
+    the nodes, a model and its one-card vLLM profile in the catalog."""
+    card_list = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(cards)]
+    with contextlib.ExitStack() as stack:
+        agents = {
+            name: stack.enter_context(running_agent(tmp_path / name, node=name, cards=card_list,
+                                                    engines={"vllm": standin_command()}, stop_grace_seconds=2,
+                                                    ready_poll_seconds=0.1))
+            for name in nodes
+        }
+        recorded = {name: record_node(name, agent.base_url, agent.token, cards) for name, agent in agents.items()}
+        model = b.llama_8b(MODEL)
+        # Through the service, as in real life: the audit log then knows the profile at each revision.
+        with acting_as(Actor(via="cli", name="pytest")):
+            profile = services.profile_save(instance=Profile(
+                model=model, name="h100", engine="vllm", gpu_class=gpu_class(), gpus_per_node=1, tp=1,
+                env={"STANDIN_LOAD_SECONDS": str(load_seconds), **(env or {})}))
+        yield Fleet(agents=agents, nodes=recorded, model=model, profile=profile)
+
+
+@contextlib.contextmanager
+def sampling_ready(fleet: Fleet, interval: float = 0.05) -> Iterator[list[int]]:
+    """The number of ready replicas on all agents, sampled in a thread while the block runs."""
+    samples: list[int] = []
+    done = threading.Event()
+    clients = [agent.client(timeout=5) for agent in fleet.agents.values()]
+
+    def sample() -> None:
+        while not done.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                samples.append(sum(sum(r["state"] == "ready" for r in http.get("/v1/replicas").json())
+                                   for http in clients))
+            time.sleep(interval)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        thread.join(timeout=10)
+        for http in clients:
+            http.close()
+
+
+def answers(port: int, model: str = MODEL) -> bool:
+    """The engine on ``port`` lists ``model`` on /v1/models."""
+    try:
+        body = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2, trust_env=False).json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    return any(entry.get("id") == model for entry in body.get("data", []))
+
+
+def assert_nothing_half_done() -> None:
+    """No replica left starting or loading, no card held by a replica that is not live."""
+    assert not Replica.objects.filter(state__in=["starting", "loading"]).exists(), list(
+        Replica.objects.filter(state__in=["starting", "loading"]).values_list("name", "state"))
+    held = Shard.objects.exclude(replica__state__in=Replica.LIVE_STATES)
+    assert not held.exists(), list(held.values_list("replica__name", "replica__state"))
+    assert not RestartOperation.objects.filter(state__in=RestartOperation.ACTIVE_STATES).exists()
+
+
+# --- a worker process -----------------------------------------------------------------------------
+
+WORKER_ENV = {
+    "LLMGW_OPERATION_POLL_SECONDS": "0.1",
+    "LLMGW_OPERATION_HEARTBEAT_SECONDS": "0.5",
+    "LLMGW_OPERATION_STALE_SECONDS": "3",
+    "LLMGW_OPERATION_SWEEP_SECONDS": "1",
+    "LLMGW_AGENT_TIMEOUT_SECONDS": "5",
+}
+
+
+def database_url() -> str:
+    """The test database, for another process: PostgreSQL only (see test_worker.py)."""
+    s = connection.settings_dict
+    host = s.get("HOST") or "127.0.0.1"
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{host}:{s.get('PORT') or 5432}/{s['NAME']}"
+
+
+@dataclass
+class Worker:
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def db_worker(tmp_path: Path, name: str, *, port_base: int, extra_env: dict[str, str] | None = None,
+              ) -> Iterator[Worker]:
+    """``manage.py db_worker`` on the test database, as its own process; killed on exit."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LLMGW_")}
+    env.update(WORKER_ENV)
+    env.update({"DATABASE_URL": database_url(), "LLMGW_REPLICA_PORT_BASE": str(port_base),
+                "DJANGO_SETTINGS_MODULE": "llmgw_web.settings", "PYTHONUNBUFFERED": "1"})
+    env.update(extra_env or {})
+    log = tmp_path / f"{name}.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "db_worker", "--no-reload", "--interval", "0.2", "--no-startup-delay",
+             "--worker-id", name],
+            cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )
+    try:
+        yield Worker(process, log)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+def wait_for_operation(operation_id: int, *, timeout: float, states: tuple[str, ...] = ()) -> RestartOperation:
+    ended = states or ("succeeded", "failed", "partly_failed", "cancelled")
+
+    def ended_yet() -> RestartOperation | None:
+        op = RestartOperation.objects.get(pk=operation_id)
+        return op if op.state in ended else None
+
+    return wait_until(ended_yet, timeout=timeout, interval=0.2, what=f"restart #{operation_id} to reach {ended}")

@@ -1,0 +1,234 @@
+"""Running a restart against real agents and stand-in engines on 127.0.0.1.
+
+The operation runs in this test process (``run_operation``): the point here is
+what a run does to the replicas, their cards and the audit log. Workers as
+processes are tests/test_worker.py's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from catalog.models import AuditEntry, Replica, RestartOperation, RestartStep, Shard
+from catalog.services.audit import verify_chain
+from catalog.services.restart import restart_start, run_operation
+from tests.restart_support import (  # noqa: F401 - fixtures
+    MODEL,
+    answers,
+    assert_nothing_half_done,
+    audit_flushable,
+    fast_restarts,
+    fleet_of,
+    sampling_ready,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_restarts", "audit_flushable")]
+
+
+def steps_of(op: RestartOperation) -> list[RestartStep]:
+    return list(op.steps.select_related("old_replica", "new_replica").order_by("id"))
+
+
+def test_a_rolling_restart_replaces_every_replica_and_never_has_fewer_ready(tmp_path, actor):
+    with fleet_of(tmp_path) as fleet:
+        old = [fleet.start("llama-1", "gpu-a", [0]), fleet.start("llama-2", "gpu-a", [1]),
+               fleet.start("llama-3", "gpu-b", [0])]
+        profile = fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, max_parallel=2, ready_timeout=30)
+        with sampling_ready(fleet) as samples:
+            assert run_operation(op.pk) == "succeeded"
+
+        assert samples and min(samples) >= 3, samples  # never below where it started
+        assert max(samples) >= 4  # a replacement was ready before its old replica stopped
+        op.refresh_from_db()
+        assert (op.state, op.finished_at is not None, op.worker.startswith("worker:")) == ("succeeded", True, True)
+        assert op.reason.startswith("3 of 3 replica(s) restarted")
+        for step in steps_of(op):
+            assert step.state == "succeeded" and not step.in_place, step.reason
+            new = step.new_replica
+            assert (new.state, new.revision) == ("ready", profile.revision)
+            assert answers(new.port)
+            assert set(Shard.objects.filter(replica=new).values_list("card__node__name", "card__index")) == {
+                (step.node, step.cards[0])}
+            state = fleet.agents[step.node].replica(new.name)
+            assert "--max-num-seqs" in state["args"]
+        for replica in old:
+            replica.refresh_from_db()
+            assert replica.state == "stopped" and not replica.shards.exists()
+        assert fleet.ready_on_agents() == {"gpu-a": 2, "gpu-b": 1} or sum(fleet.ready_on_agents().values()) == 3
+        assert_nothing_half_done()
+
+    # Audited by the worker, naming the operator who asked.
+    entries = AuditEntry.objects.filter(via="worker")
+    assert {e.action for e in entries} >= {"start", "ready", "stop", "restart_finish"}
+    assert all("asked by pytest" in e.message for e in entries)
+    assert AuditEntry.objects.get(action="restart_start").actor == "pytest"
+    assert AuditEntry.objects.filter(action="stop", object_key__in=["llama-1", "llama-2", "llama-3"]).count() == 3
+    assert verify_chain() == []
+
+
+def test_best_fit_puts_the_replacement_on_the_node_with_the_fewest_free_cards_that_fit(tmp_path, actor):
+    with fleet_of(tmp_path) as fleet:
+        fleet.start("llama-1", "gpu-b", [0])
+        fleet.start("llama-2", "gpu-b", [1])
+        fleet.start("llama-3", "gpu-b", [2])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, replicas=["llama-1"], ready_timeout=30)
+        assert run_operation(op.pk) == "succeeded"
+        (step,) = steps_of(op)
+        # gpu-b has 1 free card, gpu-a 4: gpu-b is the tighter fit.
+        assert (step.node, step.cards) == ("gpu-b", [3])
+
+
+def test_an_in_place_restart_stops_first_then_starts_on_the_same_cards_and_port(tmp_path, actor):
+    with fleet_of(tmp_path) as fleet:
+        old = fleet.start("llama-1", "gpu-a", [2])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, in_place=True, ready_timeout=30)
+        assert run_operation(op.pk) == "succeeded"
+        (step,) = steps_of(op)
+        assert (step.state, step.in_place, step.node, step.cards) == ("succeeded", True, "gpu-a", [2])
+        old.refresh_from_db()
+        new = step.new_replica
+        assert old.state == "stopped" and fleet.agents["gpu-a"].replica("llama-1")["state"] == "stopped"
+        assert (new.state, new.port) == ("ready", old.port) and answers(new.port)
+        assert list(new.shards.values_list("card__index", flat=True)) == [2]
+        assert_nothing_half_done()
+
+
+def test_with_no_room_beside_the_restart_goes_in_place(tmp_path, actor):
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=1) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, ready_timeout=30)
+        assert run_operation(op.pk) == "succeeded"
+        (step,) = steps_of(op)
+        assert step.in_place and step.cards == [0]
+
+
+def test_rolling_only_without_room_fails_the_step_and_changes_nothing(tmp_path, actor):
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=1) as fleet:
+        old = fleet.start("llama-1", "gpu-a", [0])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, in_place=False, ready_timeout=30)
+        assert run_operation(op.pk) == "failed"
+        (step,) = steps_of(op)
+        assert "beside the running replicas" in step.reason and "llama-1 keeps serving" in step.reason
+        old.refresh_from_db()
+        assert old.state == "ready" and answers(old.port)
+        assert_nothing_half_done()
+
+
+def test_a_replacement_never_ready_fails_at_its_deadline_and_the_old_one_keeps_serving(tmp_path, actor):
+    with fleet_of(tmp_path) as fleet:
+        old = fleet.start("llama-1", "gpu-a", [0])
+        fleet.start("llama-2", "gpu-a", [1])
+        fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "0.2", "STANDIN_NEVER_READY": "1"})
+        op = restart_start(model_name=MODEL, ready_timeout=1.5)
+        assert run_operation(op.pk) == "failed"
+
+        first, second = steps_of(op)
+        assert first.state == "failed" and "was not ready within 1.5 s" in first.reason, first.reason
+        assert "loading" in first.reason and "llama-1 keeps serving" in first.reason
+        assert (second.state, second.reason) == ("cancelled", "not started: an earlier step failed")
+        new = first.new_replica
+        assert new.state == "failed" and not new.shards.exists()
+        assert fleet.agents[first.node].replica(new.name)["state"] == "stopped"
+        old.refresh_from_db()
+        assert old.state == "ready" and answers(old.port)
+        op.refresh_from_db()
+        assert op.reason.startswith("0 of 2 replica(s) restarted; llama-1: ")
+        assert AuditEntry.objects.filter(action="fail", object_key=new.name, via="worker").exists()
+        assert_nothing_half_done()
+
+
+def test_an_engine_that_exits_at_start_fails_its_step_with_the_exit_code_and_log(tmp_path, actor):
+    with fleet_of(tmp_path) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.change_profile(env={"STANDIN_EXIT_AT_START": "3"})
+        op = restart_start(model_name=MODEL, ready_timeout=20)
+        assert run_operation(op.pk) == "failed"
+        (step,) = steps_of(op)
+        assert "exit code 3" in step.reason, step.reason
+        assert "stand-in told to fail at start" in step.reason
+        assert_nothing_half_done()
+
+
+def test_an_in_place_replacement_that_fails_brings_the_old_spec_back_on_its_cards(tmp_path, actor):
+    with fleet_of(tmp_path) as fleet:
+        old = fleet.start("llama-1", "gpu-a", [1])
+        fleet.change_profile(env={"STANDIN_EXIT_AT_START": "3"})
+        op = restart_start(model_name=MODEL, in_place=True, ready_timeout=20)
+        assert run_operation(op.pk) == "failed"
+        (step,) = steps_of(op)
+        assert "exit code 3" in step.reason
+        assert "llama-1 was started again with its previous spec and is ready" in step.reason
+        old.refresh_from_db()
+        assert old.state == "ready" and list(old.shards.values_list("card__index", flat=True)) == [1]
+        assert answers(old.port)
+        state = fleet.agents["gpu-a"].replica("llama-1")
+        assert state["state"] == "ready"
+        assert_nothing_half_done()
+
+
+def test_an_old_replica_whose_agent_is_gone_fails_its_step_and_what_succeeded_stays(tmp_path, actor):
+    with fleet_of(tmp_path) as fleet:
+        first = fleet.start("llama-1", "gpu-a", [0])
+        second = fleet.start("llama-2", "gpu-b", [0])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        fleet.agents["gpu-b"].stop()  # llama-2 is recorded ready on a node whose agent is down
+        op = restart_start(model_name=MODEL, ready_timeout=20)
+        assert run_operation(op.pk) == "partly_failed"
+
+        one, two = steps_of(op)
+        assert one.state == "succeeded" and one.node == "gpu-a", one.reason
+        assert two.state == "failed" and two.node == "gpu-a", two.reason  # the replacement ran beside llama-1's
+        assert f"{two.new_replica.name} is ready, but llama-2 could not be stopped" in two.reason
+        assert "The agent of node gpu-b" in two.reason and "is the agent running?" in two.reason, two.reason
+        first.refresh_from_db()
+        second.refresh_from_db()
+        assert first.state == "stopped"
+        assert second.state == "ready" and second.shards.exists()  # still recorded as running: the truth we know
+        assert two.new_replica.state == "ready" and answers(two.new_replica.port)
+        op.refresh_from_db()
+        assert op.reason.startswith("1 of 2 replica(s) restarted; llama-2: ")
+        assert_nothing_half_done()
+
+
+def test_a_stale_replica_is_restarted_with_the_spec_of_its_revision_known_from_the_audit_log(tmp_path, actor):
+    from catalog.services.restart import running_spec
+
+    with fleet_of(tmp_path) as fleet:
+        fleet.change_profile(args=["--max-num-seqs", "4"])
+        old = fleet.start("llama-1", "gpu-a", [0])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        spec = running_spec(Replica.objects.get(pk=old.pk))
+        assert spec is not None and spec["args"][-2:] == ["--max-num-seqs", "4"]
+
+
+def test_a_cancel_lets_the_step_in_flight_finish_and_starts_no_other(tmp_path, actor):
+    from catalog.services.restart import _Run, operation_cancel
+    from catalog.tasks import Lease, claim
+
+    with fleet_of(tmp_path) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        second = fleet.start("llama-2", "gpu-b", [0])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, ready_timeout=30)
+        # A worker has the first step in flight when the operator cancels.
+        claimed = claim(op.pk, "worker:first-1")
+        run = _Run(claimed, Lease(op.pk, "worker:first-1"), actor)
+        step = run._step(steps_of(op)[0].pk)
+        assert run._place_beside(step, None)
+        operation_cancel(operation_id=op.pk)
+        assert RestartOperation.objects.get(pk=op.pk).state == "running"  # it has a worker: it finishes first
+
+        assert run.run() == "cancelled"
+        first, rest = steps_of(op)
+        assert first.state == "succeeded"
+        assert (rest.state, rest.reason) == ("cancelled", "cancelled by request")
+        second.refresh_from_db()
+        assert second.state == "ready" and answers(second.port)
+        op.refresh_from_db()
+        assert op.reason == "1 of 2 replica(s) restarted; the rest cancelled on request."
+        assert_nothing_half_done()
