@@ -5,7 +5,7 @@ UV ?= $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 PY := .venv/bin/python
 export DJANGO_SETTINGS_MODULE := llmgw_web.settings
 
-.PHONY: run test lint install demo-db
+.PHONY: run test lint install demo-db browser-deps screenshots bench
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -22,11 +22,29 @@ demo-db: install
 	DJANGO_DEBUG=1 $(PY) manage.py migrate --no-input
 	DJANGO_DEBUG=1 $(PY) manage.py seed_demo --users --as demo
 
+# A node agent per demo node (stand-in engines), the seeded replicas started on them, the worker and
+# the web server on http://127.0.0.1:8000; Ctrl-C stops them all (catalog/management/commands/demo.py).
 run: demo-db
-	DJANGO_DEBUG=1 $(PY) manage.py runserver 127.0.0.1:8000
+	DJANGO_DEBUG=1 $(PY) manage.py demo --as demo --addr 127.0.0.1:8000
 
-test: install
+# The browser tests drive Debian's Chromium through Playwright (its Python package comes from uv sync and
+# never downloads a browser of its own): installed with apt-get only when it is missing.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+browser-deps:
+	@test -x $(CHROMIUM) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
+
+test: install browser-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The README's screenshots, taken by the browser tests at a laptop's width (1366 px).
+screenshots: install browser-deps
+	SCREENSHOTS_DIR=docs/screenshots $(PY) -m pytest -q -m browser tests/test_browser.py
 
 lint: install
 	.venv/bin/ruff check .
+
+# How long the live form's dry run takes at 10 to 5000 nodes (docs/benchmarks.md).
+bench: install
+	$(PY) bench/resize_dry_run.py

@@ -1,0 +1,1 @@
+"""The operator pages (htmx): models, nodes, operations. One module a concern."""

@@ -1,0 +1,51 @@
+"""What every page view shares: partial or whole page, and the permission gate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils.cache import patch_vary_headers
+
+RESIZE = "catalog.resize_model"
+RESTART = "catalog.restart_model"
+
+
+def wants_partial(request: HttpRequest) -> bool:
+    """An htmx request for a fragment; not a history restore, which needs the whole page."""
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.history_restore_request and not htmx.boosted
+
+
+def render_page(
+    request: HttpRequest, template: str, context: Mapping[str, Any], *, partial: str | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    """``template`` whole, or only its ``partial`` for an htmx request.
+
+    Varies on HX-Request so that a cache never answers a full load with a fragment.
+    """
+    name = f"{template}#{partial}" if partial and wants_partial(request) else template
+    response = render(request, name, context, status=status)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+def require_perm(request: HttpRequest, perm: str) -> None:
+    """403 unless the signed-in user holds ``perm``: checked on the server, whatever the page showed."""
+    if not request.user.has_perm(perm):
+        raise PermissionDenied(f"You need the {perm.split('.')[-1].replace('_', ' ')!r} permission.")
+
+
+def redirect_or_location(request: HttpRequest, url: str) -> HttpResponse:
+    """Where to go after a change: htmx follows ``HX-Location`` (no reload); a plain form, a 303."""
+    if getattr(request, "htmx", None):
+        response = HttpResponse(status=204)
+        response["HX-Location"] = url
+        return response
+    response = HttpResponse(status=303)
+    response["Location"] = url
+    return response

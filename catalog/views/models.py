@@ -1,0 +1,253 @@
+"""The models list, a model's page, and its resize and context forms.
+
+The forms preview on every change: the server runs the service as a dry run
+and answers the preview fragment with status 200, refusals included (the
+refusal's sentence is the API's). Apply runs the same service for real,
+checked again on the server, and sends the browser back to the model's page,
+where the restart it started shows live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count, F, Prefetch, Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from catalog.errors import DomainError
+from catalog.forms import CPU, ContextForm, ModelFilterForm, ResizeForm
+from catalog.models import Profile, Replica, ServedModel, Shard
+from catalog.planning import Change
+from catalog.services.resize import model_resize, model_set_context
+from catalog.views import operations as operation_views
+from catalog.views.common import (
+    RESIZE,
+    RESTART,
+    redirect_or_location,
+    render_page,
+    require_perm,
+    wants_partial,
+)
+from catalog.views.display import Preview, hue, profile_memory, shape_facts
+
+LIVE = Replica.LIVE_STATES
+
+
+def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedModel]:
+    """Models with their cards in use and stale replicas counted in the same query.
+
+    Cards in use are those held by live replicas; a replica is stale when it
+    runs an older revision than its profile's. Filters go through subqueries
+    on the profiles, so they never multiply the counts.
+    """
+    f = filters or {}
+    live = Q(profiles__replicas__state__in=LIVE)
+    qs = ServedModel.objects.annotate(
+        cards_in_use=Count("profiles__replicas__shards", filter=live, distinct=True),
+        live_replicas=Count("profiles__replicas", filter=live, distinct=True),
+        stale_replicas=Count(
+            "profiles__replicas",
+            filter=live & Q(profiles__replicas__revision__lt=F("profiles__revision")),
+            distinct=True,
+        ),
+    ).prefetch_related(Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class").order_by("name")))
+    if q := f.get("q"):
+        qs = qs.filter(Q(name__icontains=q) | Q(source__icontains=q))
+    if eng := f.get("engine"):
+        qs = qs.filter(pk__in=Profile.objects.filter(engine=eng).values("model"))
+    if cls := f.get("gpu_class"):
+        on = Q(gpu_class__isnull=True) if cls == CPU else Q(gpu_class__name=cls)
+        qs = qs.filter(pk__in=Profile.objects.filter(on).values("model"))
+    if f.get("state") == "declared":
+        qs = qs.filter(declared=True)
+    elif f.get("state") == "editable":
+        qs = qs.filter(declared=False)
+    if f.get("stale"):
+        qs = qs.filter(stale_replicas__gt=0)
+    return qs.order_by("name")
+
+
+@login_required
+@require_GET
+def model_list(request: HttpRequest) -> HttpResponse:
+    form = ModelFilterForm.for_catalog(request.GET or None)
+    filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
+    models = list(models_with_usage(filters))
+    for m in models:
+        m.hue = hue(m.pk)
+    return render_page(request, "catalog/model_list.html",
+                       {"section": "models", "form": form, "models": models, "filtered": bool(filters)},
+                       partial="results")
+
+
+def _replicas_of(model: ServedModel) -> list[Replica]:
+    shards = Prefetch("shards", queryset=Shard.objects.select_related("card__node").order_by("card__index"))
+    replicas = list(
+        Replica.objects.filter(profile__model=model)
+        .select_related("profile")
+        .prefetch_related(shards)
+        .order_by("profile__name", "name")
+    )
+    for r in replicas:
+        r.stale = r.revision < r.profile.revision
+        nodes: dict[str, list[int]] = {}
+        for s in r.shards.all():
+            nodes.setdefault(s.card.node.name, []).append(s.card.index)
+        r.placement = [(node, indices) for node, indices in nodes.items()]
+    return replicas
+
+
+def _detail_context(
+    request: HttpRequest, model: ServedModel, *, resize_form: ResizeForm | None = None,
+    context_form: ContextForm | None = None, resize_preview: Preview | None = None,
+    context_preview: Preview | None = None,
+) -> dict[str, Any]:
+    profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
+    memories = profile_memory(model, profiles)
+    on_cards = [m for m in memories if m.profile.gpu_class_id]
+    can_resize = request.user.has_perm(RESIZE) and not model.declared and bool(on_cards)
+    if can_resize:
+        first = on_cards[0]
+        resize_form = resize_form or ResizeForm(model=model, profiles=profiles,
+                                                initial={"gpus": first.profile.cards})
+        context_form = context_form or ContextForm(model=model, profiles=profiles,
+                                                   initial={"tokens": first.context})
+    operation = operation_views.latest_for(model)
+    replicas = _replicas_of(model)
+    return {
+        **(operation_views.progress_context(request, operation) if operation else {"operation": None}),
+        "section": "models",
+        "model": model,
+        "hue": hue(model.pk),
+        "facts": shape_facts(model),
+        "memories": memories,
+        "on_cards": on_cards,
+        "replicas": replicas,
+        "stale_live": sum(r.stale and r.is_live for r in replicas),
+        "can_resize": can_resize,
+        "can_restart": request.user.has_perm(RESTART),
+        "resize_form": resize_form if can_resize else None,
+        "context_form": context_form if can_resize else None,
+        "resize_preview": resize_preview,
+        "context_preview": context_preview,
+    }
+
+
+@login_required
+@require_GET
+def model_detail(request: HttpRequest, name: str) -> HttpResponse:
+    model = get_object_or_404(ServedModel, name=name)
+    return render_page(request, "catalog/model_detail.html", _detail_context(request, model))
+
+
+# -- resize and context: preview (dry run) and apply ---------------------------------------------------
+
+@dataclass(frozen=True)
+class ChangeKind:
+    """One of the two changes the model page offers: its form, its service and its preview partial."""
+
+    kind: str  # the Change's kind: "gpus" or "context"
+    key: str  # "resize" or "context": the form's ids, the page's context and the partial's name
+    value: str  # the form field that is also the service's keyword: "gpus" or "tokens"
+    form_class: type[ResizeForm] | type[ContextForm]
+    service: Callable[..., Change]
+
+    @property
+    def partial(self) -> str:
+        return f"{self.key}-preview"
+
+    def run(self, name: str, data: dict[str, Any], *, dry_run: bool) -> Change:
+        return self.service(name=name, profile=data["profile"] or None, in_place=data["in_place"],
+                            dry_run=dry_run, **{self.value: data[self.value]})
+
+
+RESIZE_CHANGE = ChangeKind("gpus", "resize", "gpus", ResizeForm, model_resize)
+CONTEXT_CHANGE = ChangeKind("context", "context", "tokens", ContextForm, model_set_context)
+
+
+def _model_and_form(request: HttpRequest, name: str, change: ChangeKind) -> tuple[ServedModel, Any]:
+    """The model and the bound form, for a user with the resize permission (403 otherwise)."""
+    require_perm(request, RESIZE)
+    model = get_object_or_404(ServedModel, name=name)
+    profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
+    return model, change.form_class(request.POST, model=model, profiles=profiles)
+
+
+def _answer(request: HttpRequest, change: ChangeKind, model: ServedModel, form: Any,
+            preview: Preview) -> HttpResponse:
+    """The preview fragment (htmx: status 200, refusals included), or the whole page showing it."""
+    if wants_partial(request):
+        return render_page(request, "catalog/model_detail.html", {"model": model, "preview": preview},
+                           partial=change.partial)
+    context = _detail_context(request, model, **{f"{change.key}_form": form, f"{change.key}_preview": preview})
+    return render_page(request, "catalog/model_detail.html", context)
+
+
+def _preview(request: HttpRequest, name: str, change: ChangeKind) -> HttpResponse:
+    """A dry run of the change as typed so far."""
+    model, form = _model_and_form(request, name, change)
+    if not form.is_valid():
+        return _answer(request, change, model, form, Preview.of_form_errors(change.kind, form.errors))
+    try:
+        preview = Preview.of_change(change.run(model.name, form.cleaned_data, dry_run=True))
+    except DomainError as err:
+        preview = Preview.of_refusal(change.kind, err)
+    return _answer(request, change, model, form, preview)
+
+
+def _apply(request: HttpRequest, name: str, change: ChangeKind) -> HttpResponse:
+    """The change for real: every check runs again; a refusal shows as the preview did."""
+    model, form = _model_and_form(request, name, change)
+    if not form.is_valid():
+        return _answer(request, change, model, form, Preview.of_form_errors(change.kind, form.errors))
+    try:
+        done = change.run(model.name, form.cleaned_data, dry_run=False)
+    except DomainError as err:
+        return _answer(request, change, model, form, Preview.of_refusal(change.kind, err))
+    messages.success(request, _applied_sentence(done))
+    return redirect_or_location(request, reverse("model-detail", args=[model.name]) + "#restart")
+
+
+def _applied_sentence(change: Change) -> str:
+    revision = Profile.objects.filter(model__name=change.model, name=change.profile).values_list(
+        "revision", flat=True).first()
+    unit = "cards" if change.kind == "gpus" else "tokens"
+    text = (f"{change.model}/{change.profile}: {change.before} → {change.after} {unit}, saved as revision "
+            f"{revision}.")
+    operation = operation_views.operation_of(change)
+    if operation is not None:
+        text += f" Restart #{operation.pk} started."
+    if change.note:
+        text += f" {change.note}"
+    return text
+
+
+@login_required
+@require_POST
+def resize_preview(request: HttpRequest, name: str) -> HttpResponse:
+    return _preview(request, name, RESIZE_CHANGE)
+
+
+@login_required
+@require_POST
+def resize_apply(request: HttpRequest, name: str) -> HttpResponse:
+    return _apply(request, name, RESIZE_CHANGE)
+
+
+@login_required
+@require_POST
+def context_preview(request: HttpRequest, name: str) -> HttpResponse:
+    return _preview(request, name, CONTEXT_CHANGE)
+
+
+@login_required
+@require_POST
+def context_apply(request: HttpRequest, name: str) -> HttpResponse:
+    return _apply(request, name, CONTEXT_CHANGE)

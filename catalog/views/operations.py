@@ -1,0 +1,128 @@
+"""Restart operations: the list, a page per operation (live while it runs), cancel.
+
+The progress fragment polls itself every second while the operation is queued
+or running, and comes back without its trigger once it has ended, which stops
+the polling. The cancel button sits outside the polled fragment so that the
+poll never takes the keyboard focus away from it; the fragment updates it
+out of band.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Count, Prefetch, Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from catalog.errors import DomainError
+from catalog.models import RestartOperation, RestartStep, ServedModel
+from catalog.services.restart import operation_cancel as cancel_operation
+from catalog.services.restart import restart_start
+from catalog.views.common import RESTART, redirect_or_location, render_page, require_perm, wants_partial
+
+PAGE_SIZE = 50
+
+
+def _with_steps(qs: Any) -> Any:
+    steps = Prefetch("steps", queryset=RestartStep.objects.select_related("old_replica", "new_replica").order_by("id"))
+    return qs.select_related("model", "profile").prefetch_related(steps)
+
+
+def latest_for(model: ServedModel) -> RestartOperation | None:
+    """The model's most recent restart, with its steps (two queries)."""
+    return _with_steps(RestartOperation.objects.filter(model=model)).order_by("-id").first()
+
+
+def operation_of(change: Any) -> RestartOperation | None:
+    """The restart a resize or context change started: on the change, or named by id in its dict."""
+    operation = getattr(change, "operation", None)
+    if operation is None or isinstance(operation, RestartOperation):
+        return operation
+    return RestartOperation.objects.filter(pk=operation).first()
+
+
+def progress_context(request: HttpRequest, operation: RestartOperation, **extra: Any) -> dict[str, Any]:
+    steps = list(operation.steps.all())
+    done = sum(s.state == RestartStep.State.SUCCEEDED for s in steps)
+    failed = sum(s.state == RestartStep.State.FAILED for s in steps)
+    return {
+        "operation": operation,
+        "steps": steps,
+        "steps_done": done,
+        "steps_failed": failed,
+        "steps_finished": sum(s.is_finished for s in steps),
+        "can_restart": request.user.has_perm(RESTART),
+        # Out-of-band updates only ride along a fragment, never a whole page.
+        "fragment": wants_partial(request),
+        **extra,
+    }
+
+
+@login_required
+@require_GET
+def operation_list(request: HttpRequest) -> HttpResponse:
+    qs = (
+        RestartOperation.objects.select_related("model", "profile")
+        .annotate(
+            steps_total=Count("steps"),
+            steps_done=Count("steps", filter=Q(steps__state=RestartStep.State.SUCCEEDED)),
+            steps_failed=Count("steps", filter=Q(steps__state=RestartStep.State.FAILED)),
+        )
+        .order_by("-id")
+    )
+    model = request.GET.get("model", "")
+    if model:
+        qs = qs.filter(model__name=model)
+    page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    return render_page(request, "catalog/operation_list.html",
+                       {"section": "operations", "page": page, "model_name": model})
+
+
+@login_required
+@require_GET
+def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    operation = get_object_or_404(_with_steps(RestartOperation.objects.all()), pk=pk)
+    context = {"section": "operations", **progress_context(request, operation)}
+    return render_page(request, "catalog/operation_detail.html", context, partial="progress")
+
+
+@login_required
+@require_POST
+def operation_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    require_perm(request, RESTART)
+    get_object_or_404(RestartOperation, pk=pk)
+    error = ""
+    try:
+        cancel_operation(operation_id=pk)
+    except DomainError as err:
+        error = err.message
+    if wants_partial(request):
+        operation = _with_steps(RestartOperation.objects.all()).get(pk=pk)
+        return render_page(request, "catalog/operation_detail.html",
+                           progress_context(request, operation, cancel_error=error), partial="progress")
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(request, f"Cancel asked for restart #{pk}: steps under way finish, the rest do not start.")
+    return redirect_or_location(request, reverse("operation-detail", args=[pk]))
+
+
+@login_required
+@require_POST
+def model_restart(request: HttpRequest, name: str) -> HttpResponse:
+    """Restart the model's stale replicas on their profile; the model's page then shows it live."""
+    require_perm(request, RESTART)
+    model = get_object_or_404(ServedModel, name=name)
+    try:
+        operation = restart_start(model_name=model.name)
+    except DomainError as err:
+        messages.error(request, err.message)
+    else:
+        messages.success(request, f"Restart #{operation.pk} of {model.name} started.")
+    return redirect_or_location(request, reverse("model-detail", args=[model.name]) + "#restart")
