@@ -12,6 +12,7 @@ import pytest
 from catalog.models import AuditEntry, Replica, RestartOperation, RestartStep, Shard
 from catalog.services.audit import verify_chain
 from catalog.services.restart import restart_start, run_operation
+from tests import builders as b
 from tests.restart_support import (  # noqa: F401 - fixtures
     MODEL,
     answers,
@@ -70,14 +71,28 @@ def test_a_rolling_restart_replaces_every_replica_and_never_has_fewer_ready(tmp_
 def test_best_fit_puts_the_replacement_on_the_node_with_the_fewest_free_cards_that_fit(tmp_path, actor):
     with fleet_of(tmp_path) as fleet:
         fleet.start("llama-1", "gpu-b", [0])
-        fleet.start("llama-2", "gpu-b", [1])
-        fleet.start("llama-3", "gpu-b", [2])
+        # Another model's replica (recorded only: placement is the catalog's business) fills gpu-b further.
+        b.replica(b.profile(b.llama_8b("filler")), fleet.nodes["gpu-b"], [1, 2], name="filler-1", port=8999)
         fleet.change_profile(args=["--max-num-seqs", "8"])
         op = restart_start(model_name=MODEL, replicas=["llama-1"], ready_timeout=30)
         assert run_operation(op.pk) == "succeeded"
         (step,) = steps_of(op)
         # gpu-b has 1 free card, gpu-a 4: gpu-b is the tighter fit.
         assert (step.node, step.cards) == ("gpu-b", [3])
+
+
+def test_the_replacement_goes_where_the_models_other_replicas_are_not_even_if_that_fits_less_tightly(
+        tmp_path, actor):
+    with fleet_of(tmp_path) as fleet:
+        fleet.start("llama-1", "gpu-b", [0])
+        fleet.start("llama-2", "gpu-b", [1])
+        fleet.start("llama-3", "gpu-b", [2])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, replicas=["llama-1"], ready_timeout=30)
+        assert run_operation(op.pk) == "succeeded"
+        (step,) = steps_of(op)
+        # gpu-b is the tighter fit, but llama-2 and llama-3 run there: one node down would take all three.
+        assert (step.node, step.cards) == ("gpu-a", [0])
 
 
 def test_an_in_place_restart_stops_first_then_starts_on_the_same_cards_and_port(tmp_path, actor):
@@ -175,6 +190,8 @@ def test_an_old_replica_whose_agent_is_gone_fails_its_step_and_what_succeeded_st
     with fleet_of(tmp_path) as fleet:
         first = fleet.start("llama-1", "gpu-a", [0])
         second = fleet.start("llama-2", "gpu-b", [0])
+        # gpu-b's other cards are held (by another model), so llama-2's replacement goes beside llama-1's.
+        b.replica(b.profile(b.llama_8b("filler")), fleet.nodes["gpu-b"], [1, 2, 3], name="filler-1", port=8999)
         fleet.change_profile(args=["--max-num-seqs", "8"])
         fleet.agents["gpu-b"].stop()  # llama-2 is recorded ready on a node whose agent is down
         op = restart_start(model_name=MODEL, ready_timeout=20)

@@ -367,10 +367,17 @@ def _free_port(node: Node) -> int:
     return base if highest is None or highest < base else highest + 1
 
 
-def _best_fit(profile: Profile) -> tuple[Node, list[Card]] | None:
+def _best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Node, list[Card]] | None:
     """Free cards of the profile's class for one replica: on the ready node
-    with the fewest free cards that still has enough (ties by name)."""
+    with the fewest free cards that still has enough (ties by name), but first
+    on a node that holds none of the model's other live replicas, so that one
+    node going down does not take every replica of a model with it."""
     need = profile.cards
+    siblings = set(
+        Shard.objects.filter(replica__profile__model_id=profile.model_id, replica__state__in=Replica.LIVE_STATES)
+        .exclude(replica=replacing)
+        .values_list("card__node_id", flat=True)
+    )
     free: dict[int, list[Card]] = {}
     for card in (Card.objects.filter(gpu_class_id=profile.gpu_class_id, node__state=Node.State.READY,
                                      shard__isnull=True).select_related("node").order_by("node__name", "index")):
@@ -378,7 +385,7 @@ def _best_fit(profile: Profile) -> tuple[Node, list[Card]] | None:
     fits = [cards for cards in free.values() if len(cards) >= need]
     if not fits:
         return None
-    best = min(fits, key=lambda cards: (len(cards), cards[0].node.name))
+    best = min(fits, key=lambda cards: (cards[0].node_id in siblings, len(cards), cards[0].node.name))
     return best[0].node, best[:need]
 
 
@@ -593,7 +600,7 @@ class _Run:
         def write() -> bool:
             _lock_placement()
             profile = Profile.objects.select_related("model", "gpu_class").get(pk=self.op.profile_id)
-            fit = _best_fit(profile)
+            fit = _best_fit(profile, replacing=step.old_replica)
             if fit is None:
                 return False
             node, cards = fit
