@@ -155,3 +155,20 @@ def test_a_removed_entry_is_detected(actor):
     entries = _three_entries()
     _tamper(f"DELETE FROM catalog_auditentry WHERE id = {entries[1].pk}")
     assert verify_chain() == [f"entry {entries[2].pk}: the entry before it was removed or altered"]
+
+
+def test_audit_verify_reports_an_intact_log_and_fails_naming_an_altered_entry(actor):
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    entries = _three_entries()
+    out = StringIO()
+    call_command("audit_verify", stdout=out)
+    assert "intact: 3 entries" in out.getvalue()
+    _tamper(f"UPDATE catalog_auditentry SET message = 'nothing to see' WHERE id = {entries[0].pk}")
+    with pytest.raises(CommandError) as err:
+        call_command("audit_verify", stdout=StringIO())
+    assert err.value.returncode == 1
+    assert f"entry {entries[0].pk}: its content does not match its hash (altered)" in str(err.value)
