@@ -732,3 +732,17 @@ def test_the_standin_answers_503_on_chat_while_loading_and_lists_no_model(tmp_pa
         )
         assert chat.status_code == 503
         assert f"model=m port={standin.port}" in standin.output()
+
+
+def test_a_port_another_program_holds_is_busy_and_nothing_starts(agent, http):
+    import socket
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        response = http.put("/v1/replicas/r1", json=standin_spec(port=port, cards=[0]))
+    assert response.status_code == 409
+    assert response.json()["code"] == "port_busy"
+    assert f"Port {port} is in use by another program" in response.json()["detail"]
+    assert started_replicas(agent) == 0

@@ -249,3 +249,24 @@ def test_a_cancel_lets_the_step_in_flight_finish_and_starts_no_other(tmp_path, a
         op.refresh_from_db()
         assert op.reason == "1 of 2 replica(s) restarted; the rest cancelled on request."
         assert_nothing_half_done()
+
+
+def test_a_replacement_whose_port_another_program_holds_moves_to_the_next_port(tmp_path, actor, settings):
+    import socket
+
+    with fleet_of(tmp_path) as fleet, socket.socket() as squatter:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        taken = settings.LLMGW_REPLICA_PORT_BASE  # where the replacement would go
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        op = restart_start(model_name=MODEL, ready_timeout=30)
+        assert run_operation(op.pk) == "succeeded"
+        (step,) = steps_of(op)
+        new = step.new_replica
+        assert new.port == taken + 1 and answers(new.port)
+        assert step.spec["port"] == taken + 1 and str(taken + 1) in step.spec["args"]
+        moved = AuditEntry.objects.get(action="move_port", object_key=new.name)
+        assert (moved.before, moved.after, moved.via) == ({"port": taken}, {"port": taken + 1}, "worker")
+        assert f"Port {taken} is in use by another program" in moved.message
+        assert_nothing_half_done()

@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -36,6 +37,22 @@ from typing import Any, Protocol
 from .config import AgentConfig, CardConfig
 from .registry import EngineRules, RegistryError, RegistryFile, refusal
 from .spec import AgentError, Spec, parse_spec
+
+
+def port_free(port: int) -> bool:
+    """Whether an engine could listen on ``port`` on every address of this host.
+
+    Another program holding it would make the engine fail to bind after it
+    had loaded for nothing; asked first, the control plane picks another.
+    SO_REUSEADDR, as servers set it, so a port left in TIME_WAIT counts free.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 log = logging.getLogger("llmgw_agent")
 
@@ -445,6 +462,13 @@ class Supervisor:
                         "port_busy",
                         f"Port {spec.port} is used by replica {other.id} ({other.state}); pick another port.",
                     )
+            if not port_free(spec.port):
+                raise AgentError(
+                    409,
+                    "port_busy",
+                    f"Port {spec.port} is in use by another program on node {self.config.node}; "
+                    "pick another port.",
+                )
             record = self._launch(replica_id, spec, engine.command)
             self._replicas[replica_id] = record
             self._prune()

@@ -73,6 +73,8 @@ MAX_READY_TIMEOUT = 24 * 3600.0
 AGENT_DEADLINE_MARGIN = 30.0
 # Polls of a replica that fail in a row before its step fails (a blip is not a failure).
 POLL_ERRORS_ALLOWED = 3
+# A replacement whose port another program holds moves up a port, this many times at most.
+PORT_TRIES = 5
 _PLACEMENT_LOCK_KEY = 0x6C6C7270  # "llrp": one placement at a time, so two steps never pick the same cards/port
 
 Op = RestartOperation
@@ -355,8 +357,9 @@ def _host(node: Node) -> str:
     return (urlsplit(node.agent_url).hostname or node.agent_url).lower()
 
 
-def _free_port(node: Node) -> int:
-    """The highest port live replicas use on the node's host, + 1 (from the base).
+def _free_port(node: Node, *, after: int | None = None) -> int:
+    """The highest port live replicas use on the node's host, + 1 (from the base),
+    and above ``after`` when given (a port found taken by another program).
 
     Nodes whose agents share a host (the demo, the tests) share its ports.
     """
@@ -364,7 +367,8 @@ def _free_port(node: Node) -> int:
     highest = (Replica.objects.filter(state__in=Replica.LIVE_STATES, shards__card__node__in=same_host)
                .aggregate(top=Max("port"))["top"])
     base = settings.LLMGW_REPLICA_PORT_BASE
-    return base if highest is None or highest < base else highest + 1
+    port = base if highest is None or highest < base else highest + 1
+    return port if after is None else max(port, after + 1)
 
 
 def _best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Node, list[Card]] | None:
@@ -778,12 +782,21 @@ class _Run:
         """PUT the spec (again: harmless) and poll until ready; _StepFailed otherwise."""
         node = Node.objects.get(name=step.node)
         agent = self._agent(node)
-        try:
-            state = agent.start(replica.name, spec)
-        except AgentError as exc:
-            certain = exc.code in ("agent_token", "agent_refused") or (
-                exc.code == "agent_down" and "refused the connection" in exc.message)
-            raise _StepFailed(f"{replica.name} could not be started: {exc.message}", started=not certain) from None
+        movable = not step.in_place and replica.pk == step.new_replica_id
+        for attempt in range(PORT_TRIES):
+            try:
+                state = agent.start(replica.name, spec)
+                break
+            except AgentError as exc:
+                if exc.agent_code == "port_busy" and movable and attempt + 1 < PORT_TRIES:
+                    # Another program on the node holds the port: a replacement nobody
+                    # uses yet may as well take the next one.
+                    replica, spec = self._move_port(step, replica, spec, node, exc.message)
+                    continue
+                certain = exc.code in ("agent_token", "agent_refused") or (
+                    exc.code == "agent_down" and "refused the connection" in exc.message)
+                raise _StepFailed(f"{replica.name} could not be started: {exc.message}",
+                                  started=not certain) from None
         if step.state == Step.State.STARTING:
             self._set_step(step, state=Step.State.WAITING, reason=f"waiting for {replica.name} to be ready")
         deadline = time.monotonic() + self.op.ready_timeout
@@ -819,6 +832,31 @@ class _Run:
                 errors += 1
                 if errors >= POLL_ERRORS_ALLOWED or exc.code in ("agent_token", "not_found"):
                     raise _StepFailed(f"{replica.name} could not be watched: {exc.message}") from None
+
+    def _move_port(self, step: Step, replica: Replica, spec: dict[str, Any], node: Node,
+                   why: str) -> tuple[Replica, dict[str, Any]]:
+        """The replacement on the next free port: its row, its step's spec and the audit log say so."""
+
+        @transaction.atomic
+        def write() -> tuple[Replica, dict[str, Any]]:
+            _lock_placement()
+            row = Replica.objects.select_for_update().get(pk=replica.pk)
+            old_port, port = row.port, _free_port(node, after=row.port)
+            args = list(spec["args"])
+            for i in range(len(args) - 1):
+                if args[i] == "--port" and args[i + 1] == str(old_port):
+                    args[i + 1] = str(port)
+            moved = {**spec, "port": port, "args": args}
+            before = {"port": old_port}
+            row.port = port
+            row.save(update_fields=["port"])
+            self._set_step(step, spec=moved, reason=f"port {old_port} is taken on {node.name}; trying {port}")
+            audit_record(action="move_port", object_type="replica", object_key=row.name, object_repr=str(row),
+                         before=before, after={"port": port}, actor=self.actor,
+                         message=self._said(f"{row.name} moved from port {old_port} to {port} on {node.name}: {why}"))
+            return row, moved
+
+        return write()
 
     def _fail(self, step: Step, reason: str) -> str:
         """Fail a step in flight the way its mode says: stop the replacement, keep or restore the old one."""
