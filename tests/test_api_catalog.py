@@ -154,3 +154,24 @@ def test_the_openapi_schema_and_its_ui_are_served():
     docs = c.get("/api/docs/")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
     assert b"cdn" not in docs.content.lower()
+
+
+def test_removing_a_model_removes_its_stopped_replicas_each_audited():
+    user = b.user("alice", "catalog.delete_servedmodel")
+    n = b.node("gpu-1", cards=2)
+    p = b.profile(b.llama_8b())
+    r = b.replica(p, n, [0], name="old-1", state="stopped")
+    r.shards.all().delete()  # a stopped replica holds no cards
+    response = client_for(user).delete("/api/models/llama-3.1-8b/")
+    assert response.status_code == 204, response.content
+    assert not ServedModel.objects.exists()
+    assert list(AuditEntry.objects.order_by("id").values_list("action", "object_type", "object_key")) == [
+        ("delete", "replica", "old-1"), ("delete", "servedmodel", "llama-3.1-8b")]
+
+
+def test_a_model_with_a_live_replica_is_not_removed():
+    user = b.user("alice", "catalog.delete_servedmodel")
+    b.replica(b.profile(b.llama_8b()), b.node("gpu-1", cards=1), [0], name="live-1")
+    response = client_for(user).delete("/api/models/llama-3.1-8b/")
+    assert response.status_code == 409 and response.json()["code"] == "in_use"
+    assert ServedModel.objects.exists() and not AuditEntry.objects.exists()

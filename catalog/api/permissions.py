@@ -18,7 +18,7 @@ class ModelPermissionsWithRead(permissions.DjangoModelPermissions):
         if not (request.user and request.user.is_authenticated):
             return False
         if getattr(view, "queryset", None) is None and not hasattr(view, "get_queryset"):
-            return True  # operation views declare their own permission
+            return True  # a view with no model behind it (the API root): sign-in is all it needs
         return super().has_permission(request, view)
 
 

@@ -181,8 +181,11 @@ def model_delete(*, instance: ServedModel, actor: Actor | None = None, from_sett
         ensure_not_declared(instance)
     if Replica.objects.filter(profile__model=instance).exclude(state=Replica.State.STOPPED).exists():
         raise conflict("in_use", f"Model {instance.name} has replicas that are not stopped: stop them first.")
-    Replica.objects.filter(profile__model=instance, state=Replica.State.STOPPED).delete()
-    _delete(instance, actor=actor)
+    # Its stopped replicas go with it, each recorded, all or nothing.
+    with transaction.atomic():
+        for replica in Replica.objects.filter(profile__model=instance, state=Replica.State.STOPPED):
+            replica_delete(instance=replica, actor=actor)
+        _delete(instance, actor=actor)
 
 
 def validate_profile_spec(profile: Profile) -> None:

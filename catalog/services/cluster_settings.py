@@ -30,6 +30,18 @@ def _bad(path: Path, where: str, what: str) -> DomainError:
     return DomainError("bad_settings", f"{path}: {where}: {what}. Nothing was changed.")
 
 
+def _check_table(path: Path, where: str, table: Any, *, allowed: set[str], required: tuple[str, ...]) -> None:
+    """A table of the file: only known keys, and the required ones as non-empty strings."""
+    if not isinstance(table, dict):
+        raise _bad(path, where, "must be a table")
+    unknown = set(table) - allowed
+    if unknown:
+        raise _bad(path, where, f"unknown key(s) {', '.join(sorted(unknown))}")
+    for key in required:
+        if not isinstance(table.get(key), str) or not table[key]:
+            raise _bad(path, f"{where}.{key}", "is required and must be a string")
+
+
 def load_cluster_settings(path: Path) -> list[dict[str, Any]]:
     """The declared models of the file, checked key by key; refuses anything unknown."""
     try:
@@ -44,14 +56,7 @@ def load_cluster_settings(path: Path) -> list[dict[str, Any]]:
     names: set[str] = set()
     for i, m in enumerate(models):
         where = f"models[{i}]"
-        if not isinstance(m, dict):
-            raise _bad(path, where, "must be a table")
-        unknown = set(m) - MODEL_KEYS
-        if unknown:
-            raise _bad(path, where, f"unknown key(s) {', '.join(sorted(unknown))}")
-        for key in ("name", "source"):
-            if not isinstance(m.get(key), str) or not m[key]:
-                raise _bad(path, f"{where}.{key}", "is required and must be a string")
+        _check_table(path, where, m, allowed=MODEL_KEYS, required=("name", "source"))
         if m["name"] in names:
             raise _bad(path, f"{where}.name", f"{m['name']!r} is declared twice")
         names.add(m["name"])
@@ -59,15 +64,7 @@ def load_cluster_settings(path: Path) -> list[dict[str, Any]]:
         if not isinstance(profiles, list):
             raise _bad(path, f"{where}.profiles", "must be an array of tables ([[models.profiles]])")
         for j, p in enumerate(profiles):
-            pw = f"{where}.profiles[{j}]"
-            if not isinstance(p, dict):
-                raise _bad(path, pw, "must be a table")
-            unknown = set(p) - PROFILE_KEYS
-            if unknown:
-                raise _bad(path, pw, f"unknown key(s) {', '.join(sorted(unknown))}")
-            for key in ("name", "engine"):
-                if not isinstance(p.get(key), str) or not p[key]:
-                    raise _bad(path, f"{pw}.{key}", "is required and must be a string")
+            _check_table(path, f"{where}.profiles[{j}]", p, allowed=PROFILE_KEYS, required=("name", "engine"))
     return models
 
 
