@@ -44,6 +44,7 @@ screenshots: install browser-deps
 
 lint: install
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 
 # How long the live form's dry run takes at 10 to 5000 nodes (docs/benchmarks.md).
 bench: install

@@ -25,16 +25,21 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", default=None,
-                        help="a PostgreSQL URL to a scratch database that exists (it is emptied); "
-                             "default: a temporary SQLite file")
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="a PostgreSQL URL to a scratch database that exists (it is emptied); "
+        "default: a temporary SQLite file",
+    )
     parser.add_argument("--sizes", default="10,100,1000,5000", help="node counts, comma-separated")
     parser.add_argument("--repeat", type=int, default=30)
     args = parser.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="llmgw-bench-")
     os.environ["DATABASE_URL"] = args.database_url or f"sqlite:///{tmp}/bench.sqlite3"
-    os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-secret-key-not-for-any-deployment-0123456789abcdef")
+    os.environ.setdefault(
+        "DJANGO_SECRET_KEY", "bench-only-secret-key-not-for-any-deployment-0123456789abcdef"
+    )
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_web.settings")
     import django
 
@@ -52,26 +57,49 @@ def main() -> None:
     if args.database_url:
         call_command("flush", interactive=False, verbosity=0)
 
-    cls = GPUClass.objects.create(name="h100-80g", memory_mib=81559, usable_mib=73400, compute_capability="9.0")
+    cls = GPUClass.objects.create(
+        name="h100-80g", memory_mib=81559, usable_mib=73400, compute_capability="9.0"
+    )
     model = ServedModel.objects.create(
-        name="llama-3.1-8b", source="meta-llama/Llama-3.1-8B-Instruct", context_length=131072, layers=32,
-        attention_heads=32, kv_heads=8, head_dim=128, attention="gqa", kv_bytes_per_token=131072,
-        weight_bytes=16060522496)
-    profile = Profile.objects.create(model=model, name="h100", engine="vllm", gpu_class=cls, args=["--max-model-len",
-                                                                                                   "32768"])
-    other = Profile.objects.create(model=ServedModel.objects.create(name="other", source="x"), name="p",
-                                   engine="vllm", gpu_class=cls)
+        name="llama-3.1-8b",
+        source="meta-llama/Llama-3.1-8B-Instruct",
+        context_length=131072,
+        layers=32,
+        attention_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        attention="gqa",
+        kv_bytes_per_token=131072,
+        weight_bytes=16060522496,
+    )
+    profile = Profile.objects.create(
+        model=model, name="h100", engine="vllm", gpu_class=cls, args=["--max-model-len", "32768"]
+    )
+    other = Profile.objects.create(
+        model=ServedModel.objects.create(name="other", source="x"), name="p", engine="vllm", gpu_class=cls
+    )
 
     print(f"database: {connection.vendor}; {args.repeat} runs per size\n")
     print(f"{'nodes':>6} {'cards':>6} {'queries':>8} {'service median':>15} {'p95':>9} {'rules median':>13}")
     built = 0
     for size in [int(s) for s in args.sizes.split(",")]:
         nodes = Node.objects.bulk_create(
-            Node(name=f"gpu-{i:05d}", agent_url="http://127.0.0.1:9", agent_token="t") for i in range(built, size))
-        cards = Card.objects.bulk_create(Card(node=n, index=j, gpu_class=cls) for n in nodes for j in range(8))
+            Node(name=f"gpu-{i:05d}", agent_url="http://127.0.0.1:9", agent_token="t")
+            for i in range(built, size)
+        )
+        cards = Card.objects.bulk_create(
+            Card(node=n, index=j, gpu_class=cls) for n in nodes for j in range(8)
+        )
         replicas = Replica.objects.bulk_create(
-            Replica(name=f"r-{n.name}", profile=profile if k % 10 == 0 else other, port=8000, state="ready",
-                    revision=1) for k, n in enumerate(nodes))
+            Replica(
+                name=f"r-{n.name}",
+                profile=profile if k % 10 == 0 else other,
+                port=8000,
+                state="ready",
+                revision=1,
+            )
+            for k, n in enumerate(nodes)
+        )
         by_node = {n.pk: r for n, r in zip(nodes, replicas, strict=True)}
         Shard.objects.bulk_create(Shard(replica=by_node[c.node_id], card=c) for c in cards if c.index < 4)
         built = size
@@ -83,16 +111,23 @@ def main() -> None:
             t = time.perf_counter()
             model_resize(name="llama-3.1-8b", gpus=2, dry_run=True)
             service.append(time.perf_counter() - t)
-        spec, classes, rooms = (selectors.model_spec(model), selectors.gpu_class_specs(),
-                                selectors.node_rooms(profile))
+        spec, classes, rooms = (
+            selectors.model_spec(model),
+            selectors.gpu_class_specs(),
+            selectors.node_rooms(profile),
+        )
         rules = []
         for _ in range(args.repeat):
             t = time.perf_counter()
-            plan_resize(model=spec, gpus=2, profile=None, in_place=False, classes=classes, nodes=rooms, running=1)
+            plan_resize(
+                model=spec, gpus=2, profile=None, in_place=False, classes=classes, nodes=rooms, running=1
+            )
             rules.append(time.perf_counter() - t)
         p95 = statistics.quantiles(service, n=20)[-1]
-        print(f"{size:>6} {size * 8:>6} {len(queries):>8} {statistics.median(service) * 1e3:>12.2f} ms "
-              f"{p95 * 1e3:>6.2f} ms {statistics.median(rules) * 1e3:>10.3f} ms")
+        print(
+            f"{size:>6} {size * 8:>6} {len(queries):>8} {statistics.median(service) * 1e3:>12.2f} ms "
+            f"{p95 * 1e3:>6.2f} ms {statistics.median(rules) * 1e3:>10.3f} ms"
+        )
 
 
 if __name__ == "__main__":

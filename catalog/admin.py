@@ -121,7 +121,9 @@ class CardInline(admin.TabularInline):
 
 class NodeAdminForm(forms.ModelForm):
     # Agents listen on the fleet's own network, usually plain http.
-    agent_url = forms.URLField(assume_scheme="http", help_text="Base URL of the node agent, e.g. http://10.0.0.5:9101")
+    agent_url = forms.URLField(
+        assume_scheme="http", help_text="Base URL of the node agent, e.g. http://10.0.0.5:9101"
+    )
     agent_token = forms.CharField(
         widget=forms.PasswordInput(render_value=True), help_text="Bearer token the node agent expects."
     )
@@ -183,7 +185,15 @@ class ImportConfigForm(forms.Form):
 @admin.register(ServedModel)
 class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
     inlines = [ProfileInline]
-    list_display = ["name", "source", "attention", "context_length", "declared", "replica_count", "stale_count"]
+    list_display = [
+        "name",
+        "source",
+        "attention",
+        "context_length",
+        "declared",
+        "replica_count",
+        "stale_count",
+    ]
     list_filter = ["declared", "attention", "profiles__engine", "profiles__gpu_class"]
     search_fields = ["name", "source"]
     change_list_template = "admin/catalog/servedmodel/change_list.html"
@@ -219,7 +229,9 @@ class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return not (obj and obj.declared) and super().has_delete_permission(request, obj)
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None):
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ):
         obj = self.get_object(request, object_id)
         if obj is not None and obj.declared:
             self.message_user(
@@ -231,7 +243,11 @@ class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
 
     def get_urls(self) -> list[Any]:
         return [
-            path("import-config/", self.admin_site.admin_view(self.import_config_view), name="catalog_model_import"),
+            path(
+                "import-config/",
+                self.admin_site.admin_view(self.import_config_view),
+                name="catalog_model_import",
+            ),
             *super().get_urls(),
         ]
 
@@ -249,7 +265,9 @@ class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
                 index = parse_index_bytes(upload.read(), upload.name) if upload else None
                 shape = shape_from_config(config, index=index, source="config.json")
                 model = services.model_import(
-                    name=form.cleaned_data["name"], source=form.cleaned_data["source"], shape=shape.as_fields()
+                    name=form.cleaned_data["name"],
+                    source=form.cleaned_data["source"],
+                    shape=shape.as_fields(),
                 )
             except DomainError as exc:
                 form.add_error(None, exc.message)
@@ -258,8 +276,12 @@ class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
                     self.message_user(request, note, messages.WARNING)
                 self.message_user(request, f"Imported the shape of {model.name}.", messages.SUCCESS)
                 return HttpResponseRedirect(reverse("admin:catalog_servedmodel_change", args=[model.pk]))
-        context = {**self.admin_site.each_context(request), "form": form, "opts": self.model._meta,
-                   "title": "Import a model from config.json"}
+        context = {
+            **self.admin_site.each_context(request),
+            "form": form,
+            "opts": self.model._meta,
+            "title": "Import a model from config.json",
+        }
         return render(request, "admin/catalog/servedmodel/import_config.html", context)
 
 
@@ -344,8 +366,17 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class RestartStepInline(admin.TabularInline):
     model = RestartStep
     extra = 0
-    fields = ["old_replica", "new_replica", "node", "cards", "in_place", "state", "reason", "started_at",
-              "finished_at"]
+    fields = [
+        "old_replica",
+        "new_replica",
+        "node",
+        "cards",
+        "in_place",
+        "state",
+        "reason",
+        "started_at",
+        "finished_at",
+    ]
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -358,8 +389,18 @@ class RestartStepInline(admin.TabularInline):
 @admin.register(RestartOperation)
 class RestartOperationAdmin(ReadOnlyAdmin):
     inlines = [RestartStepInline]
-    list_display = ["id", "model", "profile", "state", "in_place", "requested_by_name", "via", "created_at",
-                    "finished_at", "worker"]
+    list_display = [
+        "id",
+        "model",
+        "profile",
+        "state",
+        "in_place",
+        "requested_by_name",
+        "via",
+        "created_at",
+        "finished_at",
+        "worker",
+    ]
     list_filter = ["state", "via", "in_place"]
     search_fields = ["model__name", "requested_by_name", "reason"]
     list_select_related = ["model", "profile__model"]

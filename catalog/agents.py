@@ -74,8 +74,13 @@ class AgentClient:
         params = {} if grace is None else {"grace": f"{grace:g}"}
         wait = (DEFAULT_STOP_GRACE_SECONDS if grace is None else grace) + STOP_MARGIN_SECONDS
         try:
-            return self._call("DELETE", self._path(replica_id), params=params, what=f"stopping replica {replica_id}",
-                              timeout=max(self.timeout, wait))
+            return self._call(
+                "DELETE",
+                self._path(replica_id),
+                params=params,
+                what=f"stopping replica {replica_id}",
+                timeout=max(self.timeout, wait),
+            )
         except AgentError as exc:
             if exc.code == "not_found":
                 return {"id": replica_id, "state": "stopped", "reason": "the agent does not know it"}
@@ -87,25 +92,45 @@ class AgentClient:
     def _path(replica_id: str) -> str:
         return "/v1/replicas/" + quote(replica_id, safe="")
 
-    def _call(self, method: str, path: str, *, what: str, json: Any = None, params: dict[str, str] | None = None,
-              timeout: float | None = None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        json: Any = None,
+        params: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         timeout = self.timeout if timeout is None else timeout
         who = f"The agent of node {self.node} ({self.url})"
         try:
             # trust_env=False: an agent is reached directly, never through a proxy from the environment.
-            with httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)), trust_env=False) as http:
-                response = http.request(method, self.url + path, json=json, params=params,
-                                        headers={"Authorization": f"Bearer {self.token}"})
+            with httpx.Client(
+                timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)), trust_env=False
+            ) as http:
+                response = http.request(
+                    method,
+                    self.url + path,
+                    json=json,
+                    params=params,
+                    headers={"Authorization": f"Bearer {self.token}"},
+                )
         except httpx.ConnectTimeout:
-            raise AgentError("agent_down", f"{who} could not be reached within {min(timeout, 5.0):g} s "
-                                           f"while {what}: is the node up?") from None
+            raise AgentError(
+                "agent_down",
+                f"{who} could not be reached within {min(timeout, 5.0):g} s while {what}: is the node up?",
+            ) from None
         except httpx.TimeoutException:
-            raise AgentError("agent_slow", f"{who} did not answer within {timeout:g} s while {what}.") from None
+            raise AgentError(
+                "agent_slow", f"{who} did not answer within {timeout:g} s while {what}."
+            ) from None
         except httpx.ConnectError as exc:
             refused = "refused" in str(exc).lower()
             raise AgentError(
                 "agent_down",
-                f"{who} refused the connection while {what}: is the agent running?" if refused
+                f"{who} refused the connection while {what}: is the agent running?"
+                if refused
                 else f"{who} could not be reached while {what}: {exc}.",
             ) from None
         except httpx.TransportError as exc:
@@ -120,22 +145,40 @@ class AgentClient:
         if isinstance(body, dict):
             detail, code = str(body.get("detail", "")), str(body.get("code", ""))
         if response.status_code == 401:
-            raise AgentError("agent_token", f"{who} refused the token while {what}: the node's agent token in the "
-                             "catalog is not the one the agent expects.", status=401, agent_code=code)
+            raise AgentError(
+                "agent_token",
+                f"{who} refused the token while {what}: the node's agent token in the "
+                "catalog is not the one the agent expects.",
+                status=401,
+                agent_code=code,
+            )
         if response.status_code == 404 and code == "not_found":
-            raise AgentError("not_found", f"{who} does not know it ({what}): {detail}", status=404, agent_code=code)
+            raise AgentError(
+                "not_found", f"{who} does not know it ({what}): {detail}", status=404, agent_code=code
+            )
         if response.status_code >= 500:
             said = detail or response.text.strip()[:200] or "no explanation"
-            raise AgentError("agent_failed", f"{who} failed while {what} (HTTP {response.status_code}): {said}",
-                             status=response.status_code, agent_code=code)
+            raise AgentError(
+                "agent_failed",
+                f"{who} failed while {what} (HTTP {response.status_code}): {said}",
+                status=response.status_code,
+                agent_code=code,
+            )
         if response.status_code >= 400:
             said = detail or response.text.strip()[:200] or "no explanation"
-            raise AgentError("agent_refused", f"{who} refused {what} (HTTP {response.status_code}"
-                             f"{', ' + code if code else ''}): {said}", status=response.status_code, agent_code=code)
+            raise AgentError(
+                "agent_refused",
+                f"{who} refused {what} (HTTP {response.status_code}{', ' + code if code else ''}): {said}",
+                status=response.status_code,
+                agent_code=code,
+            )
         if body is None:
-            raise AgentError("agent_bad_answer", f"{who} answered {what} with something that is not JSON "
-                             f"(HTTP {response.status_code}): is that URL really a node agent?",
-                             status=response.status_code)
+            raise AgentError(
+                "agent_bad_answer",
+                f"{who} answered {what} with something that is not JSON "
+                f"(HTTP {response.status_code}): is that URL really a node agent?",
+                status=response.status_code,
+            )
         return body
 
 

@@ -22,8 +22,11 @@ CPU = "cpu"
 class ModelFilterForm(forms.Form):
     """The models list's search and filters; every field optional."""
 
-    q = forms.CharField(required=False, label="Search",
-                        widget=forms.TextInput(attrs={"type": "search", "placeholder": "name or source"}))
+    q = forms.CharField(
+        required=False,
+        label="Search",
+        widget=forms.TextInput(attrs={"type": "search", "placeholder": "name or source"}),
+    )
     engine = forms.ChoiceField(required=False, label="Engine")
     gpu_class = forms.ChoiceField(required=False, label="GPU class")
     state = forms.ChoiceField(required=False, label="State", choices=STATE_CHOICES)
@@ -47,9 +50,10 @@ class _ChangeForm(forms.Form):
     prefix_id = "change"  # each form's ids start with its own, so both fit on one page
     profile = forms.ChoiceField(label="Profile")
     in_place = forms.BooleanField(
-        required=False, label="In place",
+        required=False,
+        label="In place",
         help_text="When no node has the cards free beside the running replicas: stop each replica before its "
-                  "replacement starts. The model does not answer while the new one loads.",
+        "replacement starts. The model does not answer while the new one loads.",
     )
 
     def __init__(self, *args: Any, model: ServedModel, profiles: list[Profile], **kwargs: Any) -> None:
@@ -82,8 +86,10 @@ class ContextForm(_ChangeForm):
     tokens = forms.IntegerField(
         label="Context (tokens)",
         widget=forms.NumberInput(attrs={"min": 1, "inputmode": "numeric"}),
-        error_messages={"required": "Type a context length in tokens.",
-                        "invalid": "A context length is a whole number of tokens."},
+        error_messages={
+            "required": "Type a context length in tokens.",
+            "invalid": "A context length is a whole number of tokens.",
+        },
     )
     field_order = ["tokens", "profile", "in_place"]
 

@@ -8,8 +8,18 @@ from django.db.models import Count, Q, QuerySet
 from catalog.models import Card, GPUClass, Profile, Replica, ServedModel
 from catalog.planning import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
 
-SHAPE_FIELDS = ("layers", "attention_heads", "kv_heads", "head_dim", "kv_bytes_per_token", "weight_bytes",
-                "expert_bytes", "sliding_window", "sliding_layers", "context_length")
+SHAPE_FIELDS = (
+    "layers",
+    "attention_heads",
+    "kv_heads",
+    "head_dim",
+    "kv_bytes_per_token",
+    "weight_bytes",
+    "expert_bytes",
+    "sliding_window",
+    "sliding_layers",
+    "context_length",
+)
 
 
 def shape_of(model: ServedModel) -> Shape:
@@ -39,8 +49,12 @@ def model_spec(model: ServedModel, profiles: list[Profile] | None = None) -> Mod
         context_length=model.context_length,
         declared=model.declared,
         # Where a declared model is changed: the file it was read from, else the settings file.
-        declared_in=(f"{model.declared_in or settings.LLMGW_CLUSTER_SETTINGS}, "
-                     "then python manage.py sync_cluster_settings" if model.declared else None),
+        declared_in=(
+            f"{model.declared_in or settings.LLMGW_CLUSTER_SETTINGS}, "
+            "then python manage.py sync_cluster_settings"
+            if model.declared
+            else None
+        ),
         shape=shape_of(model),
         profiles=tuple(profile_spec(p) for p in profiles),
     )
@@ -60,16 +74,27 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
     restart stops, so only their cards come free (another profile's replicas of the same model keep
     theirs). One query, whatever the size of the fleet.
     """
-    own = (Q(shard__replica__profile=profile, shard__replica__state__in=Replica.LIVE_STATES)
-           if profile is not None else Q(pk__in=[]))
+    own = (
+        Q(shard__replica__profile=profile, shard__replica__state__in=Replica.LIVE_STATES)
+        if profile is not None
+        else Q(pk__in=[])
+    )
     rows = (
         Card.objects.values("node__name", "node__state", "gpu_class__name")
-        .annotate(cards=Count("id"), free=Count("id", filter=Q(shard__isnull=True)), own=Count("id", filter=own))
+        .annotate(
+            cards=Count("id"), free=Count("id", filter=Q(shard__isnull=True)), own=Count("id", filter=own)
+        )
         .order_by("node__name", "gpu_class__name")
     )
     return [
-        NodeRoom(node=r["node__name"], ready=r["node__state"] == "ready", gpu_class=r["gpu_class__name"],
-                 cards=r["cards"], free=r["free"], own=r["own"])
+        NodeRoom(
+            node=r["node__name"],
+            ready=r["node__state"] == "ready",
+            gpu_class=r["gpu_class__name"],
+            cards=r["cards"],
+            free=r["free"],
+            own=r["own"],
+        )
         for r in rows
     ]
 

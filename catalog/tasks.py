@@ -112,11 +112,15 @@ def claim(operation_id: int, worker: str) -> RestartOperation | None:
         op.save(update_fields=["state", "worker", "heartbeat_at", "attempts", "started_at"])
         if previous:
             audit_record(
-                action="restart_takeover", object_type="restartoperation", object_key=str(op.pk),
-                object_repr=str(op), before={"worker": previous}, after={"worker": worker, "attempt": op.attempts},
+                action="restart_takeover",
+                object_type="restartoperation",
+                object_key=str(op.pk),
+                object_repr=str(op),
+                before={"worker": previous},
+                after={"worker": worker, "attempt": op.attempts},
                 actor=Actor(via="worker", name=worker, request_id=f"restart-{op.pk}"),
                 message=f"restart #{op.pk} of {op.model.name} (asked by {op.requested_by_name}) taken over from "
-                        f"{previous}, whose last heartbeat was at {last_beat:%Y-%m-%d %H:%M:%S} UTC",
+                f"{previous}, whose last heartbeat was at {last_beat:%Y-%m-%d %H:%M:%S} UTC",
             )
     return op
 
@@ -150,13 +154,16 @@ class Lease:
     def _beat(self) -> None:
         try:
             held = Op.objects.filter(pk=self.operation_id, worker=self.worker, state=Op.State.RUNNING).update(
-                heartbeat_at=timezone.now())
+                heartbeat_at=timezone.now()
+            )
         except OperationalError:  # a busy database: the next tick tries again, well before the threshold
             log.warning("restart #%s: heartbeat not written", self.operation_id, exc_info=True)
             return
         self._last = time.monotonic()
         if not held:
-            log.warning("restart #%s: taken over by another worker; %s stops here", self.operation_id, self.worker)
+            log.warning(
+                "restart #%s: taken over by another worker; %s stops here", self.operation_id, self.worker
+            )
             self.lost.set()
             raise OperationLost()
 
@@ -206,8 +213,9 @@ def ensure_sweeper() -> None:
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_SWEEPER_LOCK_KEY])
-        waiting = DBTaskResult.objects.filter(task_path=sweep_restarts.module_path,
-                                              status=TaskResultStatus.READY).exists()
+        waiting = DBTaskResult.objects.filter(
+            task_path=sweep_restarts.module_path, status=TaskResultStatus.READY
+        ).exists()
         if not waiting:
             due = timezone.now() + timedelta(seconds=settings.LLMGW_OPERATION_SWEEP_SECONDS)
             sweep_restarts.using(run_after=due).enqueue()

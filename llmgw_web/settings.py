@@ -31,7 +31,9 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG el
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 for origin in CSRF_TRUSTED_ORIGINS:
     if "://" not in origin:
-        raise ImproperlyConfigured(f"CSRF_TRUSTED_ORIGINS item {origin!r} needs a scheme, e.g. https://{origin}")
+        raise ImproperlyConfigured(
+            f"CSRF_TRUSTED_ORIGINS item {origin!r} needs a scheme, e.g. https://{origin}"
+        )
 
 INSTALLED_APPS = [
     "django.contrib.admin",

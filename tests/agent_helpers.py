@@ -369,7 +369,7 @@ def running_standin(
 
 # --- a misbehaving agent -------------------------------------------------------------------------
 
-_FAKE_AGENT = r'''
+_FAKE_AGENT = r"""
 import json, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -404,7 +404,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
-'''
+"""
 
 
 @dataclass
@@ -429,7 +429,9 @@ def running_fake_agent(directory: Path, *, status: int = 500, delay: float = 0.0
     with output_path.open("ab") as output:
         process = subprocess.Popen(
             [sys.executable, "-c", _FAKE_AGENT, str(port), str(status), str(delay)],
-            stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
         )
     fake = FakeAgent(f"http://127.0.0.1:{port}", process, output_path)
 

@@ -98,7 +98,9 @@ class Fleet:
         """A replica of the profile recorded ready, and really started (and ready) on its agent."""
         port = port or settings.LLMGW_REPLICA_PORT_BASE - 30 + len(self.replicas)
         replica = b.replica(self.profile, self.nodes[node], cards, name=name, port=port)
-        spec = profile_spec(Profile.objects.select_related("model").get(pk=self.profile.pk), port=port, cards=cards)
+        spec = profile_spec(
+            Profile.objects.select_related("model").get(pk=self.profile.pk), port=port, cards=cards
+        )
         with self.agents[node].client() as http:
             response = http.put(f"/v1/replicas/{name}", json=spec)
             assert response.status_code == 201, response.text
@@ -134,25 +136,48 @@ def record_node(name: str, agent_url: str, token: str, cards: int = 4) -> Node:
 
 
 @contextlib.contextmanager
-def fleet_of(tmp_path: Path, nodes: tuple[str, ...] = ("gpu-a", "gpu-b"), *, cards: int = 4,
-             env: dict[str, str] | None = None, load_seconds: float = 0.5) -> Iterator[Fleet]:
+def fleet_of(
+    tmp_path: Path,
+    nodes: tuple[str, ...] = ("gpu-a", "gpu-b"),
+    *,
+    cards: int = 4,
+    env: dict[str, str] | None = None,
+    load_seconds: float = 0.5,
+) -> Iterator[Fleet]:
     """Real agents, one per node, each with ``cards`` cards and the stand-in for vLLM;
     the nodes, a model and its one-card vLLM profile in the catalog."""
     card_list = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(cards)]
     with contextlib.ExitStack() as stack:
         agents = {
-            name: stack.enter_context(running_agent(tmp_path / name, node=name, cards=card_list,
-                                                    engines={"vllm": standin_command()}, stop_grace_seconds=2,
-                                                    ready_poll_seconds=0.1))
+            name: stack.enter_context(
+                running_agent(
+                    tmp_path / name,
+                    node=name,
+                    cards=card_list,
+                    engines={"vllm": standin_command()},
+                    stop_grace_seconds=2,
+                    ready_poll_seconds=0.1,
+                )
+            )
             for name in nodes
         }
-        recorded = {name: record_node(name, agent.base_url, agent.token, cards) for name, agent in agents.items()}
+        recorded = {
+            name: record_node(name, agent.base_url, agent.token, cards) for name, agent in agents.items()
+        }
         model = b.llama_8b(MODEL)
         # Through the service, as in real life: the audit log then knows the profile at each revision.
         with acting_as(Actor(via="cli", name="pytest")):
-            profile = services.profile_save(instance=Profile(
-                model=model, name="h100", engine="vllm", gpu_class=gpu_class(), gpus_per_node=1, tp=1,
-                env={"STANDIN_LOAD_SECONDS": str(load_seconds), **(env or {})}))
+            profile = services.profile_save(
+                instance=Profile(
+                    model=model,
+                    name="h100",
+                    engine="vllm",
+                    gpu_class=gpu_class(),
+                    gpus_per_node=1,
+                    tp=1,
+                    env={"STANDIN_LOAD_SECONDS": str(load_seconds), **(env or {})},
+                )
+            )
         yield Fleet(agents=agents, nodes=recorded, model=model, profile=profile)
 
 
@@ -166,8 +191,12 @@ def sampling_ready(fleet: Fleet, interval: float = 0.05) -> Iterator[list[int]]:
     def sample() -> None:
         while not done.is_set():
             with contextlib.suppress(httpx.HTTPError):
-                samples.append(sum(sum(r["state"] == "ready" for r in http.get("/v1/replicas").json())
-                                   for http in clients))
+                samples.append(
+                    sum(
+                        sum(r["state"] == "ready" for r in http.get("/v1/replicas").json())
+                        for http in clients
+                    )
+                )
             time.sleep(interval)
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -193,7 +222,8 @@ def answers(port: int, model: str = MODEL) -> bool:
 def assert_nothing_half_done() -> None:
     """No replica left starting or loading, no card held by a replica that is not live."""
     assert not Replica.objects.filter(state__in=["starting", "loading"]).exists(), list(
-        Replica.objects.filter(state__in=["starting", "loading"]).values_list("name", "state"))
+        Replica.objects.filter(state__in=["starting", "loading"]).values_list("name", "state")
+    )
     held = Shard.objects.exclude(replica__state__in=Replica.LIVE_STATES)
     assert not held.exists(), list(held.values_list("replica__name", "replica__state"))
     assert not RestartOperation.objects.filter(state__in=RestartOperation.ACTIVE_STATES).exists()
@@ -228,20 +258,44 @@ class Worker:
 
 
 @contextlib.contextmanager
-def db_worker(tmp_path: Path, name: str, *, port_base: int, extra_env: dict[str, str] | None = None,
-              ) -> Iterator[Worker]:
+def db_worker(
+    tmp_path: Path,
+    name: str,
+    *,
+    port_base: int,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Worker]:
     """``manage.py db_worker`` on the test database, as its own process; killed on exit."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("LLMGW_")}
     env.update(WORKER_ENV)
-    env.update({"DATABASE_URL": database_url(), "LLMGW_REPLICA_PORT_BASE": str(port_base),
-                "DJANGO_SETTINGS_MODULE": "llmgw_web.settings", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "DATABASE_URL": database_url(),
+            "LLMGW_REPLICA_PORT_BASE": str(port_base),
+            "DJANGO_SETTINGS_MODULE": "llmgw_web.settings",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.update(extra_env or {})
     log = tmp_path / f"{name}.log"
     with log.open("ab") as out:
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "db_worker", "--no-reload", "--interval", "0.2", "--no-startup-delay",
-             "--worker-id", name],
-            cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "manage.py",
+                "db_worker",
+                "--no-reload",
+                "--interval",
+                "0.2",
+                "--no-startup-delay",
+                "--worker-id",
+                name,
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         yield Worker(process, log)
@@ -251,11 +305,15 @@ def db_worker(tmp_path: Path, name: str, *, port_base: int, extra_env: dict[str,
         process.wait(timeout=30)
 
 
-def wait_for_operation(operation_id: int, *, timeout: float, states: tuple[str, ...] = ()) -> RestartOperation:
+def wait_for_operation(
+    operation_id: int, *, timeout: float, states: tuple[str, ...] = ()
+) -> RestartOperation:
     ended = states or ("succeeded", "failed", "partly_failed", "cancelled")
 
     def ended_yet() -> RestartOperation | None:
         op = RestartOperation.objects.get(pk=operation_id)
         return op if op.state in ended else None
 
-    return wait_until(ended_yet, timeout=timeout, interval=0.2, what=f"restart #{operation_id} to reach {ended}")
+    return wait_until(
+        ended_yet, timeout=timeout, interval=0.2, what=f"restart #{operation_id} to reach {ended}"
+    )

@@ -28,8 +28,10 @@ def admin_client(db) -> Client:
 
 def test_an_admin_edit_writes_one_entry_with_the_user_and_before_after(admin_client):
     cls = b.gpu_class("l4-24g", memory_mib=23034, usable_mib=20000, capability="8.9")
-    response = admin_client.post(f"/admin/catalog/gpuclass/{cls.pk}/change/", {
-        "name": "l4-24g", "memory_mib": 23034, "usable_mib": 21000, "compute_capability": "8.9"})
+    response = admin_client.post(
+        f"/admin/catalog/gpuclass/{cls.pk}/change/",
+        {"name": "l4-24g", "memory_mib": 23034, "usable_mib": 21000, "compute_capability": "8.9"},
+    )
     assert response.status_code == 302, response.content
     (entry,) = AuditEntry.objects.all()
     assert (entry.actor, entry.via, entry.action) == ("root", "admin", "update")
@@ -51,9 +53,18 @@ def test_a_declared_model_is_read_only_in_the_admin_and_says_where_to_change_it(
     assert page.status_code == 200
     assert b"/etc/llmgw/cluster.toml" in page.content
     assert b'name="context_length"' not in page.content  # shown, not editable
-    response = admin_client.post(f"/admin/catalog/servedmodel/{m.pk}/change/", {
-        "name": m.name, "source": "elsewhere", "context_length": 8, "sliding_layers": 0,
-        "profiles-TOTAL_FORMS": 0, "profiles-INITIAL_FORMS": 0}, follow=True)
+    response = admin_client.post(
+        f"/admin/catalog/servedmodel/{m.pk}/change/",
+        {
+            "name": m.name,
+            "source": "elsewhere",
+            "context_length": 8,
+            "sliding_layers": 0,
+            "profiles-TOTAL_FORMS": 0,
+            "profiles-INITIAL_FORMS": 0,
+        },
+        follow=True,
+    )
     assert b"read-only here" in response.content
     m.refresh_from_db()
     assert m.source == "meta-llama/Llama-3.1-8B-Instruct" and m.context_length == 131072
@@ -85,10 +96,15 @@ def test_the_model_list_counts_replicas_and_stale_ones(admin_client):
 def test_importing_an_uploaded_config_creates_the_model_with_its_shape(admin_client):
     config = (FIXTURES / "meta-llama__Llama-3.1-8B-Instruct.json").read_bytes()
     index = json.dumps({"metadata": {"total_size": 16060522496}, "weight_map": {}}).encode()
-    response = admin_client.post("/admin/catalog/servedmodel/import-config/", {
-        "name": "llama-3.1-8b", "source": "meta-llama/Llama-3.1-8B-Instruct",
-        "config": SimpleUploadedFile("config.json", config),
-        "index": SimpleUploadedFile("model.safetensors.index.json", index)})
+    response = admin_client.post(
+        "/admin/catalog/servedmodel/import-config/",
+        {
+            "name": "llama-3.1-8b",
+            "source": "meta-llama/Llama-3.1-8B-Instruct",
+            "config": SimpleUploadedFile("config.json", config),
+            "index": SimpleUploadedFile("model.safetensors.index.json", index),
+        },
+    )
     assert response.status_code == 302, response.content
     m = ServedModel.objects.get(name="llama-3.1-8b")
     assert (m.kv_heads, m.kv_bytes_per_token, m.weight_bytes) == (8, 2 * 32 * 8 * 128 * 2, 16060522496)
@@ -97,8 +113,14 @@ def test_importing_an_uploaded_config_creates_the_model_with_its_shape(admin_cli
 
 
 def test_an_unreadable_config_is_refused_naming_the_file_and_nothing_is_saved(admin_client):
-    response = admin_client.post("/admin/catalog/servedmodel/import-config/", {
-        "name": "broken", "source": "x", "config": SimpleUploadedFile("config.json", b'{"num_hidden_layers": "many"')})
+    response = admin_client.post(
+        "/admin/catalog/servedmodel/import-config/",
+        {
+            "name": "broken",
+            "source": "x",
+            "config": SimpleUploadedFile("config.json", b'{"num_hidden_layers": "many"'),
+        },
+    )
     assert response.status_code == 200
     assert b"config.json" in response.content
     assert not ServedModel.objects.exists() and not AuditEntry.objects.exists()

@@ -51,7 +51,8 @@ def test_a_model_is_looked_up_by_name_with_its_shape_and_profiles():
     body = client_for(b.user()).get("/api/models/llama-3.1-8b/").json()
     assert body["kv_heads"] == 8 and body["kv_bytes_per_token"] == 131072
     assert [(p["name"], p["engine"], p["args"], p["cards"]) for p in body["profiles"]] == [
-        ("h100", "vllm", ["--max-model-len", "8192"], 1)]
+        ("h100", "vllm", ["--max-model-len", "8192"], 1)
+    ]
 
 
 def test_replicas_show_their_shards_by_node_and_whether_they_are_stale():
@@ -66,8 +67,11 @@ def test_replicas_show_their_shards_by_node_and_whether_they_are_stale():
 
 
 def test_writing_needs_the_model_permission_and_writes_nothing_without_it():
-    response = client_for(b.user()).post("/api/gpu-classes/", {
-        "name": "l4-24g", "memory_mib": 23034, "usable_mib": 20000, "compute_capability": "8.9"}, format="json")
+    response = client_for(b.user()).post(
+        "/api/gpu-classes/",
+        {"name": "l4-24g", "memory_mib": 23034, "usable_mib": 20000, "compute_capability": "8.9"},
+        format="json",
+    )
     assert response.status_code == 403
     assert response.json()["code"] == "permission_denied"
     assert not GPUClass.objects.filter(name="l4-24g").exists()
@@ -79,13 +83,21 @@ def test_a_write_through_the_api_is_audited_once_with_user_via_and_request_id():
     token = Token.objects.create(user=user)
     c = APIClient()
     c.credentials(HTTP_AUTHORIZATION=f"Token {token.key}", HTTP_X_REQUEST_ID="req-42")
-    response = c.post("/api/gpu-classes/", {
-        "name": "l4-24g", "memory_mib": 23034, "usable_mib": 20000, "compute_capability": "8.9"}, format="json")
+    response = c.post(
+        "/api/gpu-classes/",
+        {"name": "l4-24g", "memory_mib": 23034, "usable_mib": 20000, "compute_capability": "8.9"},
+        format="json",
+    )
     assert response.status_code == 201, response.content
     assert response["X-Request-ID"] == "req-42"
     (entry,) = AuditEntry.objects.all()
     assert (entry.user, entry.actor, entry.via, entry.action, entry.request_id) == (
-        user, "alice", "api", "create", "req-42")
+        user,
+        "alice",
+        "api",
+        "create",
+        "req-42",
+    )
     assert entry.before is None and entry.after["name"] == "l4-24g"
 
 
@@ -100,8 +112,11 @@ def test_an_update_through_the_api_records_before_and_after():
 
 def test_bad_input_gets_one_clear_sentence_and_changes_nothing():
     user = b.user("alice", "catalog.add_gpuclass")
-    response = client_for(user).post("/api/gpu-classes/", {
-        "name": "l4", "memory_mib": "lots", "usable_mib": 20000, "compute_capability": "nine"}, format="json")
+    response = client_for(user).post(
+        "/api/gpu-classes/",
+        {"name": "l4", "memory_mib": "lots", "usable_mib": 20000, "compute_capability": "nine"},
+        format="json",
+    )
     assert response.status_code == 400
     body = response.json()
     assert body["code"] == "invalid"
@@ -116,8 +131,14 @@ def test_every_response_carries_a_request_id():
 
 
 def test_declared_models_cannot_be_changed_or_removed_through_the_api():
-    user = b.user("alice", "catalog.change_servedmodel", "catalog.delete_servedmodel", "catalog.change_profile",
-                  "catalog.delete_profile", "catalog.add_profile")
+    user = b.user(
+        "alice",
+        "catalog.change_servedmodel",
+        "catalog.delete_servedmodel",
+        "catalog.change_profile",
+        "catalog.delete_profile",
+        "catalog.add_profile",
+    )
     m = b.llama_8b(declared=True, declared_in="/etc/llmgw/cluster.toml")
     p = b.profile(m)
     c = client_for(user)
@@ -140,8 +161,9 @@ def test_declared_models_cannot_be_changed_or_removed_through_the_api():
 
 def test_declared_cannot_be_set_through_the_api():
     user = b.user("alice", "catalog.add_servedmodel")
-    response = client_for(user).post("/api/models/", {"name": "m", "source": "org/m", "declared": True},
-                                     format="json")
+    response = client_for(user).post(
+        "/api/models/", {"name": "m", "source": "org/m", "declared": True}, format="json"
+    )
     assert response.status_code == 201
     assert ServedModel.objects.get(name="m").declared is False
 
@@ -166,7 +188,9 @@ def test_removing_a_model_removes_its_stopped_replicas_each_audited():
     assert response.status_code == 204, response.content
     assert not ServedModel.objects.exists()
     assert list(AuditEntry.objects.order_by("id").values_list("action", "object_type", "object_key")) == [
-        ("delete", "replica", "old-1"), ("delete", "servedmodel", "llama-3.1-8b")]
+        ("delete", "replica", "old-1"),
+        ("delete", "servedmodel", "llama-3.1-8b"),
+    ]
 
 
 def test_a_model_with_a_live_replica_is_not_removed():

@@ -18,11 +18,17 @@ pytestmark = pytest.mark.django_db
 
 
 def test_a_create_writes_one_entry_with_actor_via_and_after(actor):
-    services.gpu_class_save(instance=GPUClass(name="l4-24g", memory_mib=23034, usable_mib=20000,
-                                              compute_capability="8.9"))
+    services.gpu_class_save(
+        instance=GPUClass(name="l4-24g", memory_mib=23034, usable_mib=20000, compute_capability="8.9")
+    )
     (entry,) = AuditEntry.objects.all()
     assert (entry.actor, entry.via, entry.action, entry.object_type, entry.object_key) == (
-        "pytest", "cli", "create", "gpuclass", "l4-24g")
+        "pytest",
+        "cli",
+        "create",
+        "gpuclass",
+        "l4-24g",
+    )
     assert entry.before is None
     assert entry.after["usable_mib"] == 20000
     assert entry.request_id == actor.request_id
@@ -58,7 +64,9 @@ def test_a_refused_change_writes_no_entry_and_saves_nothing(actor):
 
 def test_an_entry_is_written_inside_the_change_and_rolls_back_with_it(actor):
     with pytest.raises(RuntimeError), transaction.atomic():
-        services.gpu_class_save(instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0"))
+        services.gpu_class_save(
+            instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0")
+        )
         raise RuntimeError("the caller's transaction fails later")
     assert not GPUClass.objects.filter(name="x").exists()
     assert AuditEntry.objects.count() == 0
@@ -72,12 +80,16 @@ def test_audit_record_refuses_to_run_outside_a_transaction(actor):
 
 def test_no_actor_means_no_change():
     with pytest.raises(RuntimeError, match="no actor is set"):
-        services.gpu_class_save(instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0"))
+        services.gpu_class_save(
+            instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0")
+        )
     assert not GPUClass.objects.exists()
 
 
 def test_node_tokens_are_never_written_to_the_log(actor):
-    node = services.node_save(instance=Node(name="gpu-1", agent_url="http://127.0.0.1:9", agent_token="s3cret"))
+    node = services.node_save(
+        instance=Node(name="gpu-1", agent_url="http://127.0.0.1:9", agent_token="s3cret")
+    )
     node.agent_token = "n3w-s3cret"
     services.node_save(instance=node)
     entries = list(AuditEntry.objects.order_by("id"))
@@ -98,7 +110,9 @@ def test_a_user_acting_through_a_request_is_recorded_with_a_copied_name(db):
 
 
 def test_entries_are_never_updated_or_deleted_through_the_orm(actor):
-    services.gpu_class_save(instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0"))
+    services.gpu_class_save(
+        instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0")
+    )
     entry = AuditEntry.objects.get()
     entry.message = "rewritten"
     with pytest.raises(AuditLogIsAppendOnly):
@@ -112,9 +126,15 @@ def test_entries_are_never_updated_or_deleted_through_the_orm(actor):
 
 
 def test_the_database_refuses_to_change_or_remove_an_entry_even_by_raw_sql(actor):
-    services.gpu_class_save(instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0"))
+    services.gpu_class_save(
+        instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0")
+    )
     for sql in ("UPDATE catalog_auditentry SET message = 'x'", "DELETE FROM catalog_auditentry"):
-        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as c:
+        with (
+            pytest.raises(DatabaseError, match="append-only"),
+            transaction.atomic(),
+            connection.cursor() as c,
+        ):
             c.execute(sql)
     assert AuditEntry.objects.count() == 1
 
@@ -135,7 +155,9 @@ def _tamper(sql: str) -> None:
 
 def _three_entries() -> list[AuditEntry]:
     for name in ("a", "b", "c"):
-        services.gpu_class_save(instance=GPUClass(name=name, memory_mib=10, usable_mib=5, compute_capability="8.0"))
+        services.gpu_class_save(
+            instance=GPUClass(name=name, memory_mib=10, usable_mib=5, compute_capability="8.0")
+        )
     return list(AuditEntry.objects.order_by("id"))
 
 

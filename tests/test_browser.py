@@ -26,11 +26,23 @@ from tests.restart_support import audit_flushable  # noqa: F401  (a fixture: the
 # tests make between page actions are plain synchronous ones.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("audit_flushable")]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("audit_flushable"),
+]
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 LAPTOP = {"width": 1366, "height": 900}
 PASSWORD = "pw-for-tests-only-123"
 MARKER = "window.__llmgwMarker"
@@ -74,11 +86,18 @@ def demo(transactional_db) -> None:
     """The demo fleet, plus a 70B model on four h100 cards that fits on no fewer than four."""
     call_command("seed_demo")
     with acting_as(Actor(via="cli", name="pytest")):
-        big = b.llama_8b("llama-3.1-70b", source="meta-llama/Llama-3.1-70B-Instruct", layers=80,
-                         attention_heads=64, kv_bytes_per_token=2 * 80 * 8 * 128 * 2, weight_bytes=141_107_412_992)
+        big = b.llama_8b(
+            "llama-3.1-70b",
+            source="meta-llama/Llama-3.1-70B-Instruct",
+            layers=80,
+            attention_heads=64,
+            kv_bytes_per_token=2 * 80 * 8 * 128 * 2,
+            weight_bytes=141_107_412_992,
+        )
         profile = b.profile(big, "h100", gpus=4, args=["--max-model-len", "32768"])
-        replica = Replica.objects.create(name="llama-3.1-70b-1", profile=profile, port=8010, state="ready",
-                                         revision=profile.revision)
+        replica = Replica.objects.create(
+            name="llama-3.1-70b-1", profile=profile, port=8010, state="ready", revision=profile.revision
+        )
         for card in Card.objects.filter(node__name="gpu-h2", index__in=[4, 5, 6, 7]):
             Shard.objects.create(replica=replica, card=card)
 
@@ -92,8 +111,13 @@ def sign_in(page, username: str) -> None:
 
 
 def operator() -> None:
-    b.user("operator", "catalog.resize_model", "catalog.restart_model", "catalog.view_servedmodel",
-           password=PASSWORD)
+    b.user(
+        "operator",
+        "catalog.resize_model",
+        "catalog.restart_model",
+        "catalog.view_servedmodel",
+        password=PASSWORD,
+    )
 
 
 def test_a_card_count_that_does_not_fit_says_so_without_a_page_reload(page, demo):
@@ -132,7 +156,10 @@ def test_a_count_that_fits_previews_then_apply_saves_audits_and_shows_the_restar
 
     page.get_by_role("button", name="Apply: 2 cards").click()
     page.locator(".message.success").wait_for()
-    assert "llama-3.1-8b/h100: 1 → 2 cards, saved as revision 2." in page.locator(".message.success").inner_text()
+    assert (
+        "llama-3.1-8b/h100: 1 → 2 cards, saved as revision 2."
+        in page.locator(".message.success").inner_text()
+    )
     assert page.evaluate(MARKER) == "still here"  # HX-Location: swapped in, not reloaded
     profile = Profile.objects.get(model__name="llama-3.1-8b")
     assert (profile.revision, profile.tp) == (2, 2)
@@ -141,7 +168,10 @@ def test_a_count_that_fits_previews_then_apply_saves_audits_and_shows_the_restar
 
     # The restart the resize started shows on the same page, live.
     op = RestartOperation.objects.get(model__name="llama-3.1-8b")
-    assert sorted(op.steps.values_list("old_replica__name", flat=True)) == ["llama-3.1-8b-1", "llama-3.1-8b-2"]
+    assert sorted(op.steps.values_list("old_replica__name", flat=True)) == [
+        "llama-3.1-8b-1",
+        "llama-3.1-8b-2",
+    ]
     watch_it_run(page, op)
 
 

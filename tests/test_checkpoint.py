@@ -30,8 +30,18 @@ from catalog.errors import DomainError
 FIXTURES = Path(__file__).parent / "fixtures" / "hf-configs"
 
 SHAPE_FIELDS = {
-    "layers", "attention_heads", "kv_heads", "head_dim", "dtype", "attention", "kv_bytes_per_token",
-    "weight_bytes", "expert_bytes", "sliding_window", "sliding_layers", "context_length",
+    "layers",
+    "attention_heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "attention",
+    "kv_bytes_per_token",
+    "weight_bytes",
+    "expert_bytes",
+    "sliding_window",
+    "sliding_layers",
+    "context_length",
 }
 
 
@@ -58,7 +68,9 @@ def write_safetensors(path: Path, tensors: dict[str, int], *, metadata: dict[str
         offset += size
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)  # the format pads the header to 8 bytes with spaces
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(range(256)) * (offset // 256) + bytes(offset % 256))
+    path.write_bytes(
+        struct.pack("<Q", len(raw)) + raw + bytes(range(256)) * (offset // 256) + bytes(offset % 256)
+    )
     return path
 
 
@@ -72,104 +84,199 @@ def refusal(excinfo: pytest.ExceptionInfo[DomainError]) -> str:
 
 REAL = [
     pytest.param(
-        "meta-llama__Llama-3.1-8B-Instruct", 16060522496,
+        "meta-llama__Llama-3.1-8B-Instruct",
+        16060522496,
         {
-            "layers": 32, "attention_heads": 32, "kv_heads": 8, "head_dim": 4096 // 32, "dtype": "bfloat16",
-            "attention": "gqa", "kv_bytes_per_token": 2 * 32 * 8 * 128 * 2, "weight_bytes": 16060522496,
-            "expert_bytes": None, "sliding_window": None, "sliding_layers": 0, "context_length": 131072,
+            "layers": 32,
+            "attention_heads": 32,
+            "kv_heads": 8,
+            "head_dim": 4096 // 32,
+            "dtype": "bfloat16",
+            "attention": "gqa",
+            "kv_bytes_per_token": 2 * 32 * 8 * 128 * 2,
+            "weight_bytes": 16060522496,
+            "expert_bytes": None,
+            "sliding_window": None,
+            "sliding_layers": 0,
+            "context_length": 131072,
         },
         id="llama-3.1-8b-gqa",
     ),
     pytest.param(
-        "microsoft__Phi-3-mini-4k-instruct", 7642159104,
+        "microsoft__Phi-3-mini-4k-instruct",
+        7642159104,
         {
-            "layers": 32, "attention_heads": 32, "kv_heads": 32, "head_dim": 3072 // 32, "dtype": "bfloat16",
-            "attention": "mha", "kv_bytes_per_token": 2 * 32 * 32 * 96 * 2, "weight_bytes": 7642159104,
+            "layers": 32,
+            "attention_heads": 32,
+            "kv_heads": 32,
+            "head_dim": 3072 // 32,
+            "dtype": "bfloat16",
+            "attention": "mha",
+            "kv_bytes_per_token": 2 * 32 * 32 * 96 * 2,
+            "weight_bytes": 7642159104,
             # A window and no layer_types: every layer slides.
-            "expert_bytes": None, "sliding_window": 2047, "sliding_layers": 32, "context_length": 4096,
+            "expert_bytes": None,
+            "sliding_window": 2047,
+            "sliding_layers": 32,
+            "context_length": 4096,
         },
         id="phi-3-mini-mha",
     ),
     pytest.param(
-        "deepseek-ai__DeepSeek-V3", None,
+        "deepseek-ai__DeepSeek-V3",
+        None,
         {
-            "layers": 61, "attention_heads": 128, "kv_heads": 128, "head_dim": 128 + 64, "dtype": "bfloat16",
-            "attention": "mla", "kv_bytes_per_token": 61 * (512 + 64) * 2, "weight_bytes": None,
+            "layers": 61,
+            "attention_heads": 128,
+            "kv_heads": 128,
+            "head_dim": 128 + 64,
+            "dtype": "bfloat16",
+            "attention": "mla",
+            "kv_bytes_per_token": 61 * (512 + 64) * 2,
+            "weight_bytes": None,
             # 256 routed experts in the 61 - 3 layers after the first_k_dense_replace dense ones, FP8: 1 byte.
             "expert_bytes": 256 * (61 - 3) * 3 * 7168 * 2048 * 1,
-            "sliding_window": None, "sliding_layers": 0, "context_length": 163840,
+            "sliding_window": None,
+            "sliding_layers": 0,
+            "context_length": 163840,
         },
         id="deepseek-v3-mla",
     ),
     pytest.param(
-        "deepseek-ai__DeepSeek-V2-Lite", 31412968448,
+        "deepseek-ai__DeepSeek-V2-Lite",
+        31412968448,
         {
-            "layers": 27, "attention_heads": 16, "kv_heads": 16, "head_dim": 128 + 64, "dtype": "bfloat16",
-            "attention": "mla", "kv_bytes_per_token": 27 * (512 + 64) * 2, "weight_bytes": 31412968448,
+            "layers": 27,
+            "attention_heads": 16,
+            "kv_heads": 16,
+            "head_dim": 128 + 64,
+            "dtype": "bfloat16",
+            "attention": "mla",
+            "kv_bytes_per_token": 27 * (512 + 64) * 2,
+            "weight_bytes": 31412968448,
             "expert_bytes": 64 * (27 - 1) * 3 * 2048 * 1408 * 2,
-            "sliding_window": None, "sliding_layers": 0, "context_length": 163840,
+            "sliding_window": None,
+            "sliding_layers": 0,
+            "context_length": 163840,
         },
         id="deepseek-v2-lite-mla",
     ),
     pytest.param(
-        "openai__gpt-oss-20b", 13761264768,
+        "openai__gpt-oss-20b",
+        13761264768,
         {
-            "layers": 24, "attention_heads": 64, "kv_heads": 8, "head_dim": 64, "dtype": None,
-            "attention": "gqa", "kv_bytes_per_token": 2 * 24 * 8 * 64 * 2, "weight_bytes": 13761264768,
+            "layers": 24,
+            "attention_heads": 64,
+            "kv_heads": 8,
+            "head_dim": 64,
+            "dtype": None,
+            "attention": "gqa",
+            "kv_bytes_per_token": 2 * 24 * 8 * 64 * 2,
+            "weight_bytes": 13761264768,
             # MXFP4: 4-bit values plus one 8-bit scale per 32 = 17 bytes per 32 weights.
             "expert_bytes": 32 * 24 * 3 * 2880 * 2880 * 17 // 32,
-            "sliding_window": 128, "sliding_layers": 24 // 2, "context_length": 131072,
+            "sliding_window": 128,
+            "sliding_layers": 24 // 2,
+            "context_length": 131072,
         },
         id="gpt-oss-20b-sliding-layer-types",
     ),
     pytest.param(
-        "google__gemma-3-27b-it", None,
+        "google__gemma-3-27b-it",
+        None,
         {
-            "layers": 62, "attention_heads": 32, "kv_heads": 16, "head_dim": 128, "dtype": "bfloat16",
-            "attention": "gqa", "kv_bytes_per_token": 2 * 62 * 16 * 128 * 2, "weight_bytes": None,
+            "layers": 62,
+            "attention_heads": 32,
+            "kv_heads": 16,
+            "head_dim": 128,
+            "dtype": "bfloat16",
+            "attention": "gqa",
+            "kv_bytes_per_token": 2 * 62 * 16 * 128 * 2,
+            "weight_bytes": None,
             # Every 6th layer global (the default sliding_window_pattern), the rest keep 1024 tokens;
             # the context is the default max_position_embeddings.
-            "expert_bytes": None, "sliding_window": 1024, "sliding_layers": 62 - 62 // 6, "context_length": 131072,
+            "expert_bytes": None,
+            "sliding_window": 1024,
+            "sliding_layers": 62 - 62 // 6,
+            "context_length": 131072,
         },
         id="gemma-3-27b-text-config-defaults",
     ),
     pytest.param(
-        "Qwen__Qwen2.5-7B", 15231233024,
+        "Qwen__Qwen2.5-7B",
+        15231233024,
         {
-            "layers": 28, "attention_heads": 28, "kv_heads": 4, "head_dim": 3584 // 28, "dtype": "bfloat16",
-            "attention": "gqa", "kv_bytes_per_token": 2 * 28 * 4 * 128 * 2, "weight_bytes": 15231233024,
+            "layers": 28,
+            "attention_heads": 28,
+            "kv_heads": 4,
+            "head_dim": 3584 // 28,
+            "dtype": "bfloat16",
+            "attention": "gqa",
+            "kv_bytes_per_token": 2 * 28 * 4 * 128 * 2,
+            "weight_bytes": 15231233024,
             # sliding_window 131072 is in the config but use_sliding_window is false.
-            "expert_bytes": None, "sliding_window": None, "sliding_layers": 0, "context_length": 131072,
+            "expert_bytes": None,
+            "sliding_window": None,
+            "sliding_layers": 0,
+            "context_length": 131072,
         },
         id="qwen2.5-7b",
     ),
     pytest.param(
-        "mistralai__Mixtral-8x7B-v0.1", 93405585408,
+        "mistralai__Mixtral-8x7B-v0.1",
+        93405585408,
         {
-            "layers": 32, "attention_heads": 32, "kv_heads": 8, "head_dim": 4096 // 32, "dtype": "bfloat16",
-            "attention": "gqa", "kv_bytes_per_token": 2 * 32 * 8 * 128 * 2, "weight_bytes": 93405585408,
+            "layers": 32,
+            "attention_heads": 32,
+            "kv_heads": 8,
+            "head_dim": 4096 // 32,
+            "dtype": "bfloat16",
+            "attention": "gqa",
+            "kv_bytes_per_token": 2 * 32 * 8 * 128 * 2,
+            "weight_bytes": 93405585408,
             "expert_bytes": 8 * 32 * 3 * 4096 * 14336 * 2,
-            "sliding_window": None, "sliding_layers": 0, "context_length": 32768,
+            "sliding_window": None,
+            "sliding_layers": 0,
+            "context_length": 32768,
         },
         id="mixtral-8x7b-moe",
     ),
     pytest.param(
-        "Qwen__Qwen3-30B-A3B", 61064245248,
+        "Qwen__Qwen3-30B-A3B",
+        61064245248,
         {
             # head_dim is given (128), not hidden_size / heads (2048 // 32 = 64).
-            "layers": 48, "attention_heads": 32, "kv_heads": 4, "head_dim": 128, "dtype": "bfloat16",
-            "attention": "gqa", "kv_bytes_per_token": 2 * 48 * 4 * 128 * 2, "weight_bytes": 61064245248,
+            "layers": 48,
+            "attention_heads": 32,
+            "kv_heads": 4,
+            "head_dim": 128,
+            "dtype": "bfloat16",
+            "attention": "gqa",
+            "kv_bytes_per_token": 2 * 48 * 4 * 128 * 2,
+            "weight_bytes": 61064245248,
             "expert_bytes": 128 * 48 * 3 * 2048 * 768 * 2,
-            "sliding_window": None, "sliding_layers": 0, "context_length": 40960,
+            "sliding_window": None,
+            "sliding_layers": 0,
+            "context_length": 40960,
         },
         id="qwen3-30b-a3b-moe",
     ),
     pytest.param(
-        "mistralai__Mistral-7B-Instruct-v0.3", 14496047104,
+        "mistralai__Mistral-7B-Instruct-v0.3",
+        14496047104,
         {
-            "layers": 32, "attention_heads": 32, "kv_heads": 8, "head_dim": 4096 // 32, "dtype": "bfloat16",
-            "attention": "gqa", "kv_bytes_per_token": 2 * 32 * 8 * 128 * 2, "weight_bytes": 14496047104,
-            "expert_bytes": None, "sliding_window": None, "sliding_layers": 0, "context_length": 32768,
+            "layers": 32,
+            "attention_heads": 32,
+            "kv_heads": 8,
+            "head_dim": 4096 // 32,
+            "dtype": "bfloat16",
+            "attention": "gqa",
+            "kv_bytes_per_token": 2 * 32 * 8 * 128 * 2,
+            "weight_bytes": 14496047104,
+            "expert_bytes": None,
+            "sliding_window": None,
+            "sliding_layers": 0,
+            "context_length": 32768,
         },
         id="mistral-7b-v0.3-null-window",
     ),
@@ -177,7 +284,9 @@ REAL = [
 
 
 @pytest.mark.parametrize(("fixture", "total_size", "expected"), REAL)
-def test_real_config_gives_the_hand_worked_shape(fixture: str, total_size: int | None, expected: dict) -> None:
+def test_real_config_gives_the_hand_worked_shape(
+    fixture: str, total_size: int | None, expected: dict
+) -> None:
     shape = shape_from_config(load(fixture), index=index(total_size) if total_size else None)
 
     assert shape.as_fields() == expected
@@ -210,7 +319,11 @@ def test_weights_unknown_without_index_or_header_is_noted_once() -> None:
     shape = shape_from_config(load("meta-llama__Llama-3.1-8B-Instruct"))
 
     assert shape.weight_bytes is None
-    assert [n for n in shape.notes if n.startswith("weight bytes unknown: no safetensors index or header was given")]
+    assert [
+        n
+        for n in shape.notes
+        if n.startswith("weight bytes unknown: no safetensors index or header was given")
+    ]
     assert len(shape.notes) == len(set(shape.notes))
 
 
@@ -418,7 +531,9 @@ def llama_without_kv_heads(**extra: Any) -> dict[str, Any]:
         pytest.param({"num_kv_heads": 8}, 8, "gqa", id="num_kv_heads"),
         pytest.param({"n_head_kv": 4}, 4, "gqa", id="n_head_kv"),
         pytest.param({"multi_query_group_num": 2, "multi_query_attention": True}, 2, "gqa", id="chatglm"),
-        pytest.param({"multi_query_group_num": 2, "multi_query_attention": False}, 32, "mha", id="chatglm-off"),
+        pytest.param(
+            {"multi_query_group_num": 2, "multi_query_attention": False}, 32, "mha", id="chatglm-off"
+        ),
         pytest.param({"multi_query": True}, 1, "mqa", id="multi_query"),
         pytest.param({"num_key_value_heads": None}, 32, "mha", id="null-is-mha"),
         pytest.param({}, 32, "mha", id="missing-is-mha"),
@@ -437,16 +552,30 @@ def test_gpt2_style_spellings() -> None:
     shape = shape_from_config(config)
 
     assert shape.as_fields() == {
-        "layers": 12, "attention_heads": 12, "kv_heads": 12, "head_dim": 768 // 12, "dtype": "float32",
-        "attention": "mha", "kv_bytes_per_token": 2 * 12 * 12 * 64 * 2, "weight_bytes": None,
-        "expert_bytes": None, "sliding_window": None, "sliding_layers": 0, "context_length": 1024,
+        "layers": 12,
+        "attention_heads": 12,
+        "kv_heads": 12,
+        "head_dim": 768 // 12,
+        "dtype": "float32",
+        "attention": "mha",
+        "kv_bytes_per_token": 2 * 12 * 12 * 64 * 2,
+        "weight_bytes": None,
+        "expert_bytes": None,
+        "sliding_window": None,
+        "sliding_layers": 0,
+        "context_length": 1024,
     }
 
 
 def test_chatglm_spellings() -> None:
     config = {
-        "num_layers": 28, "num_attention_heads": 32, "hidden_size": 4096, "seq_length": 131072,
-        "multi_query_attention": True, "multi_query_group_num": 2, "torch_dtype": "bfloat16",
+        "num_layers": 28,
+        "num_attention_heads": 32,
+        "hidden_size": 4096,
+        "seq_length": 131072,
+        "multi_query_attention": True,
+        "multi_query_group_num": 2,
+        "torch_dtype": "bfloat16",
     }
 
     shape = shape_from_config(config)
@@ -564,7 +693,9 @@ def test_index_total_size_as_a_string_of_digits_is_accepted() -> None:
 @pytest.mark.parametrize("total", ["16 GB", -5, 0, 1.6e10, True, [1]])
 def test_bad_index_total_size_is_refused_naming_file_and_field(total: Any) -> None:
     with pytest.raises(DomainError) as excinfo:
-        shape_from_config(load("meta-llama__Llama-3.1-8B-Instruct"), index=index(total), index_source="idx.json")
+        shape_from_config(
+            load("meta-llama__Llama-3.1-8B-Instruct"), index=index(total), index_source="idx.json"
+        )
 
     assert refusal(excinfo).startswith("idx.json: metadata.total_size is ")
 
@@ -579,7 +710,9 @@ def test_index_without_total_size_leaves_weights_unknown_and_says_why() -> None:
 def test_index_wins_over_header_for_the_weights() -> None:
     header = {"model.embed_tokens.weight": {"dtype": "U8", "shape": [10], "data_offsets": [0, 10]}}
 
-    shape = shape_from_config(load("meta-llama__Llama-3.1-8B-Instruct"), index=index(16060522496), header=header)
+    shape = shape_from_config(
+        load("meta-llama__Llama-3.1-8B-Instruct"), index=index(16060522496), header=header
+    )
 
     assert shape.weight_bytes == 16060522496
 
@@ -590,7 +723,9 @@ def test_parse_config_bytes_reads_an_object() -> None:
 
 def test_invalid_json_is_refused_with_file_line_and_column() -> None:
     with pytest.raises(DomainError) as excinfo:
-        parse_config_bytes(b'{\n  "num_hidden_layers": 32,\n  "num_attention_heads": ,\n}', name="upload/config.json")
+        parse_config_bytes(
+            b'{\n  "num_hidden_layers": 32,\n  "num_attention_heads": ,\n}', name="upload/config.json"
+        )
 
     message = refusal(excinfo)
     assert message.startswith("upload/config.json is not valid JSON")
@@ -609,7 +744,9 @@ def test_config_bytes_that_are_not_an_object_are_refused(data: bytes, words: str
 
 
 def test_parse_index_bytes_checks_total_size() -> None:
-    good = parse_index_bytes(b'{"metadata": {"total_size": 42}, "weight_map": {"a": "model-00001-of-00001.safetensors"}}')
+    good = parse_index_bytes(
+        b'{"metadata": {"total_size": 42}, "weight_map": {"a": "model-00001-of-00001.safetensors"}}'
+    )
     assert good["metadata"]["total_size"] == 42
 
     with pytest.raises(DomainError) as excinfo:
@@ -668,7 +805,9 @@ def test_header_expert_bytes_are_exact_and_leave_out_shared_experts(tmp_path: Pa
 def test_directory_with_config_and_index(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(load("meta-llama__Llama-3.1-8B-Instruct")))
     (tmp_path / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": 16060522496}, "weight_map": {"a": "model-00001-of-00004.safetensors"}})
+        json.dumps(
+            {"metadata": {"total_size": 16060522496}, "weight_map": {"a": "model-00001-of-00004.safetensors"}}
+        )
     )
 
     shape = read_checkpoint(tmp_path)
@@ -680,8 +819,12 @@ def test_directory_with_config_and_index(tmp_path: Path) -> None:
 
 def test_index_with_its_shards_present_reads_their_headers_for_the_experts(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(load("Qwen__Qwen3-30B-A3B")))
-    write_safetensors(tmp_path / "model-00001-of-00002.safetensors", {"model.layers.0.mlp.experts.0.up_proj.weight": 40})
-    write_safetensors(tmp_path / "model-00002-of-00002.safetensors", {"model.layers.1.mlp.experts.3.up_proj.weight": 24})
+    write_safetensors(
+        tmp_path / "model-00001-of-00002.safetensors", {"model.layers.0.mlp.experts.0.up_proj.weight": 40}
+    )
+    write_safetensors(
+        tmp_path / "model-00002-of-00002.safetensors", {"model.layers.1.mlp.experts.3.up_proj.weight": 24}
+    )
     (tmp_path / "model.safetensors.index.json").write_text(
         json.dumps(
             {
@@ -830,10 +973,15 @@ def test_a_path_that_is_not_a_checkpoint_is_refused(tmp_path: Path, name: str) -
     group=st.integers(1, 16),
     head_dim=st.sampled_from([64, 80, 96, 128, 256]),
 )
-def test_kv_bytes_and_attention_kind_follow_the_head_layout(layers: int, kv_heads: int, group: int, head_dim: int) -> None:
+def test_kv_bytes_and_attention_kind_follow_the_head_layout(
+    layers: int, kv_heads: int, group: int, head_dim: int
+) -> None:
     config = {
-        "num_hidden_layers": layers, "num_attention_heads": kv_heads * group, "num_key_value_heads": kv_heads,
-        "head_dim": head_dim, "torch_dtype": "bfloat16",
+        "num_hidden_layers": layers,
+        "num_attention_heads": kv_heads * group,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "torch_dtype": "bfloat16",
     }
 
     shape = shape_from_config(config)
@@ -843,11 +991,20 @@ def test_kv_bytes_and_attention_kind_follow_the_head_layout(layers: int, kv_head
     assert shape.attention == expected
 
 
-@given(sizes=st.lists(st.integers(1, 300), min_size=1, max_size=6), expert_mask=st.lists(st.booleans(), min_size=6))
-def test_header_sums_are_exact_for_any_tensor_sizes(tmp_path_factory: pytest.TempPathFactory, sizes: list[int],
-                                                    expert_mask: list[bool]) -> None:
-    names = [f"model.layers.{i}.mlp.experts.0.w" if expert_mask[i] else f"model.layers.{i}.w" for i in range(len(sizes))]
-    file = write_safetensors(tmp_path_factory.mktemp("st") / "model.safetensors", dict(zip(names, sizes, strict=True)))
+@given(
+    sizes=st.lists(st.integers(1, 300), min_size=1, max_size=6),
+    expert_mask=st.lists(st.booleans(), min_size=6),
+)
+def test_header_sums_are_exact_for_any_tensor_sizes(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], expert_mask: list[bool]
+) -> None:
+    names = [
+        f"model.layers.{i}.mlp.experts.0.w" if expert_mask[i] else f"model.layers.{i}.w"
+        for i in range(len(sizes))
+    ]
+    file = write_safetensors(
+        tmp_path_factory.mktemp("st") / "model.safetensors", dict(zip(names, sizes, strict=True))
+    )
 
     shape = read_checkpoint(file)
 

@@ -30,7 +30,8 @@ def checkpoint(tmp_path: Path, config: str, total_size: int | None) -> Path:
     shutil.copy(FIXTURES / config, tmp_path / "config.json")
     if total_size is not None:
         (tmp_path / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total_size}, "weight_map": {}}))
+            json.dumps({"metadata": {"total_size": total_size}, "weight_map": {}})
+        )
     return tmp_path
 
 
@@ -92,7 +93,9 @@ def test_sync_cluster_settings_declares_models_and_is_audited(tmp_path, settings
     p = m.profiles.get()
     assert (p.engine, p.tp, p.args) == ("vllm", 2, ["--max-model-len", "32768"])
     assert list(AuditEntry.objects.order_by("id").values_list("object_type", "actor", "via")) == [
-        ("servedmodel", "deployer", "cli"), ("profile", "deployer", "cli")]
+        ("servedmodel", "deployer", "cli"),
+        ("profile", "deployer", "cli"),
+    ]
     # Running it again changes nothing and records nothing.
     run("sync_cluster_settings")
     assert AuditEntry.objects.count() == 2
@@ -107,13 +110,18 @@ def test_a_model_no_longer_in_the_file_becomes_editable_again(tmp_path, settings
     assert ServedModel.objects.get(name="old").declared is False
 
 
-@pytest.mark.parametrize(("text", "says"), [
-    ("[[models]]\nname = 'm'\n", "models[0].source: is required"),
-    ("[[models]]\nname = 'm'\nsource = 's'\ncolour = 'red'\n", "unknown key(s) colour"),
-    ("[[models]]\nname = 'm'\nsource = 's'\n[[models.profiles]]\nname = 'p'\nengine = 'vllm'\ngpu_class = 'nope'\n",
-     "no GPU class 'nope'"),
-    ("[[models]\n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[[models]]\nname = 'm'\n", "models[0].source: is required"),
+        ("[[models]]\nname = 'm'\nsource = 's'\ncolour = 'red'\n", "unknown key(s) colour"),
+        (
+            "[[models]]\nname = 'm'\nsource = 's'\n[[models.profiles]]\nname = 'p'\nengine = 'vllm'\ngpu_class = 'nope'\n",
+            "no GPU class 'nope'",
+        ),
+        ("[[models]\n", "not valid TOML"),
+    ],
+)
 def test_a_bad_settings_file_is_refused_whole_with_the_file_and_key(tmp_path, settings, text, says):
     b.llama_8b("kept")
     path = tmp_path / "cluster.toml"

@@ -18,11 +18,15 @@ def refused(make) -> None:
 
 def test_gpu_class_names_are_unique():
     b.gpu_class("h100-80g")
-    refused(lambda: GPUClass.objects.create(name="h100-80g", memory_mib=1, usable_mib=1, compute_capability="9.0"))
+    refused(
+        lambda: GPUClass.objects.create(name="h100-80g", memory_mib=1, usable_mib=1, compute_capability="9.0")
+    )
 
 
 def test_gpu_class_usable_memory_cannot_exceed_total_or_be_zero():
-    refused(lambda: GPUClass.objects.create(name="x", memory_mib=100, usable_mib=101, compute_capability="9.0"))
+    refused(
+        lambda: GPUClass.objects.create(name="x", memory_mib=100, usable_mib=101, compute_capability="9.0")
+    )
     refused(lambda: GPUClass.objects.create(name="y", memory_mib=100, usable_mib=0, compute_capability="9.0"))
     refused(lambda: GPUClass.objects.create(name="z", memory_mib=0, usable_mib=0, compute_capability="9.0"))
 
@@ -50,8 +54,15 @@ def test_a_card_is_held_by_at_most_one_replica():
 def test_model_names_are_unique_and_sizes_positive():
     b.llama_8b("m")
     refused(lambda: ServedModel.objects.create(name="m", source="x"))
-    for field in ("context_length", "layers", "attention_heads", "kv_heads", "head_dim", "weight_bytes",
-                  "sliding_window"):
+    for field in (
+        "context_length",
+        "layers",
+        "attention_heads",
+        "kv_heads",
+        "head_dim",
+        "weight_bytes",
+        "sliding_window",
+    ):
         refused(lambda field=field: ServedModel.objects.create(name=f"bad-{field}", source="x", **{field: 0}))
 
 

@@ -23,6 +23,7 @@ HX = {"HTTP_HX_REQUEST": "true"}
 
 # -- a fleet ----------------------------------------------------------------------------------------------
 
+
 def fleet(size: int) -> None:
     """``size`` nodes of 8 cards and ``size`` models, each with a profile and a replica on two cards,
     one of them stale."""
@@ -48,8 +49,13 @@ def llama_on_h100() -> ServedModel:
 def big_on_h100() -> ServedModel:
     """A 140 GB model on two h100 cards: it does not fit on one."""
     n = b.node("gpu-9")
-    m = b.llama_8b("big-70b", weight_bytes=140_000_000_000, attention_heads=64, layers=80,
-                   kv_bytes_per_token=2 * 80 * 8 * 128 * 2)
+    m = b.llama_8b(
+        "big-70b",
+        weight_bytes=140_000_000_000,
+        attention_heads=64,
+        layers=80,
+        kv_bytes_per_token=2 * 80 * 8 * 128 * 2,
+    )
     p = b.profile(m, "h100", gpus=2, args=["--max-model-len", "8192"])
     b.replica(p, n, [0, 1], name="big-1")
     return m
@@ -89,9 +95,13 @@ def api_detail(model: str, body: dict) -> str:
 # -- access -----------------------------------------------------------------------------------------------
 
 PAGES = ["/", "/models/llama-3.1-8b/", "/nodes/", "/nodes/gpu-1/", "/operations/"]
-POSTS = ["/models/llama-3.1-8b/resize/preview/", "/models/llama-3.1-8b/resize/",
-         "/models/llama-3.1-8b/context/preview/", "/models/llama-3.1-8b/context/",
-         "/models/llama-3.1-8b/restart/"]
+POSTS = [
+    "/models/llama-3.1-8b/resize/preview/",
+    "/models/llama-3.1-8b/resize/",
+    "/models/llama-3.1-8b/context/preview/",
+    "/models/llama-3.1-8b/context/",
+    "/models/llama-3.1-8b/restart/",
+]
 
 
 @pytest.mark.parametrize("url", PAGES + POSTS)
@@ -125,9 +135,14 @@ def test_signing_out_is_a_post_form():
 def test_the_layout_carries_htmx_the_csrf_header_and_the_navigation(viewer):
     page = viewer.get("/").content.decode()
     assert '<script src="/static/vendor/htmx.min.js" defer></script>' in page
-    assert "hx-headers='{\"X-CSRFToken\": \"" in page
-    for href in ('href="/nodes/"', 'href="/operations/"', 'href="/admin/catalog/auditentry/"', 'href="/admin/"',
-                 'href="/api/docs/"'):
+    assert 'hx-headers=\'{"X-CSRFToken": "' in page
+    for href in (
+        'href="/nodes/"',
+        'href="/operations/"',
+        'href="/admin/catalog/auditentry/"',
+        'href="/admin/"',
+        'href="/api/docs/"',
+    ):
         assert href in page
     assert "cdn" not in page.lower()
 
@@ -144,8 +159,10 @@ def test_a_viewer_sees_every_page_read_only(viewer, url):
 
 def test_a_viewer_is_told_why_there_is_no_form(viewer):
     llama_on_h100()
-    assert b"Read-only: resizing or changing the context needs the resize permission." in viewer.get(
-        "/models/llama-3.1-8b/").content
+    assert (
+        b"Read-only: resizing or changing the context needs the resize permission."
+        in viewer.get("/models/llama-3.1-8b/").content
+    )
 
 
 @pytest.mark.parametrize("url", POSTS)
@@ -190,6 +207,7 @@ def test_a_declared_model_shows_where_to_change_it_instead_of_a_form(operator):
 
 # -- pages and fragments ----------------------------------------------------------------------------------
 
+
 def test_the_model_page_shows_shape_profiles_replicas_and_the_card_memory_bar(viewer):
     m = llama_on_h100()
     replica = m.profiles.get().replicas.get()
@@ -201,7 +219,9 @@ def test_the_model_page_shows_shape_profiles_replicas_and_the_card_memory_bar(vi
     assert "<dd>32 attention, 8 KV</dd>" in page and "<dt>Head size</dt><dd>128</dd>" in page
     assert "<dt>Context</dt><dd>131072 tokens</dd>" in page
     # The bar: weights, KV cache for the profile's context, overhead, against the usable 71.7 GiB.
-    assert 'class="seg seg-weights' in page and 'class="seg seg-kv' in page and 'class="seg seg-overhead' in page
+    assert (
+        'class="seg seg-weights' in page and 'class="seg seg-kv' in page and 'class="seg seg-overhead' in page
+    )
     assert "weights 15.0 GiB" in page and "KV cache 4.0 GiB (32768 tokens)" in page
     assert "20.5 GiB a card of 71.7 GiB usable (29%)" in page
     assert replica.name in page and 'href="/nodes/gpu-1/"' in page
@@ -215,15 +235,18 @@ def test_the_models_list_counts_cards_in_use_and_stale_replicas():
     assert page.count('<span class="badge warn">1 stale</span>') == 2
 
 
-@pytest.mark.parametrize(("query", "shown", "hidden"), [
-    ("q=model-01", ["model-01"], ["model-00"]),
-    ("engine=llamacpp", ["mistral"], ["model-00"]),
-    ("gpu_class=cpu", ["mistral"], ["model-00"]),
-    ("gpu_class=h100-80g", ["model-00", "model-01"], ["mistral"]),
-    ("state=declared", ["model-00"], ["model-01", "mistral"]),
-    ("state=editable", ["model-01", "mistral"], ["model-00"]),
-    ("stale=on", ["model-00", "model-01"], ["mistral"]),
-])
+@pytest.mark.parametrize(
+    ("query", "shown", "hidden"),
+    [
+        ("q=model-01", ["model-01"], ["model-00"]),
+        ("engine=llamacpp", ["mistral"], ["model-00"]),
+        ("gpu_class=cpu", ["mistral"], ["model-00"]),
+        ("gpu_class=h100-80g", ["model-00", "model-01"], ["mistral"]),
+        ("state=declared", ["model-00"], ["model-01", "mistral"]),
+        ("state=editable", ["model-01", "mistral"], ["model-00"]),
+        ("stale=on", ["model-00", "model-01"], ["mistral"]),
+    ],
+)
 def test_the_models_list_filters(query, shown, hidden):
     fleet(2)
     ServedModel.objects.filter(name="model-00").update(declared=True)
@@ -240,10 +263,14 @@ def test_an_htmx_request_gets_the_fragment_and_a_full_load_the_whole_page(viewer
     fleet(1)
     fragment = viewer.get("/?q=model", **HX)
     assert fragment.status_code == 200
-    assert b"<html" not in fragment.content and fragment.content.lstrip().startswith(b'<div id="model-results">')
+    assert b"<html" not in fragment.content and fragment.content.lstrip().startswith(
+        b'<div id="model-results">'
+    )
     assert "HX-Request" in fragment["Vary"]
     whole = viewer.get("/?q=model")
-    assert whole.content.lstrip().startswith(b"<!doctype html>") and b'<div id="model-results">' in whole.content
+    assert (
+        whole.content.lstrip().startswith(b"<!doctype html>") and b'<div id="model-results">' in whole.content
+    )
 
 
 def test_a_history_restore_gets_the_whole_page(viewer):
@@ -272,6 +299,7 @@ def test_a_node_page_lists_its_replicas(viewer):
 
 # -- the resize and context previews ----------------------------------------------------------------------
 
+
 def test_a_count_that_fits_previews_before_after_the_bar_and_the_nodes_with_room(operator):
     llama_on_h100()
     response = operator.post("/models/llama-3.1-8b/resize/preview/", {"gpus": "4", "profile": "h100"}, **HX)
@@ -286,14 +314,17 @@ def test_a_count_that_fits_previews_before_after_the_bar_and_the_nodes_with_room
     assert Profile.objects.get().revision == 1  # a dry run
 
 
-@pytest.mark.parametrize(("model", "body", "code"), [
-    ("big-70b", {"gpus": 1}, "memory"),
-    ("big-70b", {"gpus": 3}, "heads"),
-    ("big-70b", {"gpus": 65}, "gpus_range"),
-    ("big-70b", {"gpus": 2}, "unchanged"),
-    ("big-70b", {"gpus": 16}, "too_few_cards"),
-    ("big-70b", {"tokens": 10_000_000}, "context_range"),
-])
+@pytest.mark.parametrize(
+    ("model", "body", "code"),
+    [
+        ("big-70b", {"gpus": 1}, "memory"),
+        ("big-70b", {"gpus": 3}, "heads"),
+        ("big-70b", {"gpus": 65}, "gpus_range"),
+        ("big-70b", {"gpus": 2}, "unchanged"),
+        ("big-70b", {"gpus": 16}, "too_few_cards"),
+        ("big-70b", {"tokens": 10_000_000}, "context_range"),
+    ],
+)
 def test_a_refused_preview_answers_200_with_the_apis_sentence(operator, model, body, code):
     big_on_h100()
     sentence = api_detail(model, body)
@@ -308,7 +339,9 @@ def test_a_refused_preview_answers_200_with_the_apis_sentence(operator, model, b
 
 def test_a_memory_refusal_shows_the_overflowing_bar_and_both_ways_out(operator):
     big_on_h100()
-    text = operator.post("/models/big-70b/resize/preview/", {"gpus": 1, "profile": "h100"}, **HX).content.decode()
+    text = operator.post(
+        "/models/big-70b/resize/preview/", {"gpus": 1, "profile": "h100"}, **HX
+    ).content.decode()
     assert '<figure class="membar over">' in text and 'class="limit"' in text
     assert "more than the 71.7 GiB usable on each" in text
     assert "Two ways out: more cards (2 cards would hold it), or a shorter context" in text
@@ -316,8 +349,9 @@ def test_a_memory_refusal_shows_the_overflowing_bar_and_both_ways_out(operator):
 
 def test_the_context_preview_uses_the_same_rules(operator):
     llama_on_h100()
-    text = operator.post("/models/llama-3.1-8b/context/preview/", {"tokens": 131072, "profile": "h100"},
-                         **HX).content.decode()
+    text = operator.post(
+        "/models/llama-3.1-8b/context/preview/", {"tokens": 131072, "profile": "h100"}, **HX
+    ).content.decode()
     assert "32768 → <strong>131072</strong> tokens" in text
     assert "KV cache 16.0 GiB (131072 tokens)" in text
     assert "<code>--max-model-len 131072</code>" in text
@@ -327,8 +361,9 @@ def test_the_context_preview_uses_the_same_rules(operator):
 def test_the_preview_says_once_what_it_could_not_check(operator):
     m = llama_on_h100()
     ServedModel.objects.filter(pk=m.pk).update(weight_bytes=None)
-    text = operator.post("/models/llama-3.1-8b/resize/preview/", {"gpus": 2, "profile": "h100"},
-                         **HX).content.decode()
+    text = operator.post(
+        "/models/llama-3.1-8b/resize/preview/", {"gpus": 2, "profile": "h100"}, **HX
+    ).content.decode()
     assert "Not checked" in text
     assert text.count("weight bytes are not known, so what each card holds is not checked.") == 1
     assert "membar" not in text and "Apply: 2 cards" in text
@@ -336,7 +371,9 @@ def test_the_preview_says_once_what_it_could_not_check(operator):
 
 def test_what_is_not_a_whole_number_is_refused_in_the_preview(operator):
     llama_on_h100()
-    response = operator.post("/models/llama-3.1-8b/resize/preview/", {"gpus": "four", "profile": "h100"}, **HX)
+    response = operator.post(
+        "/models/llama-3.1-8b/resize/preview/", {"gpus": "four", "profile": "h100"}, **HX
+    )
     assert response.status_code == 200 and b"A card count is a whole number." in response.content
 
 
@@ -350,8 +387,10 @@ def test_the_preview_without_htmx_renders_the_whole_page_with_the_preview(operat
 
 # -- apply ------------------------------------------------------------------------------------------------
 
-def test_apply_saves_the_profile_audits_once_through_the_pages_and_goes_back_to_the_model(operator,
-                                                                                          operator_user):
+
+def test_apply_saves_the_profile_audits_once_through_the_pages_and_goes_back_to_the_model(
+    operator, operator_user
+):
     llama_on_h100()
     response = operator.post("/models/llama-3.1-8b/resize/", {"gpus": 2, "profile": "h100"}, **HX)
     assert response.status_code == 204
@@ -393,12 +432,16 @@ def test_apply_refuses_a_declared_model_even_when_posted_by_hand(operator):
 
 # -- restart operations -----------------------------------------------------------------------------------
 
+
 def operation(model: ServedModel, state: str = "running", **fields) -> RestartOperation:
     profile = model.profiles.get()
-    op = RestartOperation.objects.create(model=model, profile=profile, state=state, requested_by_name="operator",
-                                         via="ui", **fields)
+    op = RestartOperation.objects.create(
+        model=model, profile=profile, state=state, requested_by_name="operator", via="ui", **fields
+    )
     for replica in profile.replicas.all():
-        RestartStep.objects.create(operation=op, old_replica=replica, node="gpu-1", cards=[3], state="waiting")
+        RestartStep.objects.create(
+            operation=op, old_replica=replica, node="gpu-1", cards=[3], state="waiting"
+        )
     return op
 
 
@@ -464,6 +507,7 @@ def test_an_operator_restarts_stale_replicas_from_the_model_page(operator):
 
 
 # -- query counts -----------------------------------------------------------------------------------------
+
 
 def count_queries(client: Client, url: str) -> int:
     with CaptureQueriesContext(connection) as ctx:

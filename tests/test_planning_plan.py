@@ -395,7 +395,6 @@ def test_a_context_change_refuses_an_old_card():
     assert refusal(lambda: context(llama(p), 4096)).code == "capability"
 
 
-
 def test_a_context_without_a_known_limit_still_has_a_ceiling():
     from catalog.planning.plan import MAX_UNKNOWN_CONTEXT
 

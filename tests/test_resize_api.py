@@ -22,8 +22,19 @@ pytestmark = pytest.mark.django_db
 
 GIB = 2**30
 MIB = 2**20
-DESIGN_KEYS = {"model", "profile", "engine", "gpu_class", "before", "after", "args", "per_card", "restarted",
-               "in_place", "note"}
+DESIGN_KEYS = {
+    "model",
+    "profile",
+    "engine",
+    "gpu_class",
+    "before",
+    "after",
+    "args",
+    "per_card",
+    "restarted",
+    "in_place",
+    "note",
+}
 CHANGE_KEYS = DESIGN_KEYS | {"memory", "room", "kind", "operation"}
 
 
@@ -37,8 +48,12 @@ def client_for(user=None) -> APIClient:
 def user(name: str = "someone", *perms: str):
     """A user without a password: nothing here signs in by password, and hashing one is slow."""
     u = get_user_model().objects.create_user(username=name, password=None)
-    u.user_permissions.add(*(Permission.objects.get(content_type__app_label=p.split(".")[0],
-                                                    codename=p.split(".")[1]) for p in perms))
+    u.user_permissions.add(
+        *(
+            Permission.objects.get(content_type__app_label=p.split(".")[0], codename=p.split(".")[1])
+            for p in perms
+        )
+    )
     return u
 
 
@@ -56,8 +71,9 @@ def context_url(model: str = "llama-3.1-8b") -> str:
 
 def saved_state() -> list[tuple]:
     """Every profile as it runs, and how many audit entries: what a refusal must leave alone."""
-    rows = Profile.objects.order_by("pk").values_list("gpus_per_node", "tp", "nodes", "pp", "args", "env",
-                                                      "revision")
+    rows = Profile.objects.order_by("pk").values_list(
+        "gpus_per_node", "tp", "nodes", "pp", "args", "env", "revision"
+    )
     return [*map(tuple, rows), ("audit", AuditEntry.objects.count())]
 
 
@@ -77,10 +93,32 @@ def test_a_resize_answers_the_change_with_the_design_keys_and_writes_one_audit_e
     assert response.status_code == 200, response.content
     body = response.json()
     assert set(body) == CHANGE_KEYS
-    assert {k: body[k] for k in ("model", "profile", "engine", "gpu_class", "before", "after", "args",
-                                 "restarted", "in_place", "kind")} == {
-        "model": "llama-3.1-8b", "profile": "h100", "engine": "vllm", "gpu_class": "h100-80g", "before": 1,
-        "after": 2, "args": ["--max-model-len", "32768"], "restarted": 0, "in_place": False, "kind": "gpus"}
+    assert {
+        k: body[k]
+        for k in (
+            "model",
+            "profile",
+            "engine",
+            "gpu_class",
+            "before",
+            "after",
+            "args",
+            "restarted",
+            "in_place",
+            "kind",
+        )
+    } == {
+        "model": "llama-3.1-8b",
+        "profile": "h100",
+        "engine": "vllm",
+        "gpu_class": "h100-80g",
+        "before": 1,
+        "after": 2,
+        "args": ["--max-model-len", "32768"],
+        "restarted": 0,
+        "in_place": False,
+        "kind": "gpus",
+    }
     assert body["per_card"] == "11.0 GiB a card of 2, of 71.7 usable"
     assert body["room"] == {"in_place": False, "beside": ["gpu-1"], "in_place_nodes": ["gpu-1"]}
 
@@ -88,7 +126,12 @@ def test_a_resize_answers_the_change_with_the_design_keys_and_writes_one_audit_e
     assert (p.tp, p.gpus_per_node, p.revision) == (2, 2, 2)
     (entry,) = AuditEntry.objects.all()
     assert (entry.via, entry.user, entry.actor, entry.action, entry.request_id) == (
-        "api", alice, "alice", "resize", "req-42")
+        "api",
+        alice,
+        "alice",
+        "resize",
+        "req-42",
+    )
     assert (entry.before["tp"], entry.after["tp"]) == (1, 2)
     assert (entry.before["gpus_per_node"], entry.after["gpus_per_node"]) == (1, 2)
     assert (entry.before["revision"], entry.after["revision"]) == (1, 2)
@@ -176,8 +219,15 @@ def freetoken_on(capability: str):
     def build():
         cls = b.gpu_class(f"card-{capability}", capability=capability)
         b.node("gpu-1", cls=cls)
-        b.profile(b.llama_8b("gpt-oss-20b"), "ft", engine="freetoken", cls=cls, gpus=1,
-                  args=["--max-seq-len-override", "32768"])
+        b.profile(
+            b.llama_8b("gpt-oss-20b"),
+            "ft",
+            engine="freetoken",
+            cls=cls,
+            gpus=1,
+            args=["--max-seq-len-override", "32768"],
+        )
+
     return build
 
 
@@ -228,60 +278,178 @@ class Refusal:
 
 
 REFUSALS = [
-    Refusal("not_found", 404, {"gpus": 2}, url=gpus_url("no-such-model"), says=("no-such-model",),
-            carries_change=False),
-    Refusal("declared", 409, {"gpus": 2}, declared_at_path, says=("/etc/llmgw/cluster.toml", "sync_cluster_settings"),
-            carries_change=False),
+    Refusal(
+        "not_found",
+        404,
+        {"gpus": 2},
+        url=gpus_url("no-such-model"),
+        says=("no-such-model",),
+        carries_change=False,
+    ),
+    Refusal(
+        "declared",
+        409,
+        {"gpus": 2},
+        declared_at_path,
+        says=("/etc/llmgw/cluster.toml", "sync_cluster_settings"),
+        carries_change=False,
+    ),
     Refusal("gpus_range", 400, {"gpus": 0}, says=("1 to 64",), carries_change=False),
     Refusal("gpus_range", 400, {"gpus": 65}, says=("1 to 64", "65"), carries_change=False),
     Refusal("gpus_range", 400, {"gpus": 10**30}, says=("1 to 64",), carries_change=False),
     Refusal("no_profile", 400, {"gpus": 2, "profile": "nope"}, says=("'nope'", "h100"), carries_change=False),
     Refusal("cpu_only", 400, {"gpus": 2}, cpu_only_model, says=("CPUs", "GPU class"), carries_change=False),
-    Refusal("cpu_only", 400, {"gpus": 2, "profile": "cpu"}, two_card_profiles, says=("cpu", "CPUs"),
-            carries_change=False),
-    Refusal("ambiguous_profile", 400, {"gpus": 2}, two_card_profiles, says=("long", "short", "name one"),
-            carries_change=False),
+    Refusal(
+        "cpu_only",
+        400,
+        {"gpus": 2, "profile": "cpu"},
+        two_card_profiles,
+        says=("cpu", "CPUs"),
+        carries_change=False,
+    ),
+    Refusal(
+        "ambiguous_profile",
+        400,
+        {"gpus": 2},
+        two_card_profiles,
+        says=("long", "short", "name one"),
+        carries_change=False,
+    ),
     Refusal("unchanged", 400, {"gpus": 1}, says=("already uses 1 card",), change={"before": 1, "after": 1}),
-    Refusal("capability", 400, {"gpus": 2}, freetoken_on("7.5"), url=gpus_url("gpt-oss-20b"),
-            says=("8.0", "7.5", "freetoken"), change={"engine": "freetoken", "gpu_class": "card-7.5"}),
-    Refusal("heads", 400, {"gpus": 3}, says=("8 KV heads", "32 attention heads", "1, 2, 4, 8, 16 or 32"),
-            change={"after": 3}),
+    Refusal(
+        "capability",
+        400,
+        {"gpus": 2},
+        freetoken_on("7.5"),
+        url=gpus_url("gpt-oss-20b"),
+        says=("8.0", "7.5", "freetoken"),
+        change={"engine": "freetoken", "gpu_class": "card-7.5"},
+    ),
+    Refusal(
+        "heads",
+        400,
+        {"gpus": 3},
+        says=("8 KV heads", "32 attention heads", "1, 2, 4, 8, 16 or 32"),
+        change={"after": 3},
+    ),
     Refusal("heads", 400, {"gpus": 64}, says=("32 attention heads", "64 cards")),
-    Refusal("single_card_engine", 400, {"gpus": 2}, freetoken_on("9.0"), url=gpus_url("gpt-oss-20b"),
-            says=("one card", "2 cards")),
-    Refusal("memory", 400, {"gpus": 1}, too_big_for_one_l4,
-            # need 15.0 + 16.0 + 1.5 GiB against 20000 MiB, and both ways out
-            says=("32.5 GiB", "19.5 GiB usable", "more cards (2 cards would hold it)", "a shorter context",
-                  "at most 25179 tokens", "/api/models/llama-3.1-8b/context/"),
-            change={"before": 2, "after": 1, "per_card": "32.5 GiB a card of 1, of 19.5 usable"}),
+    Refusal(
+        "single_card_engine",
+        400,
+        {"gpus": 2},
+        freetoken_on("9.0"),
+        url=gpus_url("gpt-oss-20b"),
+        says=("one card", "2 cards"),
+    ),
+    Refusal(
+        "memory",
+        400,
+        {"gpus": 1},
+        too_big_for_one_l4,
+        # need 15.0 + 16.0 + 1.5 GiB against 20000 MiB, and both ways out
+        says=(
+            "32.5 GiB",
+            "19.5 GiB usable",
+            "more cards (2 cards would hold it)",
+            "a shorter context",
+            "at most 25179 tokens",
+            "/api/models/llama-3.1-8b/context/",
+        ),
+        change={"before": 2, "after": 1, "per_card": "32.5 GiB a card of 1, of 19.5 usable"},
+    ),
     Refusal("no_class", 409, {"gpus": 2}, no_node_of_its_class, says=("a100-40g",)),
-    Refusal("too_few_cards", 409, {"gpus": 8}, lambda: llama_on_h100(cards=4),
-            says=("8 h100-80g cards", "the most one has is 4")),
-    Refusal("no_room", 409, {"gpus": 4, "in_place": True}, four_card_node_other_model_holds_two,
-            says=("4 h100-80g cards free", "1 at most", "other models")),
-    Refusal("no_room_beside", 409, {"gpus": 4}, four_card_node_model_holds_two,
-            says=("beside the running replicas", "2 at most", "in_place")),
+    Refusal(
+        "too_few_cards",
+        409,
+        {"gpus": 8},
+        lambda: llama_on_h100(cards=4),
+        says=("8 h100-80g cards", "the most one has is 4"),
+    ),
+    Refusal(
+        "no_room",
+        409,
+        {"gpus": 4, "in_place": True},
+        four_card_node_other_model_holds_two,
+        says=("4 h100-80g cards free", "1 at most", "other models"),
+    ),
+    Refusal(
+        "no_room_beside",
+        409,
+        {"gpus": 4},
+        four_card_node_model_holds_two,
+        says=("beside the running replicas", "2 at most", "in_place"),
+    ),
     # context
     Refusal("not_found", 404, {"tokens": 8192}, url=context_url("no-such-model"), carries_change=False),
-    Refusal("declared", 409, {"tokens": 8192}, declared_at_path, url=context_url(),
-            says=("/etc/llmgw/cluster.toml",), carries_change=False),
-    Refusal("context_range", 400, {"tokens": 0}, url=context_url(), says=("1 to 131072 tokens",),
-            carries_change=False),
-    Refusal("context_range", 400, {"tokens": 131073}, url=context_url(), says=("1 to 131072 tokens", "131073"),
-            carries_change=False),
-    Refusal("context_range", 400, {"tokens": 10**30}, url=context_url(), says=("1 to 131072 tokens",),
-            carries_change=False),
-    Refusal("ambiguous_profile", 400, {"tokens": 8192}, two_card_profiles, url=context_url(),
-            carries_change=False),
-    Refusal("unchanged", 400, {"tokens": 32768}, url=context_url(), says=("32768 tokens",),
-            change={"kind": "context", "before": 32768}),
-    Refusal("capability", 400, {"tokens": 8192}, freetoken_on("7.5"), url=context_url("gpt-oss-20b"),
-            says=("8.0", "7.5")),
-    Refusal("memory", 400, {"tokens": 131072}, on_l4_with_long_context_on_one_card, url=context_url(),
-            says=("32.5 GiB", "19.5 GiB usable", "more cards", "at most 25179 tokens"),
-            change={"kind": "context", "before": 8192, "after": 131072}),
-    Refusal("no_room_beside", 409, {"tokens": 8192}, two_card_node_model_holds_both, url=context_url(),
-            says=("in_place",)),
+    Refusal(
+        "declared",
+        409,
+        {"tokens": 8192},
+        declared_at_path,
+        url=context_url(),
+        says=("/etc/llmgw/cluster.toml",),
+        carries_change=False,
+    ),
+    Refusal(
+        "context_range",
+        400,
+        {"tokens": 0},
+        url=context_url(),
+        says=("1 to 131072 tokens",),
+        carries_change=False,
+    ),
+    Refusal(
+        "context_range",
+        400,
+        {"tokens": 131073},
+        url=context_url(),
+        says=("1 to 131072 tokens", "131073"),
+        carries_change=False,
+    ),
+    Refusal(
+        "context_range",
+        400,
+        {"tokens": 10**30},
+        url=context_url(),
+        says=("1 to 131072 tokens",),
+        carries_change=False,
+    ),
+    Refusal(
+        "ambiguous_profile", 400, {"tokens": 8192}, two_card_profiles, url=context_url(), carries_change=False
+    ),
+    Refusal(
+        "unchanged",
+        400,
+        {"tokens": 32768},
+        url=context_url(),
+        says=("32768 tokens",),
+        change={"kind": "context", "before": 32768},
+    ),
+    Refusal(
+        "capability",
+        400,
+        {"tokens": 8192},
+        freetoken_on("7.5"),
+        url=context_url("gpt-oss-20b"),
+        says=("8.0", "7.5"),
+    ),
+    Refusal(
+        "memory",
+        400,
+        {"tokens": 131072},
+        on_l4_with_long_context_on_one_card,
+        url=context_url(),
+        says=("32.5 GiB", "19.5 GiB usable", "more cards", "at most 25179 tokens"),
+        change={"kind": "context", "before": 8192, "after": 131072},
+    ),
+    Refusal(
+        "no_room_beside",
+        409,
+        {"tokens": 8192},
+        two_card_node_model_holds_both,
+        url=context_url(),
+        says=("in_place",),
+    ),
 ]
 
 
@@ -311,9 +479,24 @@ def test_each_refusal_answers_its_status_code_and_a_sentence_and_saves_nothing(c
 
 
 def test_the_refusal_codes_cover_every_code_the_design_names():
-    named = {"not_found", "declared", "gpus_range", "no_profile", "cpu_only", "ambiguous_profile", "unchanged",
-             "capability", "heads", "single_card_engine", "memory", "no_class", "too_few_cards", "no_room",
-             "no_room_beside", "context_range"}  # and busy, in test_resize_concurrency
+    named = {
+        "not_found",
+        "declared",
+        "gpus_range",
+        "no_profile",
+        "cpu_only",
+        "ambiguous_profile",
+        "unchanged",
+        "capability",
+        "heads",
+        "single_card_engine",
+        "memory",
+        "no_class",
+        "too_few_cards",
+        "no_room",
+        "no_room_beside",
+        "context_range",
+    }  # and busy, in test_resize_concurrency
     assert {c.code for c in REFUSALS} == named
 
 
@@ -321,9 +504,16 @@ def test_a_memory_refusal_carries_the_figures_worked_out():
     too_big_for_one_l4()
     body = client_for(resizer()).post(gpus_url(), {"gpus": 1}, format="json").json()
     weights, kv, overhead = 16_060_522_496, 131_072 * 131_072, 3 * GIB // 2
-    assert body["change"]["memory"] == {"cards": 1, "weights": weights, "kv": kv, "overhead": overhead,
-                                        "need": weights + kv + overhead, "budget": 20_000 * MIB,
-                                        "context": 131_072, "fits": False}
+    assert body["change"]["memory"] == {
+        "cards": 1,
+        "weights": weights,
+        "kv": kv,
+        "overhead": overhead,
+        "need": weights + kv + overhead,
+        "budget": 20_000 * MIB,
+        "context": 131_072,
+        "fits": False,
+    }
 
 
 # -- access --------------------------------------------------------------------------------------
@@ -349,7 +539,8 @@ def test_signed_in_without_the_resize_permission_is_forbidden_and_changes_nothin
     assert response.status_code == 403
     assert response.json() == {
         "detail": "You need the 'resize model' permission to resize a model or change its context.",
-        "code": "permission_denied"}
+        "code": "permission_denied",
+    }
     assert saved_state() == before
 
 
@@ -440,14 +631,17 @@ def test_a_form_encoded_number_is_a_string_and_is_refused():
     assert "whole number" in response.json()["detail"]
 
 
-@pytest.mark.parametrize("body, says", [
-    ({"tokens": "8192"}, "whole number"),
-    ({"tokens": 8192.0}, "whole number"),
-    ({"tokens": False}, "true/false"),
-    ({"tokens": -5}, "1 to 131072"),
-    ({}, "required"),
-    ({"tokens": 8192, "gpus": 2}, "unknown field"),
-])
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ({"tokens": "8192"}, "whole number"),
+        ({"tokens": 8192.0}, "whole number"),
+        ({"tokens": False}, "true/false"),
+        ({"tokens": -5}, "1 to 131072"),
+        ({}, "required"),
+        ({"tokens": 8192, "gpus": 2}, "unknown field"),
+    ],
+)
 def test_bad_context_input_is_a_400_and_saves_nothing(body, says):
     llama_on_h100()
     before = saved_state()

@@ -79,17 +79,20 @@ def test_a_dry_run_prints_what_would_change_and_writes_nothing():
     assert state(p) == before
 
 
-@pytest.mark.parametrize("args, code, says", [
-    (("gpus", "llama-3.1-8b", "3"), "heads", "8 KV heads"),
-    (("gpus", "llama-3.1-8b", "1"), "unchanged", "already uses 1 card"),
-    (("gpus", "llama-3.1-8b", "0"), "gpus_range", "1 to 64 cards"),
-    (("gpus", "llama-3.1-8b", "16"), "too_few_cards", "the most one has is 8"),
-    (("gpus", "llama-3.1-8b", "2", "--profile", "nope"), "no_profile", "no profile 'nope'"),
-    (("gpus", "no-such-model", "2"), "not_found", "No model 'no-such-model'"),
-    (("context", "llama-3.1-8b", "200000"), "context_range", "1 to 131072 tokens"),
-    (("context", "llama-3.1-8b", "32768"), "unchanged", "already serves a context of 32768 tokens"),
-    (("gpus", "llama-3.1-8b", "3", "--dry-run"), "heads", "8 KV heads"),
-])
+@pytest.mark.parametrize(
+    "args, code, says",
+    [
+        (("gpus", "llama-3.1-8b", "3"), "heads", "8 KV heads"),
+        (("gpus", "llama-3.1-8b", "1"), "unchanged", "already uses 1 card"),
+        (("gpus", "llama-3.1-8b", "0"), "gpus_range", "1 to 64 cards"),
+        (("gpus", "llama-3.1-8b", "16"), "too_few_cards", "the most one has is 8"),
+        (("gpus", "llama-3.1-8b", "2", "--profile", "nope"), "no_profile", "no profile 'nope'"),
+        (("gpus", "no-such-model", "2"), "not_found", "No model 'no-such-model'"),
+        (("context", "llama-3.1-8b", "200000"), "context_range", "1 to 131072 tokens"),
+        (("context", "llama-3.1-8b", "32768"), "unchanged", "already serves a context of 32768 tokens"),
+        (("gpus", "llama-3.1-8b", "3", "--dry-run"), "heads", "8 KV heads"),
+    ],
+)
 def test_a_refusal_prints_the_sentence_and_exits_1_and_saves_nothing(args, code, says):
     p = llama(gpus=1)
     before = state(p)
@@ -151,8 +154,14 @@ def test_manage_py_exits_0_on_a_change_and_1_on_a_refusal_with_the_sentence_on_s
     env = {**os.environ, "DATABASE_URL": f"postgres://{auth}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
 
     def manage(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(MANAGE), *args], env=env, capture_output=True, text=True,
-                              timeout=60, check=False)
+        return subprocess.run(
+            [sys.executable, str(MANAGE), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
 
     ok = manage("gpus", "llama-3.1-8b", "2", "--as", "ops-bot")
     assert ok.returncode == 0, ok.stderr

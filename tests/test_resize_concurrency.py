@@ -189,7 +189,8 @@ def test_a_change_while_another_holds_the_model_is_refused_busy_and_a_preview_st
     assert busy.status_code == 409
     assert busy.json() == {
         "detail": "Another change to llama-3.1-8b is being saved right now: look at it, then try again.",
-        "code": "busy"}
+        "code": "busy",
+    }
     assert preview.status_code == 200 and preview.json()["after"] == 2
     assert serving(p)["tp"] == 1 and AuditEntry.objects.count() == 0
 

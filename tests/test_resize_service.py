@@ -46,8 +46,15 @@ def test_mla_cache_is_not_split_when_deepseek_v2_lite_spreads_over_four_a100s(se
     weights = 31_412_968_448 // 4  # the seeded total_size, divisible by 4
     kv = 31_104 * 16_384  # MLA: 512+64 latent dims x 27 layers x 2 bytes a token, for --max-model-len 16384
     overhead = 3 * GIB // 2  # vLLM's 1.5 GiB
-    assert change.memory == CardMemory(cards=4, weights=weights, kv=kv, overhead=overhead,
-                                       need=weights + kv + overhead, budget=36_860 * MIB, context=16_384)
+    assert change.memory == CardMemory(
+        cards=4,
+        weights=weights,
+        kv=kv,
+        overhead=overhead,
+        need=weights + kv + overhead,
+        budget=36_860 * MIB,
+        context=16_384,
+    )
     assert change.per_card == "9.3 GiB a card of 4, of 36 usable"
     assert change.memory.fits
 
@@ -110,9 +117,12 @@ def test_a_profile_too_big_for_its_cards_is_refused_with_both_ways_out_and_nothi
 
 def test_a_resize_saves_the_new_layout_bumps_the_revision_and_writes_one_resize_entry(actor):
     b.node("gpu-1", cards=8)
-    p = b.profile(b.llama_8b(), "h100", gpus=2,
-                  args=["--tensor-parallel-size", "2", "--max-model-len", "8192", "-tp=2",
-                        "--enable-prefix-caching"])
+    p = b.profile(
+        b.llama_8b(),
+        "h100",
+        gpus=2,
+        args=["--tensor-parallel-size", "2", "--max-model-len", "8192", "-tp=2", "--enable-prefix-caching"],
+    )
 
     change = model_resize(name="llama-3.1-8b", gpus=4)
 
@@ -120,7 +130,12 @@ def test_a_resize_saves_the_new_layout_bumps_the_revision_and_writes_one_resize_
     assert change.args == ("--max-model-len", "8192", "--enable-prefix-caching")
     (entry,) = AuditEntry.objects.all()
     assert (entry.action, entry.via, entry.actor, entry.object_type, entry.object_repr) == (
-        "resize", "cli", "pytest", "profile", "llama-3.1-8b/h100")
+        "resize",
+        "cli",
+        "pytest",
+        "profile",
+        "llama-3.1-8b/h100",
+    )
     assert (entry.before["tp"], entry.after["tp"]) == (2, 4)
     assert (entry.before["gpus_per_node"], entry.after["gpus_per_node"]) == (2, 4)
     assert (entry.before["revision"], entry.after["revision"]) == (1, 2)
@@ -141,8 +156,15 @@ def test_a_context_change_writes_the_engine_flag_drops_its_env_spelling_and_is_a
     l40s = b.gpu_class("l40s-48g", memory_mib=46068, usable_mib=41460, capability="8.9")
     b.node("gpu-l", cards=4, cls=l40s)
     m = b.llama_8b("mistral-7b", context_length=32768)
-    p = b.profile(m, "l40s", engine="llamacpp", cls=l40s, gpus=2, args=["-c", "4096", "--flash-attn"],
-                  env={"LLAMA_ARG_CTX_SIZE": "4096", "HF_HUB_OFFLINE": "1"})
+    p = b.profile(
+        m,
+        "l40s",
+        engine="llamacpp",
+        cls=l40s,
+        gpus=2,
+        args=["-c", "4096", "--flash-attn"],
+        env={"LLAMA_ARG_CTX_SIZE": "4096", "HF_HUB_OFFLINE": "1"},
+    )
 
     change = model_set_context(name="mistral-7b", tokens=16384)
 
@@ -158,9 +180,14 @@ def test_a_context_change_writes_the_engine_flag_drops_its_env_spelling_and_is_a
 
 def test_a_llamacpp_resize_drops_the_old_split_from_args_and_env_and_keeps_tp_1(actor):
     b.node("gpu-1", cards=8)
-    p = b.profile(b.llama_8b(), "gguf", engine="llamacpp", gpus=2,
-                  args=["--tensor-split", "1,1", "-ts=3,1", "--ctx-size", "8192"],
-                  env={"LLAMA_ARG_TENSOR_SPLIT": "1,1", "HF_HUB_OFFLINE": "1"})
+    p = b.profile(
+        b.llama_8b(),
+        "gguf",
+        engine="llamacpp",
+        gpus=2,
+        args=["--tensor-split", "1,1", "-ts=3,1", "--ctx-size", "8192"],
+        env={"LLAMA_ARG_TENSOR_SPLIT": "1,1", "HF_HUB_OFFLINE": "1"},
+    )
     model_resize(name="llama-3.1-8b", gpus=4)
     assert serving(p)[:6] == (4, 1, 1, 0, ["--ctx-size", "8192"], {"HF_HUB_OFFLINE": "1"})
 
@@ -283,7 +310,8 @@ def test_cordoned_and_down_nodes_offer_no_room(actor):
 
 def _nodes(count: int, start: int, cls) -> None:
     nodes = Node.objects.bulk_create(
-        Node(name=f"bulk-{i:04d}", agent_url="http://127.0.0.1:9", agent_token="t") for i in range(start, count)
+        Node(name=f"bulk-{i:04d}", agent_url="http://127.0.0.1:9", agent_token="t")
+        for i in range(start, count)
     )
     Card.objects.bulk_create(Card(node=n, index=i, gpu_class=cls) for n in nodes for i in range(8))
 
@@ -348,7 +376,10 @@ def test_a_resize_starts_the_restart_of_the_replicas_it_made_stale_in_the_same_t
     op = RestartOperation.objects.get(pk=change.operation)
     assert (op.state, op.in_place, op.profile_id) == ("queued", False, p.pk)
     assert sorted(op.steps.values_list("old_replica__name", flat=True)) == [r1.name, r2.name]
-    assert list(AuditEntry.objects.order_by("id").values_list("action", flat=True)) == ["resize", "restart_start"]
+    assert list(AuditEntry.objects.order_by("id").values_list("action", flat=True)) == [
+        "resize",
+        "restart_start",
+    ]
 
 
 def test_a_change_while_a_restart_runs_is_refused_as_busy_before_and_at_apply(actor):

@@ -25,7 +25,10 @@ from tests.restart_support import (  # noqa: F401 - fixtures
     record_node,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_restarts", "audit_flushable")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("fast_restarts", "audit_flushable"),
+]
 
 REASONS = {
     "down": "refused the connection",
@@ -37,7 +40,8 @@ REASONS = {
 
 @pytest.mark.parametrize("trouble", ["down", "500", "slow", "token"])
 def test_an_agent_in_trouble_fails_the_step_with_a_reason_and_nothing_is_left_half_done(
-        tmp_path, actor, settings, trouble):
+    tmp_path, actor, settings, trouble
+):
     settings.LLMGW_AGENT_TIMEOUT_SECONDS = 1.0
     nodes = ("gpu-a", "gpu-x") if trouble == "token" else ("gpu-a",)
     with contextlib.ExitStack() as stack:
@@ -48,8 +52,13 @@ def test_an_agent_in_trouble_fails_the_step_with_a_reason_and_nothing_is_left_ha
         elif trouble == "down":
             record_node("gpu-x", f"http://127.0.0.1:{free_port()}", "t0ken")
         else:
-            fake = stack.enter_context(running_fake_agent(tmp_path / "fake", status=500 if trouble == "500" else 200,
-                                                          delay=3.0 if trouble == "slow" else 0.0))
+            fake = stack.enter_context(
+                running_fake_agent(
+                    tmp_path / "fake",
+                    status=500 if trouble == "500" else 200,
+                    delay=3.0 if trouble == "slow" else 0.0,
+                )
+            )
             record_node("gpu-x", fake.base_url, "t0ken")
         fleet.change_profile(args=["--max-num-seqs", "8"])
 
@@ -77,7 +86,9 @@ def test_the_agent_client_says_what_went_wrong_in_a_sentence(tmp_path, settings)
         AgentClient.for_node(node, timeout=1).get("r1")
     assert down.value.code == "agent_down"
     assert str(down.value).startswith("The agent of node gpu-z (http://127.0.0.1:")
-    assert "refused the connection while reading the state of replica r1: is the agent running?" in str(down.value)
+    assert "refused the connection while reading the state of replica r1: is the agent running?" in str(
+        down.value
+    )
 
     with running_fake_agent(tmp_path, status=200, delay=2) as slow:
         with pytest.raises(AgentError) as late:

@@ -38,37 +38,64 @@ def test_anonymous_and_users_without_the_permission_cannot_restart(llama):
     assert APIClient().post(RESTART, {}, format="json").status_code in (401, 403)
     response = client_for(b.user("viewer")).post(RESTART, {"replicas": ["llama-1"]}, format="json")
     assert response.status_code == 403
-    assert response.json() == {"detail": "You need the 'restart model' permission to restart a model's replicas.",
-                               "code": "permission_denied"}
+    assert response.json() == {
+        "detail": "You need the 'restart model' permission to restart a model's replicas.",
+        "code": "permission_denied",
+    }
     assert not RestartOperation.objects.exists()
 
 
 def test_an_operator_starts_a_restart_and_gets_the_operation_with_its_steps(llama):
-    response = client_for(operator()).post(RESTART, {"replicas": ["llama-2", "llama-1"], "max_parallel": 2,
-                                                     "ready_timeout": 120}, format="json")
+    response = client_for(operator()).post(
+        RESTART, {"replicas": ["llama-2", "llama-1"], "max_parallel": 2, "ready_timeout": 120}, format="json"
+    )
     assert response.status_code == 202, response.content
     body = response.json()
-    assert {k: body[k] for k in ("model", "profile", "state", "in_place", "max_parallel", "ready_timeout",
-                                 "requested_by", "via", "mode")} == {
-        "model": MODEL, "profile": "h100", "state": "queued", "in_place": None, "max_parallel": 2,
-        "ready_timeout": 120.0, "requested_by": "operator", "via": "api",
-        "mode": "rolling where there is room, else in place"}
+    assert {
+        k: body[k]
+        for k in (
+            "model",
+            "profile",
+            "state",
+            "in_place",
+            "max_parallel",
+            "ready_timeout",
+            "requested_by",
+            "via",
+            "mode",
+        )
+    } == {
+        "model": MODEL,
+        "profile": "h100",
+        "state": "queued",
+        "in_place": None,
+        "max_parallel": 2,
+        "ready_timeout": 120.0,
+        "requested_by": "operator",
+        "via": "api",
+        "mode": "rolling where there is room, else in place",
+    }
     assert [(s["old_replica"], s["state"], s["new_replica"]) for s in body["steps"]] == [
-        ("llama-2", "pending", None), ("llama-1", "pending", None)]
+        ("llama-2", "pending", None),
+        ("llama-1", "pending", None),
+    ]
     op = RestartOperation.objects.get()
     assert op.requested_by.username == "operator"
     entry = AuditEntry.objects.get(action="restart_start")
     assert (entry.user.username, entry.via, entry.actor) == ("operator", "api", "operator")
 
 
-@pytest.mark.parametrize(("payload", "status", "code"), [
-    ({}, 409, "nothing_to_restart"),
-    ({"replicas": ["ghost"]}, 404, "not_found"),
-    ({"replicas": ["llama-1"], "max_parallel": "2"}, 400, "invalid"),
-    ({"replicas": ["llama-1"], "ready_timeout": True}, 400, "invalid"),
-    ({"replicas": ["llama-1"], "in_plaice": True}, 400, "invalid"),
-    ({"replicas": []}, 400, "empty"),
-])
+@pytest.mark.parametrize(
+    ("payload", "status", "code"),
+    [
+        ({}, 409, "nothing_to_restart"),
+        ({"replicas": ["ghost"]}, 404, "not_found"),
+        ({"replicas": ["llama-1"], "max_parallel": "2"}, 400, "invalid"),
+        ({"replicas": ["llama-1"], "ready_timeout": True}, 400, "invalid"),
+        ({"replicas": ["llama-1"], "in_plaice": True}, 400, "invalid"),
+        ({"replicas": []}, 400, "empty"),
+    ],
+)
 def test_refusals_have_the_one_error_shape(llama, payload, status, code):
     response = client_for(operator()).post(RESTART, payload, format="json")
     assert response.status_code == status, response.content
@@ -112,6 +139,10 @@ def test_cancel_needs_the_permission_ends_a_queued_restart_and_is_audited(llama)
 
 def test_the_restart_endpoints_are_in_the_openapi_schema():
     schema = client_for(b.user()).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
-    assert {"/api/models/{name}/restart/", "/api/operations/", "/api/operations/{id}/",
-            "/api/operations/{id}/cancel/"} <= set(schema["paths"])
+    assert {
+        "/api/models/{name}/restart/",
+        "/api/operations/",
+        "/api/operations/{id}/",
+        "/api/operations/{id}/cancel/",
+    } <= set(schema["paths"])
     assert "202" in schema["paths"]["/api/models/{name}/restart/"]["post"]["responses"]

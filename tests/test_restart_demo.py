@@ -19,28 +19,48 @@ pytestmark = pytest.mark.django_db
 
 
 def test_the_demo_agent_has_the_nodes_cards_and_runs_every_engine_as_the_stand_in(tmp_path):
-    node = b.node("gpu-l1", cards=2, agent_url=f"http://127.0.0.1:{free_port()}", agent_token="demo-token-gpu-l1")
+    node = b.node(
+        "gpu-l1", cards=2, agent_url=f"http://127.0.0.1:{free_port()}", agent_token="demo-token-gpu-l1"
+    )
     config = tmp_path / "agent.toml"
     config.write_text(agent_config(node, tmp_path))
-    agent = subprocess.Popen([sys.executable, "-m", "llmgw_agent", "--config", str(config)], cwd=REPO_ROOT,
-                             env={"PYTHONPATH": str(AGENT_DIR), "PATH": "/usr/bin:/bin"},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "llmgw_agent", "--config", str(config)],
+        cwd=REPO_ROOT,
+        env={"PYTHONPATH": str(AGENT_DIR), "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        http = httpx.Client(base_url=node.agent_url, headers={"Authorization": "Bearer demo-token-gpu-l1"},
-                            timeout=10, trust_env=False)
+        http = httpx.Client(
+            base_url=node.agent_url,
+            headers={"Authorization": "Bearer demo-token-gpu-l1"},
+            timeout=10,
+            trust_env=False,
+        )
         wait_until(lambda: _healthy(http), timeout=15, what="the demo agent")
         cards = http.get("/v1/node").json()["cards"]
-        assert [(c["index"], c["name"], c["memory_mib"]) for c in cards] == [(0, "h100-80g", 81559),
-                                                                             (1, "h100-80g", 81559)]
+        assert [(c["index"], c["name"], c["memory_mib"]) for c in cards] == [
+            (0, "h100-80g", 81559),
+            (1, "h100-80g", 81559),
+        ]
         # A FreeToken profile passes the agent's own refusals (the registry's launch template first).
         model = b.llama_8b("gpt-oss-20b")
-        profile = Profile.objects.create(model=model, name="l40s", engine="freetoken", gpu_class=b.gpu_class(),
-                                         args=["--max-seq-len-override", "32768"],
-                                         env={"STANDIN_LOAD_SECONDS": "0.2"})
+        profile = Profile.objects.create(
+            model=model,
+            name="l40s",
+            engine="freetoken",
+            gpu_class=b.gpu_class(),
+            args=["--max-seq-len-override", "32768"],
+            env={"STANDIN_LOAD_SECONDS": "0.2"},
+        )
         spec = profile_spec(profile, port=free_port(), cards=[1])
         assert http.put("/v1/replicas/gpt-1", json=spec).status_code == 201
-        wait_until(lambda: http.get("/v1/replicas/gpt-1").json()["state"] == "ready", timeout=15,
-                   what="the FreeToken stand-in to be ready")
+        wait_until(
+            lambda: http.get("/v1/replicas/gpt-1").json()["state"] == "ready",
+            timeout=15,
+            what="the FreeToken stand-in to be ready",
+        )
         assert set(engines.registry()) <= set(config.read_text().split('"')[1::2])
     finally:
         agent.terminate()

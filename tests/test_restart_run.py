@@ -23,7 +23,10 @@ from tests.restart_support import (  # noqa: F401 - fixtures
     sampling_ready,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast_restarts", "audit_flushable")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("fast_restarts", "audit_flushable"),
+]
 
 
 def steps_of(op: RestartOperation) -> list[RestartStep]:
@@ -32,8 +35,11 @@ def steps_of(op: RestartOperation) -> list[RestartStep]:
 
 def test_a_rolling_restart_replaces_every_replica_and_never_has_fewer_ready(tmp_path, actor):
     with fleet_of(tmp_path) as fleet:
-        old = [fleet.start("llama-1", "gpu-a", [0]), fleet.start("llama-2", "gpu-a", [1]),
-               fleet.start("llama-3", "gpu-b", [0])]
+        old = [
+            fleet.start("llama-1", "gpu-a", [0]),
+            fleet.start("llama-2", "gpu-a", [1]),
+            fleet.start("llama-3", "gpu-b", [0]),
+        ]
         profile = fleet.change_profile(args=["--max-num-seqs", "8"])
         op = restart_start(model_name=MODEL, max_parallel=2, ready_timeout=30)
         with sampling_ready(fleet) as samples:
@@ -42,7 +48,11 @@ def test_a_rolling_restart_replaces_every_replica_and_never_has_fewer_ready(tmp_
         assert samples and min(samples) >= 3, samples  # never below where it started
         assert max(samples) >= 4  # a replacement was ready before its old replica stopped
         op.refresh_from_db()
-        assert (op.state, op.finished_at is not None, op.worker.startswith("worker:")) == ("succeeded", True, True)
+        assert (op.state, op.finished_at is not None, op.worker.startswith("worker:")) == (
+            "succeeded",
+            True,
+            True,
+        )
         assert op.reason.startswith("3 of 3 replica(s) restarted")
         for step in steps_of(op):
             assert step.state == "succeeded" and not step.in_place, step.reason
@@ -50,13 +60,16 @@ def test_a_rolling_restart_replaces_every_replica_and_never_has_fewer_ready(tmp_
             assert (new.state, new.revision) == ("ready", profile.revision)
             assert answers(new.port)
             assert set(Shard.objects.filter(replica=new).values_list("card__node__name", "card__index")) == {
-                (step.node, step.cards[0])}
+                (step.node, step.cards[0])
+            }
             state = fleet.agents[step.node].replica(new.name)
             assert "--max-num-seqs" in state["args"]
         for replica in old:
             replica.refresh_from_db()
             assert replica.state == "stopped" and not replica.shards.exists()
-        assert fleet.ready_on_agents() == {"gpu-a": 2, "gpu-b": 1} or sum(fleet.ready_on_agents().values()) == 3
+        assert (
+            fleet.ready_on_agents() == {"gpu-a": 2, "gpu-b": 1} or sum(fleet.ready_on_agents().values()) == 3
+        )
         assert_nothing_half_done()
 
     # Audited by the worker, naming the operator who asked.
@@ -64,7 +77,10 @@ def test_a_rolling_restart_replaces_every_replica_and_never_has_fewer_ready(tmp_
     assert {e.action for e in entries} >= {"start", "ready", "stop", "restart_finish"}
     assert all("asked by pytest" in e.message for e in entries)
     assert AuditEntry.objects.get(action="restart_start").actor == "pytest"
-    assert AuditEntry.objects.filter(action="stop", object_key__in=["llama-1", "llama-2", "llama-3"]).count() == 3
+    assert (
+        AuditEntry.objects.filter(action="stop", object_key__in=["llama-1", "llama-2", "llama-3"]).count()
+        == 3
+    )
     assert verify_chain() == []
 
 
@@ -82,7 +98,8 @@ def test_best_fit_puts_the_replacement_on_the_node_with_the_fewest_free_cards_th
 
 
 def test_the_replacement_goes_where_the_models_other_replicas_are_not_even_if_that_fits_less_tightly(
-        tmp_path, actor):
+    tmp_path, actor
+):
     with fleet_of(tmp_path) as fleet:
         fleet.start("llama-1", "gpu-b", [0])
         fleet.start("llama-2", "gpu-b", [1])
@@ -191,7 +208,9 @@ def test_an_old_replica_whose_agent_is_gone_fails_its_step_and_what_succeeded_st
         first = fleet.start("llama-1", "gpu-a", [0])
         second = fleet.start("llama-2", "gpu-b", [0])
         # gpu-b's other cards are held (by another model), so llama-2's replacement goes beside llama-1's.
-        b.replica(b.profile(b.llama_8b("filler")), fleet.nodes["gpu-b"], [1, 2, 3], name="filler-1", port=8999)
+        b.replica(
+            b.profile(b.llama_8b("filler")), fleet.nodes["gpu-b"], [1, 2, 3], name="filler-1", port=8999
+        )
         fleet.change_profile(args=["--max-num-seqs", "8"])
         fleet.agents["gpu-b"].stop()  # llama-2 is recorded ready on a node whose agent is down
         op = restart_start(model_name=MODEL, ready_timeout=20)
@@ -199,13 +218,17 @@ def test_an_old_replica_whose_agent_is_gone_fails_its_step_and_what_succeeded_st
 
         one, two = steps_of(op)
         assert one.state == "succeeded" and one.node == "gpu-a", one.reason
-        assert two.state == "failed" and two.node == "gpu-a", two.reason  # the replacement ran beside llama-1's
+        assert two.state == "failed" and two.node == "gpu-a", (
+            two.reason
+        )  # the replacement ran beside llama-1's
         assert f"{two.new_replica.name} is ready, but llama-2 could not be stopped" in two.reason
         assert "The agent of node gpu-b" in two.reason and "is the agent running?" in two.reason, two.reason
         first.refresh_from_db()
         second.refresh_from_db()
         assert first.state == "stopped"
-        assert second.state == "ready" and second.shards.exists()  # still recorded as running: the truth we know
+        assert (
+            second.state == "ready" and second.shards.exists()
+        )  # still recorded as running: the truth we know
         assert two.new_replica.state == "ready" and answers(two.new_replica.port)
         op.refresh_from_db()
         assert op.reason.startswith("1 of 2 replica(s) restarted; llama-2: ")

@@ -44,23 +44,31 @@ def test_the_stale_replicas_are_restarted_by_default_with_one_step_each(llama, a
     assert (op.state, op.in_place, op.max_parallel, op.ready_timeout) == ("queued", None, 1, 600)
     assert (op.requested_by_name, op.via, op.requested_by) == ("pytest", "cli", None)
     assert [(s.old_replica.name, s.state) for s in op.steps.order_by("id")] == [
-        ("llama-1", "pending"), ("llama-3", "pending")]
+        ("llama-1", "pending"),
+        ("llama-3", "pending"),
+    ]
     entry = AuditEntry.objects.get(action="restart_start")
-    assert (entry.actor, entry.via, entry.object_type, entry.object_key) == ("pytest", "cli", "restartoperation",
-                                                                             str(op.pk))
+    assert (entry.actor, entry.via, entry.object_type, entry.object_key) == (
+        "pytest",
+        "cli",
+        "restartoperation",
+        str(op.pk),
+    )
     assert entry.after["replicas"] == ["llama-1", "llama-3"]
     assert "asked by pytest" in entry.message
 
 
 def test_named_live_replicas_are_restarted_even_when_current(llama, actor):
-    op = restart_start(model_name=MODEL, replicas=["llama-2", "llama-2"], in_place=True, max_parallel=2,
-                       ready_timeout=30)
+    op = restart_start(
+        model_name=MODEL, replicas=["llama-2", "llama-2"], in_place=True, max_parallel=2, ready_timeout=30
+    )
     assert [s.old_replica.name for s in op.steps.all()] == ["llama-2"]
     assert (op.in_place, op.mode) == (True, "in place")
 
 
-def test_the_task_is_enqueued_when_the_transaction_commits_not_before(llama, actor,
-                                                                      django_capture_on_commit_callbacks):
+def test_the_task_is_enqueued_when_the_transaction_commits_not_before(
+    llama, actor, django_capture_on_commit_callbacks
+):
     make_stale(llama, "llama-1")
     with django_capture_on_commit_callbacks(execute=False) as callbacks, transaction.atomic():
         op = restart_start(model_name=MODEL)
@@ -71,15 +79,18 @@ def test_the_task_is_enqueued_when_the_transaction_commits_not_before(llama, act
     assert DBTaskResult.objects.get(id=op.task_id).args_kwargs == {"args": [op.pk], "kwargs": {}}
 
 
-@pytest.mark.parametrize(("kwargs", "code", "status"), [
-    ({"model_name": "nope"}, "not_found", 404),
-    ({"model_name": MODEL}, "nothing_to_restart", 409),
-    ({"model_name": MODEL, "replicas": ["ghost"]}, "not_found", 404),
-    ({"model_name": MODEL, "replicas": ["other-1"]}, "other_model", 400),
-    ({"model_name": MODEL, "replicas": ["llama-stopped"]}, "not_live", 409),
-    ({"model_name": MODEL, "replicas": ["llama-1"], "max_parallel": 0}, "invalid", 400),
-    ({"model_name": MODEL, "replicas": ["llama-1"], "ready_timeout": 0}, "invalid", 400),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "code", "status"),
+    [
+        ({"model_name": "nope"}, "not_found", 404),
+        ({"model_name": MODEL}, "nothing_to_restart", 409),
+        ({"model_name": MODEL, "replicas": ["ghost"]}, "not_found", 404),
+        ({"model_name": MODEL, "replicas": ["other-1"]}, "other_model", 400),
+        ({"model_name": MODEL, "replicas": ["llama-stopped"]}, "not_live", 409),
+        ({"model_name": MODEL, "replicas": ["llama-1"], "max_parallel": 0}, "invalid", 400),
+        ({"model_name": MODEL, "replicas": ["llama-1"], "ready_timeout": 0}, "invalid", 400),
+    ],
+)
 def test_refusals_say_why_and_save_nothing(llama, actor, kwargs, code, status):
     other = b.profile(b.llama_8b("other"), "h100")
     b.replica(other, b.node("gpu-2", cards=1), [0], name="other-1")
@@ -150,7 +161,9 @@ def test_the_command_shows_the_end_of_a_restart_and_exits_1_unless_it_succeeded(
     def start_and_end(**kwargs):  # the worker's part, done at once
         op = real_start(**kwargs)
         op.steps.update(state="failed", reason="llama-r9 was not ready within 1 s (loading).")
-        RestartOperation.objects.filter(pk=op.pk).update(state="failed", reason="0 of 1 replica(s) restarted.")
+        RestartOperation.objects.filter(pk=op.pk).update(
+            state="failed", reason="0 of 1 replica(s) restarted."
+        )
         return op
 
     monkeypatch.setattr(command, "restart_start", start_and_end)

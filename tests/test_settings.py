@@ -16,10 +16,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_", "ALLOWED_", "CSRF_",
-                                                                    "SECURE_"))}
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **env},
-                          capture_output=True, text=True, timeout=120)
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "DATABASE_", "ALLOWED_", "CSRF_", "SECURE_"))
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize(("helper", "value"), [(env_bool, "maybe"), (env_int, "ten"), (env_list, "a,,b")])
@@ -36,9 +45,16 @@ def test_production_refuses_to_start_without_a_secret_key():
 
 
 def test_check_deploy_reports_nothing_with_production_settings(tmp_path):
-    result = manage("check", "--deploy", "--fail-level", "WARNING",
-                    DJANGO_SECRET_KEY="k3-9fQ_zp7Lw2mXc8vRt5yBn1aHs4dJg6eUo0iKl_QwErTyUi-7Zx2Vb", ALLOWED_HOSTS="llmgw.example.org",
-                    CSRF_TRUSTED_ORIGINS="https://llmgw.example.org", DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    result = manage(
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        DJANGO_SECRET_KEY="k3-9fQ_zp7Lw2mXc8vRt5yBn1aHs4dJg6eUo0iKl_QwErTyUi-7Zx2Vb",
+        ALLOWED_HOSTS="llmgw.example.org",
+        CSRF_TRUSTED_ORIGINS="https://llmgw.example.org",
+        DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3",
+    )
     assert result.returncode == 0, result.stderr
     assert "no issues" in result.stdout
 
@@ -49,6 +65,11 @@ def test_a_csrf_origin_without_a_scheme_is_refused():
 
 
 def test_a_database_url_selects_postgresql():
-    result = manage("shell", "-c", "from django.db import connection; print(connection.vendor)", DJANGO_DEBUG="1",
-                    DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres")
+    result = manage(
+        "shell",
+        "-c",
+        "from django.db import connection; print(connection.vendor)",
+        DJANGO_DEBUG="1",
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres",
+    )
     assert result.stdout.strip().splitlines()[-1] == "postgresql", result.stderr

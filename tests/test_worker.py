@@ -52,7 +52,8 @@ def launches(fleet, name: str) -> int:  # type: ignore[no-untyped-def]
 
 def stale(op: RestartOperation, worker: str = "worker:gone-1") -> None:
     RestartOperation.objects.filter(pk=op.pk).update(
-        state="running", worker=worker, heartbeat_at=timezone.now() - timedelta(minutes=5), attempts=1)
+        state="running", worker=worker, heartbeat_at=timezone.now() - timedelta(minutes=5), attempts=1
+    )
 
 
 # --- claiming, in this process ---------------------------------------------------------------------
@@ -87,7 +88,9 @@ def test_a_claimed_operation_cannot_be_claimed_again_until_its_heartbeat_is_stal
 
 
 @pytest.mark.django_db
-def test_the_sweep_enqueues_a_run_only_for_operations_no_live_worker_holds(actor, django_capture_on_commit_callbacks):
+def test_the_sweep_enqueues_a_run_only_for_operations_no_live_worker_holds(
+    actor, django_capture_on_commit_callbacks
+):
     from tests import builders as b
 
     node = b.node("gpu-1", cards=4)
@@ -96,12 +99,17 @@ def test_the_sweep_enqueues_a_run_only_for_operations_no_live_worker_holds(actor
         op = restart_start(model_name=MODEL, replicas=["llama-1"])
     op.refresh_from_db()
     task = DBTaskResult.objects.get(id=op.task_id)
-    assert (task.task_path, task.args_kwargs["args"], task.status) == ("catalog.tasks.run_restart", [op.pk], "READY")
+    assert (task.task_path, task.args_kwargs["args"], task.status) == (
+        "catalog.tasks.run_restart",
+        [op.pk],
+        "READY",
+    )
     assert DBTaskResult.objects.filter(task_path="catalog.tasks.sweep_restarts", status="READY").count() == 1
 
     assert operations_sweep() == []  # queued, and its run waits for a worker
-    RestartOperation.objects.filter(pk=op.pk).update(state="running", worker="worker:x-1",
-                                                     heartbeat_at=timezone.now(), attempts=1)
+    RestartOperation.objects.filter(pk=op.pk).update(
+        state="running", worker="worker:x-1", heartbeat_at=timezone.now(), attempts=1
+    )
     DBTaskResult.objects.filter(id=op.task_id).update(status="RUNNING", started_at=timezone.now())
     assert operations_sweep() == []  # alive
 
@@ -140,7 +148,9 @@ def test_a_step_left_waiting_by_a_dead_worker_is_resumed_without_starting_its_re
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("audit_flushable")
-def test_an_operation_taken_over_too_often_is_failed_with_its_steps_in_flight_rolled_back(tmp_path, actor, settings):
+def test_an_operation_taken_over_too_often_is_failed_with_its_steps_in_flight_rolled_back(
+    tmp_path, actor, settings
+):
     settings.LLMGW_OPERATION_MAX_ATTEMPTS = 2
     with fleet_of(tmp_path) as fleet:
         old = fleet.start("llama-1", "gpu-a", [0])
@@ -186,14 +196,21 @@ def test_cancelling_a_queued_restart_ends_it_at_once_and_is_audited(actor):
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_killed_mid_restart_is_taken_over_and_the_restart_completes(tmp_path, actor, settings):
     with fleet_of(tmp_path, load_seconds=0.5) as fleet:
-        old = [fleet.start("llama-1", "gpu-a", [0]), fleet.start("llama-2", "gpu-b", [0]),
-               fleet.start("llama-3", "gpu-b", [1])]
+        old = [
+            fleet.start("llama-1", "gpu-a", [0]),
+            fleet.start("llama-2", "gpu-b", [0]),
+            fleet.start("llama-3", "gpu-b", [1]),
+        ]
         fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "2"})
         base = settings.LLMGW_REPLICA_PORT_BASE
         with db_worker(tmp_path, "worker-a", port_base=base) as first:
             op = restart_start(model_name=MODEL, ready_timeout=60)
-            wait_until(lambda: RestartStep.objects.filter(operation=op, state="waiting").exists(), timeout=60,
-                       interval=0.1, what="a step waiting for its replacement")
+            wait_until(
+                lambda: RestartStep.objects.filter(operation=op, state="waiting").exists(),
+                timeout=60,
+                interval=0.1,
+                what="a step waiting for its replacement",
+            )
             victim = RestartOperation.objects.get(pk=op.pk).worker
             os.kill(first.process.pid, signal.SIGKILL)
             first.process.wait(timeout=10)
@@ -228,12 +245,21 @@ def test_two_workers_never_run_the_same_operation(tmp_path, actor, settings):
         enqueue_restart(op.pk)
         with db_worker(tmp_path, "worker-a", port_base=base), db_worker(tmp_path, "worker-b", port_base=base):
             op = wait_for_operation(op.pk, timeout=60)
-            wait_until(lambda: not DBTaskResult.objects.filter(task_path=run_restart.module_path,
-                                                                status__in=["READY", "RUNNING"]).exists(),
-                       timeout=30, what="every queued run to be done")
+            wait_until(
+                lambda: (
+                    not DBTaskResult.objects.filter(
+                        task_path=run_restart.module_path, status__in=["READY", "RUNNING"]
+                    ).exists()
+                ),
+                timeout=30,
+                what="every queued run to be done",
+            )
         assert op.state == "succeeded" and op.attempts == 1, op.reason
-        results = sorted(DBTaskResult.objects.filter(task_path=run_restart.module_path)
-                         .values_list("return_value", flat=True))
+        results = sorted(
+            DBTaskResult.objects.filter(task_path=run_restart.module_path).values_list(
+                "return_value", flat=True
+            )
+        )
         assert results == ["not_claimed", "not_claimed", "succeeded"]
         for step in op.steps.select_related("new_replica"):
             assert launches(fleet, step.new_replica.name) == 1
@@ -243,13 +269,17 @@ def test_two_workers_never_run_the_same_operation(tmp_path, actor, settings):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_the_restart_command_waits_for_the_worker_and_its_exit_code_follows_the_outcome(tmp_path, actor, settings):
+def test_the_restart_command_waits_for_the_worker_and_its_exit_code_follows_the_outcome(
+    tmp_path, actor, settings
+):
     with fleet_of(tmp_path) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         fleet.change_profile(args=["--max-num-seqs", "8"])
         with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE):
             out = StringIO()
-            call_command("restart", MODEL, "--ready-timeout", "30", "--as", "ops-bot", stdout=out, stderr=StringIO())
+            call_command(
+                "restart", MODEL, "--ready-timeout", "30", "--as", "ops-bot", stdout=out, stderr=StringIO()
+            )
             assert "llama-1 -> llama-r" in out.getvalue() and "Succeeded" in out.getvalue()
             assert "1 of 1 replica(s) restarted" in out.getvalue()
 
@@ -260,5 +290,7 @@ def test_the_restart_command_waits_for_the_worker_and_its_exit_code_follows_the_
         assert failed.value.returncode == 1
         assert "was not ready within 1 s" in str(failed.value)
         assert "failed: " in out.getvalue()
-        assert RestartOperation.objects.filter(requested_by_name="ops-bot", via="cli", state="succeeded").exists()
+        assert RestartOperation.objects.filter(
+            requested_by_name="ops-bot", via="cli", state="succeeded"
+        ).exists()
         assert_nothing_half_done()

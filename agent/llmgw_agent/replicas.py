@@ -54,6 +54,7 @@ def port_free(port: int) -> bool:
             return False
     return True
 
+
 log = logging.getLogger("llmgw_agent")
 
 STARTING, LOADING, READY, FAILED, STOPPED = "starting", "loading", "ready", "failed", "stopped"

@@ -30,7 +30,9 @@ class OperationInput(serializers.Serializer):
     """Refuses fields it does not know, so a misspelt option is not silently ignored."""
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        unknown = (
+            sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        )
         if unknown:
             raise serializers.ValidationError(
                 f"unknown field(s) {', '.join(unknown)}; this operation takes {', '.join(self.fields)}."
@@ -40,13 +42,22 @@ class OperationInput(serializers.Serializer):
 
 class ResizeInput(OperationInput):
     gpus = StrictIntegerField(help_text="Cards one replica is to use, 1 to 64.")
-    profile = serializers.CharField(required=False, allow_blank=True, default="",
-                                    help_text="The profile to change; needed when the model has several on cards.")
-    in_place = serializers.BooleanField(required=False, default=False,
-                                        help_text="Stop each replica before its replacement starts, when no node "
-                                                  "has the cards free beside it. The model does not answer while "
-                                                  "the new one loads.")
-    dry_run = serializers.BooleanField(required=False, default=False, help_text="Run every check, save nothing.")
+    profile = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="The profile to change; needed when the model has several on cards.",
+    )
+    in_place = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Stop each replica before its replacement starts, when no node "
+        "has the cards free beside it. The model does not answer while "
+        "the new one loads.",
+    )
+    dry_run = serializers.BooleanField(
+        required=False, default=False, help_text="Run every check, save nothing."
+    )
 
 
 class ContextInput(OperationInput):
@@ -88,8 +99,11 @@ class ChangeSerializer(serializers.Serializer):
     note = serializers.CharField(allow_blank=True, help_text="What could not be checked, said once.")
     memory = MemorySerializer(allow_null=True)
     room = RoomSerializer(allow_null=True)
-    operation = serializers.IntegerField(allow_null=True, help_text="The restart operation started for the "
-                                         "replicas on the old revision (GET /api/operations/{id}/), if any.")
+    operation = serializers.IntegerField(
+        allow_null=True,
+        help_text="The restart operation started for the "
+        "replicas on the old revision (GET /api/operations/{id}/), if any.",
+    )
 
 
 class ChangeErrorSerializer(serializers.Serializer):
@@ -99,13 +113,19 @@ class ChangeErrorSerializer(serializers.Serializer):
 
 
 _refusals = {
-    400: OpenApiResponse(ChangeErrorSerializer, description="Refused by a rule: gpus_range, no_profile, cpu_only, "
-                         "ambiguous_profile, unchanged, capability, heads, single_card_engine, memory, "
-                         "context_range, or invalid input"),
-    403: OpenApiResponse(ChangeErrorSerializer, description="Not signed in, or without the resize permission"),
+    400: OpenApiResponse(
+        ChangeErrorSerializer,
+        description="Refused by a rule: gpus_range, no_profile, cpu_only, "
+        "ambiguous_profile, unchanged, capability, heads, single_card_engine, memory, "
+        "context_range, or invalid input",
+    ),
+    403: OpenApiResponse(
+        ChangeErrorSerializer, description="Not signed in, or without the resize permission"
+    ),
     404: OpenApiResponse(ChangeErrorSerializer, description="not_found"),
-    409: OpenApiResponse(ChangeErrorSerializer, description="declared, busy, no_class, too_few_cards, no_room, "
-                         "no_room_beside"),
+    409: OpenApiResponse(
+        ChangeErrorSerializer, description="declared, busy, no_class, too_few_cards, no_room, no_room_beside"
+    ),
 }
 
 
@@ -113,7 +133,9 @@ class ResizeView(APIView):
     permission_classes = [CanResize]
 
     @extend_schema(
-        operation_id="models_gpus", request=ResizeInput, responses={200: ChangeSerializer, **_refusals},
+        operation_id="models_gpus",
+        request=ResizeInput,
+        responses={200: ChangeSerializer, **_refusals},
         summary="Resize a model to N cards",
         examples=[OpenApiExample("four cards", value={"gpus": 4, "dry_run": True}, request_only=True)],
     )
@@ -121,8 +143,13 @@ class ResizeView(APIView):
         data = ResizeInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
-        change = model_resize(name=name, gpus=v["gpus"], profile=v["profile"] or None, in_place=v["in_place"],
-                              dry_run=v["dry_run"])
+        change = model_resize(
+            name=name,
+            gpus=v["gpus"],
+            profile=v["profile"] or None,
+            in_place=v["in_place"],
+            dry_run=v["dry_run"],
+        )
         return Response(change.as_dict())
 
 
@@ -130,13 +157,20 @@ class ContextView(APIView):
     permission_classes = [CanResize]
 
     @extend_schema(
-        operation_id="models_context", request=ContextInput, responses={200: ChangeSerializer, **_refusals},
+        operation_id="models_context",
+        request=ContextInput,
+        responses={200: ChangeSerializer, **_refusals},
         summary="Change a model's context length",
     )
     def post(self, request: Request, name: str) -> Response:
         data = ContextInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
-        change = model_set_context(name=name, tokens=v["tokens"], profile=v["profile"] or None,
-                                   in_place=v["in_place"], dry_run=v["dry_run"])
+        change = model_set_context(
+            name=name,
+            tokens=v["tokens"],
+            profile=v["profile"] or None,
+            in_place=v["in_place"],
+            dry_run=v["dry_run"],
+        )
         return Response(change.as_dict())

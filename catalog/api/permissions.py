@@ -26,7 +26,9 @@ class CanResize(permissions.BasePermission):
     message = "You need the 'resize model' permission to resize a model or change its context."
 
     def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
-        return bool(request.user and request.user.is_authenticated and request.user.has_perm("catalog.resize_model"))
+        return bool(
+            request.user and request.user.is_authenticated and request.user.has_perm("catalog.resize_model")
+        )
 
 
 class CanRestart(permissions.BasePermission):

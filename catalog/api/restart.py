@@ -23,7 +23,9 @@ from catalog.services.restart import MAX_PARALLEL, MAX_READY_TIMEOUT, operation_
 class StrictNumberField(serializers.FloatField):
     """A JSON number: "600" and true are refused, not coerced."""
 
-    default_error_messages = {"invalid": "must be a number of seconds (a JSON number such as 600), not {kind}."}
+    default_error_messages = {
+        "invalid": "must be a number of seconds (a JSON number such as 600), not {kind}."
+    }
 
     def to_internal_value(self, data: Any) -> float:
         if isinstance(data, bool) or not isinstance(data, int | float):
@@ -34,19 +36,33 @@ class StrictNumberField(serializers.FloatField):
 
 class RestartInput(OperationInput):
     replicas = serializers.ListField(
-        child=serializers.CharField(), required=False, allow_empty=False,
+        child=serializers.CharField(),
+        required=False,
+        allow_empty=False,
         help_text="Live replicas of the model to restart. Default: the ones running an older profile revision.",
     )
     in_place = serializers.BooleanField(
-        required=False, allow_null=True, default=None,
+        required=False,
+        allow_null=True,
+        default=None,
         help_text="true: stop each replica before its replacement starts on the freed cards (the model does not "
-                  "answer while the new one loads). false: rolling only. Omitted: rolling where a node has room "
-                  "beside, in place where not.",
+        "answer while the new one loads). false: rolling only. Omitted: rolling where a node has room "
+        "beside, in place where not.",
     )
-    max_parallel = StrictIntegerField(required=False, default=1, min_value=1, max_value=MAX_PARALLEL,
-                                      help_text="Replicas restarted at once.")
-    ready_timeout = StrictNumberField(required=False, default=600, min_value=1, max_value=MAX_READY_TIMEOUT,
-                                      help_text="Seconds a replacement has to become ready before its step fails.")
+    max_parallel = StrictIntegerField(
+        required=False,
+        default=1,
+        min_value=1,
+        max_value=MAX_PARALLEL,
+        help_text="Replicas restarted at once.",
+    )
+    ready_timeout = StrictNumberField(
+        required=False,
+        default=600,
+        min_value=1,
+        max_value=MAX_READY_TIMEOUT,
+        help_text="Seconds a replacement has to become ready before its step fails.",
+    )
 
 
 class RestartStepSerializer(serializers.ModelSerializer):
@@ -56,37 +72,72 @@ class RestartStepSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RestartStep
-        fields = ["id", "old_replica", "new_replica", "node", "cards", "in_place", "state", "reason", "started_at",
-                  "finished_at"]
+        fields = [
+            "id",
+            "old_replica",
+            "new_replica",
+            "node",
+            "cards",
+            "in_place",
+            "state",
+            "reason",
+            "started_at",
+            "finished_at",
+        ]
 
 
 class RestartOperationSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", read_only=True)
     profile = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    requested_by = serializers.CharField(source="requested_by_name", read_only=True,
-                                         help_text="Who asked (the user, or the command's name).")
+    requested_by = serializers.CharField(
+        source="requested_by_name", read_only=True, help_text="Who asked (the user, or the command's name)."
+    )
     mode = serializers.CharField(read_only=True)
     steps = RestartStepSerializer(many=True, read_only=True)
 
     class Meta:
         model = RestartOperation
-        fields = ["id", "model", "profile", "state", "mode", "in_place", "max_parallel", "ready_timeout",
-                  "requested_by", "via", "reason", "created_at", "started_at", "finished_at", "heartbeat_at", "worker",
-                  "attempts", "cancel_requested", "steps"]
+        fields = [
+            "id",
+            "model",
+            "profile",
+            "state",
+            "mode",
+            "in_place",
+            "max_parallel",
+            "ready_timeout",
+            "requested_by",
+            "via",
+            "reason",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "heartbeat_at",
+            "worker",
+            "attempts",
+            "cancel_requested",
+            "steps",
+        ]
 
 
 def operations_queryset() -> QuerySet[RestartOperation]:
     steps = RestartStep.objects.select_related("old_replica", "new_replica").order_by("id")
-    return RestartOperation.objects.select_related("model", "profile").prefetch_related(Prefetch("steps", steps))
+    return RestartOperation.objects.select_related("model", "profile").prefetch_related(
+        Prefetch("steps", steps)
+    )
 
 
 _refusals = {
-    400: OpenApiResponse(ErrorSerializer, description="invalid input, other_model, cpu_only, multi_node, "
-                                                      "several_profiles, unknown_engine"),
+    400: OpenApiResponse(
+        ErrorSerializer,
+        description="invalid input, other_model, cpu_only, multi_node, several_profiles, unknown_engine",
+    ),
     403: OpenApiResponse(ErrorSerializer, description="Not signed in, or without the restart permission"),
     404: OpenApiResponse(ErrorSerializer, description="not_found: no such model or replica"),
-    409: OpenApiResponse(ErrorSerializer, description="busy (a restart of the model is under way), "
-                                                      "nothing_to_restart, not_live"),
+    409: OpenApiResponse(
+        ErrorSerializer,
+        description="busy (a restart of the model is under way), nothing_to_restart, not_live",
+    ),
 }
 
 
@@ -94,19 +145,25 @@ class RestartView(APIView):
     permission_classes = [CanRestart]
 
     @extend_schema(
-        operation_id="models_restart", request=RestartInput,
+        operation_id="models_restart",
+        request=RestartInput,
         responses={202: RestartOperationSerializer, **_refusals},
         summary="Restart a model's replicas through the node agents",
         description="Starts an operation and answers at once (202); a worker runs it. Follow it at "
-                    "/api/operations/{id}/.",
+        "/api/operations/{id}/.",
         examples=[OpenApiExample("two at a time", value={"max_parallel": 2}, request_only=True)],
     )
     def post(self, request: Request, name: str) -> Response:
         data = RestartInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
-        operation = restart_start(model_name=name, replicas=v.get("replicas"), in_place=v["in_place"],
-                                  max_parallel=v["max_parallel"], ready_timeout=v["ready_timeout"])
+        operation = restart_start(
+            model_name=name,
+            replicas=v.get("replicas"),
+            in_place=v["in_place"],
+            max_parallel=v["max_parallel"],
+            ready_timeout=v["ready_timeout"],
+        )
         operation = operations_queryset().get(pk=operation.pk)
         return Response(RestartOperationSerializer(operation).data, status=status.HTTP_202_ACCEPTED)
 
@@ -130,11 +187,14 @@ class OperationViewSet(viewsets.ReadOnlyModelViewSet):
     lookup_value_regex = r"\d+"
 
     @extend_schema(
-        request=None, summary="Cancel a restart: the steps under way finish, the others do not start",
-        responses={200: RestartOperationSerializer,
-                   403: OpenApiResponse(ErrorSerializer, description="Without the restart permission"),
-                   404: OpenApiResponse(ErrorSerializer, description="not_found"),
-                   409: OpenApiResponse(ErrorSerializer, description="finished: it has already ended")},
+        request=None,
+        summary="Cancel a restart: the steps under way finish, the others do not start",
+        responses={
+            200: RestartOperationSerializer,
+            403: OpenApiResponse(ErrorSerializer, description="Without the restart permission"),
+            404: OpenApiResponse(ErrorSerializer, description="not_found"),
+            409: OpenApiResponse(ErrorSerializer, description="finished: it has already ended"),
+        },
     )
     @action(detail=True, methods=["post"], permission_classes=[CanRestart])
     def cancel(self, request: Request, pk: str | None = None) -> Response:

@@ -55,8 +55,21 @@ class ProfileSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Profile
-        fields = ["id", "model", "name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env",
-                  "revision", "cards"]
+        fields = [
+            "id",
+            "model",
+            "name",
+            "engine",
+            "gpu_class",
+            "gpus_per_node",
+            "tp",
+            "nodes",
+            "pp",
+            "args",
+            "env",
+            "revision",
+            "cards",
+        ]
         read_only_fields = ["revision"]
         validators: list[Any] = []  # uniqueness is the service's and the database's to say
 
@@ -66,8 +79,19 @@ class ProfileInModelSerializer(ProfileSerializer):
         fields = [f for f in ProfileSerializer.Meta.fields if f != "model"]
 
 
-SHAPE_FIELDS = ["layers", "attention_heads", "kv_heads", "head_dim", "dtype", "attention", "kv_bytes_per_token",
-                "weight_bytes", "expert_bytes", "sliding_window", "sliding_layers"]
+SHAPE_FIELDS = [
+    "layers",
+    "attention_heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "attention",
+    "kv_bytes_per_token",
+    "weight_bytes",
+    "expert_bytes",
+    "sliding_window",
+    "sliding_layers",
+]
 
 
 class ServedModelSerializer(serializers.ModelSerializer):
@@ -75,7 +99,16 @@ class ServedModelSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ServedModel
-        fields = ["id", "name", "source", "context_length", *SHAPE_FIELDS, "declared", "declared_in", "profiles"]
+        fields = [
+            "id",
+            "name",
+            "source",
+            "context_length",
+            *SHAPE_FIELDS,
+            "declared",
+            "declared_in",
+            "profiles",
+        ]
         read_only_fields = ["declared", "declared_in"]
 
 

@@ -36,14 +36,24 @@ class DemoModel:
 
 
 MODELS = [
-    DemoModel("llama-3.1-8b", "meta-llama__Llama-3.1-8B-Instruct.json", "meta-llama/Llama-3.1-8B-Instruct",
-              16060522496),
+    DemoModel(
+        "llama-3.1-8b",
+        "meta-llama__Llama-3.1-8B-Instruct.json",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        16060522496,
+    ),
     DemoModel("qwen3-30b-a3b", "Qwen__Qwen3-30B-A3B.json", "Qwen/Qwen3-30B-A3B", 61064245248),
     # Derived (parameters x 2 bytes): its index is not in the fixtures.
-    DemoModel("deepseek-v2-lite", "deepseek-ai__DeepSeek-V2-Lite.json", "deepseek-ai/DeepSeek-V2-Lite", 31412968448),
+    DemoModel(
+        "deepseek-v2-lite", "deepseek-ai__DeepSeek-V2-Lite.json", "deepseek-ai/DeepSeek-V2-Lite", 31412968448
+    ),
     DemoModel("gpt-oss-20b", "openai__gpt-oss-20b.json", "openai/gpt-oss-20b", 13761264768),
-    DemoModel("mistral-7b", "mistralai__Mistral-7B-Instruct-v0.3.json", "mistralai/Mistral-7B-Instruct-v0.3",
-              14496047104),
+    DemoModel(
+        "mistral-7b",
+        "mistralai__Mistral-7B-Instruct-v0.3.json",
+        "mistralai/Mistral-7B-Instruct-v0.3",
+        14496047104,
+    ),
     DemoModel("qwen2.5-7b", "Qwen__Qwen2.5-7B-Instruct.json", "Qwen/Qwen2.5-7B-Instruct", 15231233024),
 ]
 

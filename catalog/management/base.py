@@ -27,7 +27,10 @@ class ActorCommand(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--as", dest="as_user", metavar="USER", default=None,
+            "--as",
+            dest="as_user",
+            metavar="USER",
+            default=None,
             help="who is acting, for the audit log (default: the OS user's name); "
             "a matching account is linked when there is one",
         )

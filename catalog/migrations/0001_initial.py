@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,180 +15,518 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='GPUClass',
+            name="GPUClass",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9._-]*$', 'Use letters, digits, dots, dashes and underscores, starting with a letter or digit.')])),
-                ('memory_mib', models.PositiveIntegerField(help_text="Total memory of one card, in MiB (nvidia-smi's figure).")),
-                ('usable_mib', models.PositiveIntegerField(help_text='What an engine may fill on one card, in MiB.')),
-                ('compute_capability', models.CharField(max_length=8, validators=[django.core.validators.RegexValidator('^\\d{1,2}\\.\\d$', 'Write the compute capability as major.minor, e.g. 9.0.')])),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=64,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                "Use letters, digits, dots, dashes and underscores, starting with a letter or digit.",
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "memory_mib",
+                    models.PositiveIntegerField(
+                        help_text="Total memory of one card, in MiB (nvidia-smi's figure)."
+                    ),
+                ),
+                (
+                    "usable_mib",
+                    models.PositiveIntegerField(help_text="What an engine may fill on one card, in MiB."),
+                ),
+                (
+                    "compute_capability",
+                    models.CharField(
+                        max_length=8,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^\\d{1,2}\\.\\d$", "Write the compute capability as major.minor, e.g. 9.0."
+                            )
+                        ],
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'GPU class',
-                'verbose_name_plural': 'GPU classes',
-                'ordering': ['name'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('memory_mib__gte', 1)), name='gpuclass_memory_positive'), models.CheckConstraint(condition=models.Q(('usable_mib__gte', 1), ('usable_mib__lte', models.F('memory_mib'))), name='gpuclass_usable_within_memory', violation_error_message="Usable memory must be between 1 MiB and the card's total memory.")],
+                "verbose_name": "GPU class",
+                "verbose_name_plural": "GPU classes",
+                "ordering": ["name"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("memory_mib__gte", 1)), name="gpuclass_memory_positive"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("usable_mib__gte", 1), ("usable_mib__lte", models.F("memory_mib"))
+                        ),
+                        name="gpuclass_usable_within_memory",
+                        violation_error_message="Usable memory must be between 1 MiB and the card's total memory.",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Node',
+            name="Node",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9._-]*$', 'Use letters, digits, dots, dashes and underscores, starting with a letter or digit.')])),
-                ('agent_url', models.URLField(help_text='Base URL of the node agent, e.g. http://10.0.0.5:9101')),
-                ('agent_token', models.CharField(help_text='Bearer token the node agent expects.', max_length=200)),
-                ('state', models.CharField(choices=[('ready', 'Ready'), ('cordoned', 'Cordoned'), ('down', 'Down')], default='ready', max_length=16)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=64,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                "Use letters, digits, dots, dashes and underscores, starting with a letter or digit.",
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "agent_url",
+                    models.URLField(help_text="Base URL of the node agent, e.g. http://10.0.0.5:9101"),
+                ),
+                (
+                    "agent_token",
+                    models.CharField(help_text="Bearer token the node agent expects.", max_length=200),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("ready", "Ready"), ("cordoned", "Cordoned"), ("down", "Down")],
+                        default="ready",
+                        max_length=16,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('state__in', ['ready', 'cordoned', 'down'])), name='node_state_valid')],
+                "ordering": ["name"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("state__in", ["ready", "cordoned", "down"])),
+                        name="node_state_valid",
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Card',
+            name="Card",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveSmallIntegerField()),
-                ('gpu_class', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='cards', to='catalog.gpuclass')),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='cards', to='catalog.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("index", models.PositiveSmallIntegerField()),
+                (
+                    "gpu_class",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="cards",
+                        to="catalog.gpuclass",
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="cards", to="catalog.node"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['node__name', 'index'],
+                "ordering": ["node__name", "index"],
             },
         ),
         migrations.CreateModel(
-            name='Profile',
+            name="Profile",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9._-]*$', 'Use letters, digits, dots, dashes and underscores, starting with a letter or digit.')])),
-                ('engine', models.CharField(max_length=32)),
-                ('gpus_per_node', models.PositiveSmallIntegerField(default=1)),
-                ('tp', models.PositiveSmallIntegerField(default=1, verbose_name='tensor-parallel width')),
-                ('nodes', models.PositiveSmallIntegerField(default=1)),
-                ('pp', models.PositiveSmallIntegerField(default=0, verbose_name='pipeline stages')),
-                ('args', models.JSONField(blank=True, default=list, help_text='Engine arguments, a list of strings.')),
-                ('env', models.JSONField(blank=True, default=dict, help_text='Environment variables, a mapping of strings.')),
-                ('revision', models.PositiveIntegerField(default=1)),
-                ('gpu_class', models.ForeignKey(blank=True, help_text='Empty: runs on CPUs only.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='profiles', to='catalog.gpuclass')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=64,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                "Use letters, digits, dots, dashes and underscores, starting with a letter or digit.",
+                            )
+                        ],
+                    ),
+                ),
+                ("engine", models.CharField(max_length=32)),
+                ("gpus_per_node", models.PositiveSmallIntegerField(default=1)),
+                ("tp", models.PositiveSmallIntegerField(default=1, verbose_name="tensor-parallel width")),
+                ("nodes", models.PositiveSmallIntegerField(default=1)),
+                ("pp", models.PositiveSmallIntegerField(default=0, verbose_name="pipeline stages")),
+                (
+                    "args",
+                    models.JSONField(
+                        blank=True, default=list, help_text="Engine arguments, a list of strings."
+                    ),
+                ),
+                (
+                    "env",
+                    models.JSONField(
+                        blank=True, default=dict, help_text="Environment variables, a mapping of strings."
+                    ),
+                ),
+                ("revision", models.PositiveIntegerField(default=1)),
+                (
+                    "gpu_class",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Empty: runs on CPUs only.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="profiles",
+                        to="catalog.gpuclass",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['model__name', 'name'],
+                "ordering": ["model__name", "name"],
             },
         ),
         migrations.CreateModel(
-            name='Replica',
+            name="Replica",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=128, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9._-]*$', 'Use letters, digits, dots, dashes and underscores, starting with a letter or digit.')])),
-                ('port', models.PositiveIntegerField()),
-                ('state', models.CharField(choices=[('starting', 'Starting'), ('loading', 'Loading'), ('ready', 'Ready'), ('failed', 'Failed'), ('stopped', 'Stopped')], default='starting', max_length=16)),
-                ('revision', models.PositiveIntegerField(help_text='The profile revision this replica runs.')),
-                ('profile', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='replicas', to='catalog.profile')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=128,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                "Use letters, digits, dots, dashes and underscores, starting with a letter or digit.",
+                            )
+                        ],
+                    ),
+                ),
+                ("port", models.PositiveIntegerField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("starting", "Starting"),
+                            ("loading", "Loading"),
+                            ("ready", "Ready"),
+                            ("failed", "Failed"),
+                            ("stopped", "Stopped"),
+                        ],
+                        default="starting",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "revision",
+                    models.PositiveIntegerField(help_text="The profile revision this replica runs."),
+                ),
+                (
+                    "profile",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="replicas",
+                        to="catalog.profile",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='ServedModel',
+            name="ServedModel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=128, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9._-]*$', 'Use letters, digits, dots, dashes and underscores, starting with a letter or digit.')])),
-                ('source', models.CharField(help_text='Hugging Face repo id or a path on the nodes.', max_length=500)),
-                ('context_length', models.PositiveIntegerField(blank=True, help_text='Tokens the model supports.', null=True)),
-                ('layers', models.PositiveIntegerField(blank=True, null=True)),
-                ('attention_heads', models.PositiveIntegerField(blank=True, null=True)),
-                ('kv_heads', models.PositiveIntegerField(blank=True, null=True)),
-                ('head_dim', models.PositiveIntegerField(blank=True, null=True)),
-                ('dtype', models.CharField(blank=True, default='', max_length=32)),
-                ('attention', models.CharField(blank=True, choices=[('mha', 'MHA'), ('gqa', 'GQA'), ('mqa', 'MQA'), ('mla', 'MLA')], default='', max_length=8)),
-                ('kv_bytes_per_token', models.PositiveBigIntegerField(blank=True, help_text='KV cache per token for the whole model, every layer keeping every token.', null=True)),
-                ('weight_bytes', models.PositiveBigIntegerField(blank=True, null=True)),
-                ('expert_bytes', models.PositiveBigIntegerField(blank=True, help_text='MoE routed-expert weights.', null=True)),
-                ('sliding_window', models.PositiveIntegerField(blank=True, null=True)),
-                ('sliding_layers', models.PositiveIntegerField(default=0, help_text='Layers that keep only the sliding window.')),
-                ('declared', models.BooleanField(default=False, help_text='Comes from the cluster settings file; read-only here.')),
-                ('declared_in', models.CharField(blank=True, default='', max_length=500)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=128,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                "Use letters, digits, dots, dashes and underscores, starting with a letter or digit.",
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "source",
+                    models.CharField(
+                        help_text="Hugging Face repo id or a path on the nodes.", max_length=500
+                    ),
+                ),
+                (
+                    "context_length",
+                    models.PositiveIntegerField(
+                        blank=True, help_text="Tokens the model supports.", null=True
+                    ),
+                ),
+                ("layers", models.PositiveIntegerField(blank=True, null=True)),
+                ("attention_heads", models.PositiveIntegerField(blank=True, null=True)),
+                ("kv_heads", models.PositiveIntegerField(blank=True, null=True)),
+                ("head_dim", models.PositiveIntegerField(blank=True, null=True)),
+                ("dtype", models.CharField(blank=True, default="", max_length=32)),
+                (
+                    "attention",
+                    models.CharField(
+                        blank=True,
+                        choices=[("mha", "MHA"), ("gqa", "GQA"), ("mqa", "MQA"), ("mla", "MLA")],
+                        default="",
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "kv_bytes_per_token",
+                    models.PositiveBigIntegerField(
+                        blank=True,
+                        help_text="KV cache per token for the whole model, every layer keeping every token.",
+                        null=True,
+                    ),
+                ),
+                ("weight_bytes", models.PositiveBigIntegerField(blank=True, null=True)),
+                (
+                    "expert_bytes",
+                    models.PositiveBigIntegerField(
+                        blank=True, help_text="MoE routed-expert weights.", null=True
+                    ),
+                ),
+                ("sliding_window", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "sliding_layers",
+                    models.PositiveIntegerField(
+                        default=0, help_text="Layers that keep only the sliding window."
+                    ),
+                ),
+                (
+                    "declared",
+                    models.BooleanField(
+                        default=False, help_text="Comes from the cluster settings file; read-only here."
+                    ),
+                ),
+                ("declared_in", models.CharField(blank=True, default="", max_length=500)),
             ],
             options={
-                'verbose_name': 'model',
-                'db_table': 'catalog_model',
-                'ordering': ['name'],
-                'permissions': [('resize_model', 'Can resize a model or change its context'), ('restart_model', "Can restart a model's replicas")],
-                'constraints': [models.CheckConstraint(condition=models.Q(('context_length__isnull', True), ('context_length__gte', 1), _connector='OR'), name='model_context_positive'), models.CheckConstraint(condition=models.Q(('layers__isnull', True), ('layers__gte', 1), _connector='OR'), name='model_layers_positive'), models.CheckConstraint(condition=models.Q(('attention_heads__isnull', True), ('attention_heads__gte', 1), _connector='OR'), name='model_heads_positive'), models.CheckConstraint(condition=models.Q(('kv_heads__isnull', True), ('kv_heads__gte', 1), _connector='OR'), name='model_kv_heads_positive'), models.CheckConstraint(condition=models.Q(('head_dim__isnull', True), ('head_dim__gte', 1), _connector='OR'), name='model_head_dim_positive'), models.CheckConstraint(condition=models.Q(('weight_bytes__isnull', True), ('weight_bytes__gte', 1), _connector='OR'), name='model_weights_positive'), models.CheckConstraint(condition=models.Q(('sliding_window__isnull', True), ('sliding_window__gte', 1), _connector='OR'), name='model_window_positive')],
+                "verbose_name": "model",
+                "db_table": "catalog_model",
+                "ordering": ["name"],
+                "permissions": [
+                    ("resize_model", "Can resize a model or change its context"),
+                    ("restart_model", "Can restart a model's replicas"),
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("context_length__isnull", True), ("context_length__gte", 1), _connector="OR"
+                        ),
+                        name="model_context_positive",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("layers__isnull", True), ("layers__gte", 1), _connector="OR"),
+                        name="model_layers_positive",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("attention_heads__isnull", True), ("attention_heads__gte", 1), _connector="OR"
+                        ),
+                        name="model_heads_positive",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("kv_heads__isnull", True), ("kv_heads__gte", 1), _connector="OR"),
+                        name="model_kv_heads_positive",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("head_dim__isnull", True), ("head_dim__gte", 1), _connector="OR"),
+                        name="model_head_dim_positive",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("weight_bytes__isnull", True), ("weight_bytes__gte", 1), _connector="OR"
+                        ),
+                        name="model_weights_positive",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("sliding_window__isnull", True), ("sliding_window__gte", 1), _connector="OR"
+                        ),
+                        name="model_window_positive",
+                    ),
+                ],
             },
         ),
         migrations.AddField(
-            model_name='profile',
-            name='model',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='profiles', to='catalog.servedmodel'),
+            model_name="profile",
+            name="model",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="profiles", to="catalog.servedmodel"
+            ),
         ),
         migrations.CreateModel(
-            name='Shard',
+            name="Shard",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('card', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='shard', to='catalog.card')),
-                ('replica', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='shards', to='catalog.replica')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "card",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="shard", to="catalog.card"
+                    ),
+                ),
+                (
+                    "replica",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="shards",
+                        to="catalog.replica",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['card__node__name', 'card__index'],
+                "ordering": ["card__node__name", "card__index"],
             },
         ),
         migrations.CreateModel(
-            name='AuditEntry',
+            name="AuditEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(db_index=True)),
-                ('actor', models.CharField(help_text="The user name, or the command's or worker's name, copied.", max_length=150)),
-                ('via', models.CharField(choices=[('ui', 'pages'), ('api', 'API'), ('admin', 'admin'), ('cli', 'command'), ('worker', 'worker')], max_length=8)),
-                ('action', models.CharField(db_index=True, max_length=64)),
-                ('object_type', models.CharField(db_index=True, max_length=64)),
-                ('object_key', models.CharField(db_index=True, max_length=200)),
-                ('object_repr', models.CharField(max_length=300)),
-                ('before', models.JSONField(blank=True, null=True)),
-                ('after', models.JSONField(blank=True, null=True)),
-                ('message', models.TextField(blank=True, default='')),
-                ('request_id', models.CharField(blank=True, db_index=True, default='', max_length=64)),
-                ('prev_hash', models.CharField(max_length=64)),
-                ('hash', models.CharField(max_length=64, unique=True)),
-                ('user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(db_index=True)),
+                (
+                    "actor",
+                    models.CharField(
+                        help_text="The user name, or the command's or worker's name, copied.", max_length=150
+                    ),
+                ),
+                (
+                    "via",
+                    models.CharField(
+                        choices=[
+                            ("ui", "pages"),
+                            ("api", "API"),
+                            ("admin", "admin"),
+                            ("cli", "command"),
+                            ("worker", "worker"),
+                        ],
+                        max_length=8,
+                    ),
+                ),
+                ("action", models.CharField(db_index=True, max_length=64)),
+                ("object_type", models.CharField(db_index=True, max_length=64)),
+                ("object_key", models.CharField(db_index=True, max_length=200)),
+                ("object_repr", models.CharField(max_length=300)),
+                ("before", models.JSONField(blank=True, null=True)),
+                ("after", models.JSONField(blank=True, null=True)),
+                ("message", models.TextField(blank=True, default="")),
+                ("request_id", models.CharField(blank=True, db_index=True, default="", max_length=64)),
+                ("prev_hash", models.CharField(max_length=64)),
+                ("hash", models.CharField(max_length=64, unique=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'audit entries',
-                'ordering': ['-id'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('via__in', ['ui', 'api', 'admin', 'cli', 'worker'])), name='audit_via_valid')],
+                "verbose_name_plural": "audit entries",
+                "ordering": ["-id"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("via__in", ["ui", "api", "admin", "cli", "worker"])),
+                        name="audit_via_valid",
+                    )
+                ],
             },
         ),
         migrations.AddConstraint(
-            model_name='card',
-            constraint=models.UniqueConstraint(fields=('node', 'index'), name='card_index_unique_on_node'),
+            model_name="card",
+            constraint=models.UniqueConstraint(fields=("node", "index"), name="card_index_unique_on_node"),
         ),
         migrations.AddConstraint(
-            model_name='replica',
-            constraint=models.CheckConstraint(condition=models.Q(('port__gte', 1), ('port__lte', 65535)), name='replica_port_range'),
+            model_name="replica",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("port__gte", 1), ("port__lte", 65535)), name="replica_port_range"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='replica',
-            constraint=models.CheckConstraint(condition=models.Q(('revision__gte', 1)), name='replica_revision_positive'),
+            model_name="replica",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("revision__gte", 1)), name="replica_revision_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='profile',
-            constraint=models.UniqueConstraint(fields=('model', 'name'), name='profile_name_unique_per_model'),
+            model_name="profile",
+            constraint=models.UniqueConstraint(
+                fields=("model", "name"), name="profile_name_unique_per_model"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='profile',
-            constraint=models.CheckConstraint(condition=models.Q(('gpus_per_node__gte', 1)), name='profile_gpus_per_node_positive'),
+            model_name="profile",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("gpus_per_node__gte", 1)), name="profile_gpus_per_node_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='profile',
-            constraint=models.CheckConstraint(condition=models.Q(('tp__gte', 1)), name='profile_tp_positive'),
+            model_name="profile",
+            constraint=models.CheckConstraint(condition=models.Q(("tp__gte", 1)), name="profile_tp_positive"),
         ),
         migrations.AddConstraint(
-            model_name='profile',
-            constraint=models.CheckConstraint(condition=models.Q(('nodes__gte', 1)), name='profile_nodes_positive'),
+            model_name="profile",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("nodes__gte", 1)), name="profile_nodes_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='profile',
-            constraint=models.CheckConstraint(condition=models.Q(('revision__gte', 1)), name='profile_revision_positive'),
+            model_name="profile",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("revision__gte", 1)), name="profile_revision_positive"
+            ),
         ),
     ]

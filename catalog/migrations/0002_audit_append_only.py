@@ -25,7 +25,10 @@ SQLITE_UP = [
     """CREATE TRIGGER catalog_audit_no_delete BEFORE DELETE ON catalog_auditentry
        BEGIN SELECT RAISE(ABORT, 'audit entries are append-only: DELETE refused'); END;""",
 ]
-SQLITE_DOWN = ["DROP TRIGGER IF EXISTS catalog_audit_no_update;", "DROP TRIGGER IF EXISTS catalog_audit_no_delete;"]
+SQLITE_DOWN = [
+    "DROP TRIGGER IF EXISTS catalog_audit_no_update;",
+    "DROP TRIGGER IF EXISTS catalog_audit_no_delete;",
+]
 
 
 def up(apps, schema_editor):

@@ -7,80 +7,251 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('catalog', '0002_audit_append_only'),
+        ("catalog", "0002_audit_append_only"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='RestartOperation',
+            name="RestartOperation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('state', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('partly_failed', 'partly failed'), ('cancelled', 'Cancelled')], db_index=True, default='queued', max_length=16)),
-                ('in_place', models.BooleanField(blank=True, help_text='True: every replica stops before its replacement starts. False: rolling only (a step with no room beside fails). Empty: rolling where a node has room beside, in place where not.', null=True)),
-                ('max_parallel', models.PositiveSmallIntegerField(default=1, help_text='Steps run at once.')),
-                ('ready_timeout', models.FloatField(default=600, help_text='Seconds a replacement has to become ready.')),
-                ('requested_by_name', models.CharField(help_text="Who asked, copied (user, or command's name).", max_length=150)),
-                ('via', models.CharField(choices=[('ui', 'pages'), ('api', 'API'), ('admin', 'admin'), ('cli', 'command'), ('worker', 'worker')], max_length=8)),
-                ('reason', models.TextField(blank=True, default='', help_text='Why it ended as it did, in a sentence.')),
-                ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('heartbeat_at', models.DateTimeField(blank=True, help_text='Last sign of life of its worker.', null=True)),
-                ('worker', models.CharField(blank=True, default='', help_text='The worker holding it.', max_length=200)),
-                ('attempts', models.PositiveSmallIntegerField(default=0, help_text='Times a worker claimed it.')),
-                ('cancel_requested', models.BooleanField(default=False)),
-                ('task_id', models.CharField(blank=True, default='', help_text='The latest task enqueued for it.', max_length=64)),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='restarts', to='catalog.servedmodel')),
-                ('profile', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='restarts', to='catalog.profile')),
-                ('requested_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("partly_failed", "partly failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        db_index=True,
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "in_place",
+                    models.BooleanField(
+                        blank=True,
+                        help_text="True: every replica stops before its replacement starts. False: rolling only (a step with no room beside fails). Empty: rolling where a node has room beside, in place where not.",
+                        null=True,
+                    ),
+                ),
+                ("max_parallel", models.PositiveSmallIntegerField(default=1, help_text="Steps run at once.")),
+                (
+                    "ready_timeout",
+                    models.FloatField(default=600, help_text="Seconds a replacement has to become ready."),
+                ),
+                (
+                    "requested_by_name",
+                    models.CharField(
+                        help_text="Who asked, copied (user, or command's name).", max_length=150
+                    ),
+                ),
+                (
+                    "via",
+                    models.CharField(
+                        choices=[
+                            ("ui", "pages"),
+                            ("api", "API"),
+                            ("admin", "admin"),
+                            ("cli", "command"),
+                            ("worker", "worker"),
+                        ],
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "reason",
+                    models.TextField(
+                        blank=True, default="", help_text="Why it ended as it did, in a sentence."
+                    ),
+                ),
+                ("created_at", models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "heartbeat_at",
+                    models.DateTimeField(blank=True, help_text="Last sign of life of its worker.", null=True),
+                ),
+                (
+                    "worker",
+                    models.CharField(
+                        blank=True, default="", help_text="The worker holding it.", max_length=200
+                    ),
+                ),
+                (
+                    "attempts",
+                    models.PositiveSmallIntegerField(default=0, help_text="Times a worker claimed it."),
+                ),
+                ("cancel_requested", models.BooleanField(default=False)),
+                (
+                    "task_id",
+                    models.CharField(
+                        blank=True, default="", help_text="The latest task enqueued for it.", max_length=64
+                    ),
+                ),
+                (
+                    "model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="restarts",
+                        to="catalog.servedmodel",
+                    ),
+                ),
+                (
+                    "profile",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="restarts",
+                        to="catalog.profile",
+                    ),
+                ),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'restart operation',
-                'ordering': ['-id'],
+                "verbose_name": "restart operation",
+                "ordering": ["-id"],
             },
         ),
         migrations.CreateModel(
-            name='RestartStep',
+            name="RestartStep",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('node', models.CharField(blank=True, default='', help_text='Where the replacement runs.', max_length=64)),
-                ('cards', models.JSONField(blank=True, default=list, help_text='Card indices of the replacement on its node.')),
-                ('in_place', models.BooleanField(default=False, help_text='The old replica was stopped first, freeing its cards.')),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('starting', 'Starting'), ('waiting', 'Waiting'), ('stopping', 'Stopping'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], default='pending', max_length=16)),
-                ('reason', models.TextField(blank=True, default='')),
-                ('spec', models.JSONField(blank=True, null=True)),
-                ('old_spec', models.JSONField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('new_replica', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='catalog.replica')),
-                ('old_replica', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='catalog.replica')),
-                ('operation', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='steps', to='catalog.restartoperation')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "node",
+                    models.CharField(
+                        blank=True, default="", help_text="Where the replacement runs.", max_length=64
+                    ),
+                ),
+                (
+                    "cards",
+                    models.JSONField(
+                        blank=True, default=list, help_text="Card indices of the replacement on its node."
+                    ),
+                ),
+                (
+                    "in_place",
+                    models.BooleanField(
+                        default=False, help_text="The old replica was stopped first, freeing its cards."
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("starting", "Starting"),
+                            ("waiting", "Waiting"),
+                            ("stopping", "Stopping"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("reason", models.TextField(blank=True, default="")),
+                ("spec", models.JSONField(blank=True, null=True)),
+                ("old_spec", models.JSONField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "new_replica",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="catalog.replica",
+                    ),
+                ),
+                (
+                    "old_replica",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="catalog.replica",
+                    ),
+                ),
+                (
+                    "operation",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="steps",
+                        to="catalog.restartoperation",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['operation_id', 'id'],
+                "ordering": ["operation_id", "id"],
             },
         ),
         migrations.AddConstraint(
-            model_name='restartoperation',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['queued', 'running', 'succeeded', 'failed', 'partly_failed', 'cancelled'])), name='restart_state_valid'),
+            model_name="restartoperation",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("state__in", ["queued", "running", "succeeded", "failed", "partly_failed", "cancelled"])
+                ),
+                name="restart_state_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='restartoperation',
-            constraint=models.CheckConstraint(condition=models.Q(('max_parallel__gte', 1)), name='restart_max_parallel_positive'),
+            model_name="restartoperation",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("max_parallel__gte", 1)), name="restart_max_parallel_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='restartoperation',
-            constraint=models.CheckConstraint(condition=models.Q(('ready_timeout__gt', 0)), name='restart_ready_timeout_positive'),
+            model_name="restartoperation",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("ready_timeout__gt", 0)), name="restart_ready_timeout_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='restartoperation',
-            constraint=models.UniqueConstraint(condition=models.Q(('state__in', ['queued', 'running'])), fields=('model',), name='restart_one_active_per_model'),
+            model_name="restartoperation",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("state__in", ["queued", "running"])),
+                fields=("model",),
+                name="restart_one_active_per_model",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='restartstep',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['pending', 'starting', 'waiting', 'stopping', 'succeeded', 'failed', 'cancelled'])), name='restart_step_state_valid'),
+            model_name="restartstep",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "state__in",
+                        ["pending", "starting", "waiting", "stopping", "succeeded", "failed", "cancelled"],
+                    )
+                ),
+                name="restart_step_state_valid",
+            ),
         ),
     ]

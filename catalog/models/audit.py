@@ -33,11 +33,16 @@ class AuditEntry(models.Model):
 
     at = models.DateTimeField(db_index=True)
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, related_name="+",
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        related_name="+",
         # An account with a history is deactivated, not deleted: the log is never rewritten.
         on_delete=models.PROTECT,
     )
-    actor = models.CharField(max_length=150, help_text="The user name, or the command's or worker's name, copied.")
+    actor = models.CharField(
+        max_length=150, help_text="The user name, or the command's or worker's name, copied."
+    )
     via = models.CharField(max_length=8, choices=Via.choices)
     action = models.CharField(max_length=64, db_index=True)
     object_type = models.CharField(max_length=64, db_index=True)
@@ -56,7 +61,9 @@ class AuditEntry(models.Model):
         ordering = ["-id"]
         verbose_name_plural = "audit entries"
         constraints = [
-            models.CheckConstraint(condition=Q(via__in=["ui", "api", "admin", "cli", "worker"]), name="audit_via_valid"),
+            models.CheckConstraint(
+                condition=Q(via__in=["ui", "api", "admin", "cli", "worker"]), name="audit_via_valid"
+            ),
         ]
 
     def __str__(self) -> str:

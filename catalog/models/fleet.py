@@ -10,14 +10,18 @@ name_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
     "Use letters, digits, dots, dashes and underscores, starting with a letter or digit.",
 )
-capability_validator = RegexValidator(r"^\d{1,2}\.\d$", "Write the compute capability as major.minor, e.g. 9.0.")
+capability_validator = RegexValidator(
+    r"^\d{1,2}\.\d$", "Write the compute capability as major.minor, e.g. 9.0."
+)
 
 
 class GPUClass(models.Model):
     """A kind of card. ``usable_mib`` is what an engine may fill: the card budget."""
 
     name = models.CharField(max_length=64, unique=True, validators=[name_validator])
-    memory_mib = models.PositiveIntegerField(help_text="Total memory of one card, in MiB (nvidia-smi's figure).")
+    memory_mib = models.PositiveIntegerField(
+        help_text="Total memory of one card, in MiB (nvidia-smi's figure)."
+    )
     usable_mib = models.PositiveIntegerField(help_text="What an engine may fill on one card, in MiB.")
     compute_capability = models.CharField(max_length=8, validators=[capability_validator])
 
@@ -61,7 +65,9 @@ class Node(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [
-            models.CheckConstraint(condition=Q(state__in=["ready", "cordoned", "down"]), name="node_state_valid"),
+            models.CheckConstraint(
+                condition=Q(state__in=["ready", "cordoned", "down"]), name="node_state_valid"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -36,18 +36,24 @@ class RestartOperation(models.Model):
     profile = models.ForeignKey(Profile, on_delete=models.CASCADE, related_name="restarts")
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
     in_place = models.BooleanField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="True: every replica stops before its replacement starts. False: rolling only (a step with "
-                  "no room beside fails). Empty: rolling where a node has room beside, in place where not.",
+        "no room beside fails). Empty: rolling where a node has room beside, in place where not.",
     )
     max_parallel = models.PositiveSmallIntegerField(default=1, help_text="Steps run at once.")
     ready_timeout = models.FloatField(default=600, help_text="Seconds a replacement has to become ready.")
     requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, related_name="+",
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        related_name="+",
         # Like the audit log: an account with a history is deactivated, not deleted.
         on_delete=models.PROTECT,
     )
-    requested_by_name = models.CharField(max_length=150, help_text="Who asked, copied (user, or command's name).")
+    requested_by_name = models.CharField(
+        max_length=150, help_text="Who asked, copied (user, or command's name)."
+    )
     via = models.CharField(max_length=8, choices=Via.choices)
     reason = models.TextField(blank=True, default="", help_text="Why it ended as it did, in a sentence.")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -57,21 +63,27 @@ class RestartOperation(models.Model):
     worker = models.CharField(max_length=200, blank=True, default="", help_text="The worker holding it.")
     attempts = models.PositiveSmallIntegerField(default=0, help_text="Times a worker claimed it.")
     cancel_requested = models.BooleanField(default=False)
-    task_id = models.CharField(max_length=64, blank=True, default="", help_text="The latest task enqueued for it.")
+    task_id = models.CharField(
+        max_length=64, blank=True, default="", help_text="The latest task enqueued for it."
+    )
 
     class Meta:
         ordering = ["-id"]
         verbose_name = "restart operation"
         constraints = [
             models.CheckConstraint(
-                condition=Q(state__in=["queued", "running", "succeeded", "failed", "partly_failed", "cancelled"]),
+                condition=Q(
+                    state__in=["queued", "running", "succeeded", "failed", "partly_failed", "cancelled"]
+                ),
                 name="restart_state_valid",
             ),
             models.CheckConstraint(condition=Q(max_parallel__gte=1), name="restart_max_parallel_positive"),
             models.CheckConstraint(condition=Q(ready_timeout__gt=0), name="restart_ready_timeout_positive"),
             # One restart of a model at a time, whoever asks and however.
             models.UniqueConstraint(
-                fields=["model"], condition=Q(state__in=["queued", "running"]), name="restart_one_active_per_model"
+                fields=["model"],
+                condition=Q(state__in=["queued", "running"]),
+                name="restart_one_active_per_model",
             ),
         ]
 
@@ -106,11 +118,19 @@ class RestartStep(models.Model):
     FINISHED_STATES = ("succeeded", "failed", "cancelled")
 
     operation = models.ForeignKey(RestartOperation, on_delete=models.CASCADE, related_name="steps")
-    old_replica = models.ForeignKey(Replica, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    new_replica = models.ForeignKey(Replica, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    old_replica = models.ForeignKey(
+        Replica, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    new_replica = models.ForeignKey(
+        Replica, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     node = models.CharField(max_length=64, blank=True, default="", help_text="Where the replacement runs.")
-    cards = models.JSONField(default=list, blank=True, help_text="Card indices of the replacement on its node.")
-    in_place = models.BooleanField(default=False, help_text="The old replica was stopped first, freeing its cards.")
+    cards = models.JSONField(
+        default=list, blank=True, help_text="Card indices of the replacement on its node."
+    )
+    in_place = models.BooleanField(
+        default=False, help_text="The old replica was stopped first, freeing its cards."
+    )
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     reason = models.TextField(blank=True, default="")
     # The specs sent to the agents: the replacement's, so that a worker taking
@@ -125,8 +145,17 @@ class RestartStep(models.Model):
         ordering = ["operation_id", "id"]
         constraints = [
             models.CheckConstraint(
-                condition=Q(state__in=["pending", "starting", "waiting", "stopping", "succeeded", "failed",
-                                       "cancelled"]),
+                condition=Q(
+                    state__in=[
+                        "pending",
+                        "starting",
+                        "waiting",
+                        "stopping",
+                        "succeeded",
+                        "failed",
+                        "cancelled",
+                    ]
+                ),
                 name="restart_step_state_valid",
             ),
         ]

@@ -19,7 +19,9 @@ class ServedModel(models.Model):
 
     name = models.CharField(max_length=128, unique=True, validators=[name_validator])
     source = models.CharField(max_length=500, help_text="Hugging Face repo id or a path on the nodes.")
-    context_length = models.PositiveIntegerField(null=True, blank=True, help_text="Tokens the model supports.")
+    context_length = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Tokens the model supports."
+    )
     # The shape, read from the checkpoint's config.json and safetensors index or headers.
     layers = models.PositiveIntegerField(null=True, blank=True)
     attention_heads = models.PositiveIntegerField(null=True, blank=True)
@@ -28,13 +30,21 @@ class ServedModel(models.Model):
     dtype = models.CharField(max_length=32, blank=True, default="")
     attention = models.CharField(max_length=8, choices=Attention.choices, blank=True, default="")
     kv_bytes_per_token = models.PositiveBigIntegerField(
-        null=True, blank=True, help_text="KV cache per token for the whole model, every layer keeping every token."
+        null=True,
+        blank=True,
+        help_text="KV cache per token for the whole model, every layer keeping every token.",
     )
     weight_bytes = models.PositiveBigIntegerField(null=True, blank=True)
-    expert_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="MoE routed-expert weights.")
+    expert_bytes = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="MoE routed-expert weights."
+    )
     sliding_window = models.PositiveIntegerField(null=True, blank=True)
-    sliding_layers = models.PositiveIntegerField(default=0, help_text="Layers that keep only the sliding window.")
-    declared = models.BooleanField(default=False, help_text="Comes from the cluster settings file; read-only here.")
+    sliding_layers = models.PositiveIntegerField(
+        default=0, help_text="Layers that keep only the sliding window."
+    )
+    declared = models.BooleanField(
+        default=False, help_text="Comes from the cluster settings file; read-only here."
+    )
     declared_in = models.CharField(max_length=500, blank=True, default="")
 
     class Meta:
@@ -47,19 +57,28 @@ class ServedModel(models.Model):
         ]
         constraints = [
             models.CheckConstraint(
-                condition=Q(context_length__isnull=True) | Q(context_length__gte=1), name="model_context_positive"
+                condition=Q(context_length__isnull=True) | Q(context_length__gte=1),
+                name="model_context_positive",
             ),
-            models.CheckConstraint(condition=Q(layers__isnull=True) | Q(layers__gte=1), name="model_layers_positive"),
             models.CheckConstraint(
-                condition=Q(attention_heads__isnull=True) | Q(attention_heads__gte=1), name="model_heads_positive"
+                condition=Q(layers__isnull=True) | Q(layers__gte=1), name="model_layers_positive"
             ),
-            models.CheckConstraint(condition=Q(kv_heads__isnull=True) | Q(kv_heads__gte=1), name="model_kv_heads_positive"),
-            models.CheckConstraint(condition=Q(head_dim__isnull=True) | Q(head_dim__gte=1), name="model_head_dim_positive"),
+            models.CheckConstraint(
+                condition=Q(attention_heads__isnull=True) | Q(attention_heads__gte=1),
+                name="model_heads_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(kv_heads__isnull=True) | Q(kv_heads__gte=1), name="model_kv_heads_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(head_dim__isnull=True) | Q(head_dim__gte=1), name="model_head_dim_positive"
+            ),
             models.CheckConstraint(
                 condition=Q(weight_bytes__isnull=True) | Q(weight_bytes__gte=1), name="model_weights_positive"
             ),
             models.CheckConstraint(
-                condition=Q(sliding_window__isnull=True) | Q(sliding_window__gte=1), name="model_window_positive"
+                condition=Q(sliding_window__isnull=True) | Q(sliding_window__gte=1),
+                name="model_window_positive",
             ),
         ]
 
@@ -74,7 +93,11 @@ class Profile(models.Model):
     name = models.CharField(max_length=64, validators=[name_validator])
     engine = models.CharField(max_length=32)
     gpu_class = models.ForeignKey(
-        GPUClass, null=True, blank=True, on_delete=models.PROTECT, related_name="profiles",
+        GPUClass,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="profiles",
         help_text="Empty: runs on CPUs only.",
     )
     gpus_per_node = models.PositiveSmallIntegerField(default=1)

@@ -17,7 +17,9 @@ from catalog.planning.rules import MAX_CARDS, context_of, heads_known, pick_prof
 from catalog.planning.types import CardMemory, Change, GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
 from catalog.planning.units import and_list, cards, gib, gib_short
 
-CONTEXT_CHANGE = "a context change (the model page's context form, POST /api/models/{name}/context/, or manage.py context)"
+CONTEXT_CHANGE = (
+    "a context change (the model page's context form, POST /api/models/{name}/context/, or manage.py context)"
+)
 
 # When the model does not say how long its context may be, a ceiling still
 # keeps a typo (an extra zero or ten) out of a profile: 16 Mi tokens is past
@@ -336,8 +338,11 @@ def plan_context(
     _refuse_declared(model)
     limit = model.context_length
     if not _is_count(tokens) or tokens < 1 or tokens > (limit or MAX_UNKNOWN_CONTEXT):
-        allowed = (f"1 to {limit} tokens" if limit is not None
-                   else f"1 to {MAX_UNKNOWN_CONTEXT} tokens (the model does not say its own limit)")
+        allowed = (
+            f"1 to {limit} tokens"
+            if limit is not None
+            else f"1 to {MAX_UNKNOWN_CONTEXT} tokens (the model does not say its own limit)"
+        )
         raise DomainError(
             "context_range", f"{model.name}'s context can be {allowed}; {tokens!r} was asked for."
         )

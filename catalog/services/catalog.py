@@ -94,7 +94,8 @@ def _save(
                 object_repr=str(instance),
                 before=before,
                 after=after,
-                message=message or ("" if creating else "changed " + ", ".join(changed_fields(before, after))),
+                message=message
+                or ("" if creating else "changed " + ", ".join(changed_fields(before, after))),
                 actor=actor,
             )
     except ValidationError as exc:
@@ -160,7 +161,9 @@ def card_delete(*, instance: Card, actor: Actor | None = None) -> None:
 # Models and profiles ----------------------------------------------------------------------
 
 
-def model_save(*, instance: ServedModel, actor: Actor | None = None, from_settings: bool = False) -> ServedModel:
+def model_save(
+    *, instance: ServedModel, actor: Actor | None = None, from_settings: bool = False
+) -> ServedModel:
     """Save a model; a declared one only from the cluster settings sync."""
 
     def guard(obj: ServedModel, before: dict[str, Any] | None) -> None:
@@ -194,18 +197,24 @@ def validate_profile_spec(profile: Profile) -> None:
 
     engine = engines.engine(profile.engine)
     if not isinstance(profile.args, list) or not all(isinstance(a, str) for a in profile.args):
-        raise DomainError("invalid", "args must be a list of strings, e.g. [\"--max-model-len\", \"8192\"].")
+        raise DomainError("invalid", 'args must be a list of strings, e.g. ["--max-model-len", "8192"].')
     if not isinstance(profile.env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in profile.env.items()
     ):
-        raise DomainError("invalid", "env must be a mapping of strings to strings, e.g. {\"HF_HUB_OFFLINE\": \"1\"}.")
+        raise DomainError(
+            "invalid", 'env must be a mapping of strings to strings, e.g. {"HF_HUB_OFFLINE": "1"}.'
+        )
     refusals = engines.refused(engine, profile.args, profile.env)
     if refusals:
         raise DomainError("refused_arg", " ".join(refusals))
 
 
 def profile_save(
-    *, instance: Profile, actor: Actor | None = None, from_settings: bool = False, message: str = "",
+    *,
+    instance: Profile,
+    actor: Actor | None = None,
+    from_settings: bool = False,
+    message: str = "",
     action: str | None = None,
 ) -> Profile:
     """Save a profile; its revision goes up whenever what it runs changes."""
@@ -264,5 +273,7 @@ def model_import(
             ensure_not_declared(instance)
         instance.source = source
         for field, value in shape.items():
-            setattr(instance, field, value if value is not None or field not in ("dtype", "attention") else "")
+            setattr(
+                instance, field, value if value is not None or field not in ("dtype", "attention") else ""
+            )
         return _save(instance, actor=actor, message=message or f"shape imported from {source}")

@@ -13,9 +13,24 @@ from catalog.errors import DomainError
 from catalog.models import GPUClass, Profile, ServedModel
 from catalog.services.catalog import model_save, profile_delete, profile_save
 
-MODEL_KEYS = {"name", "source", "context_length", "checkpoint", "profiles", "layers", "attention_heads", "kv_heads",
-              "head_dim", "dtype", "attention", "kv_bytes_per_token", "weight_bytes", "expert_bytes",
-              "sliding_window", "sliding_layers"}
+MODEL_KEYS = {
+    "name",
+    "source",
+    "context_length",
+    "checkpoint",
+    "profiles",
+    "layers",
+    "attention_heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "attention",
+    "kv_bytes_per_token",
+    "weight_bytes",
+    "expert_bytes",
+    "sliding_window",
+    "sliding_layers",
+}
 PROFILE_KEYS = {"name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env"}
 
 
@@ -47,7 +62,9 @@ def load_cluster_settings(path: Path) -> list[dict[str, Any]]:
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise DomainError("bad_settings", f"{path}: no such file; set LLMGW_CLUSTER_SETTINGS to its path.") from None
+        raise DomainError(
+            "bad_settings", f"{path}: no such file; set LLMGW_CLUSTER_SETTINGS to its path."
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise DomainError("bad_settings", f"{path}: not valid TOML: {exc}. Nothing was changed.") from None
     models = data.get("models", [])
@@ -69,7 +86,9 @@ def load_cluster_settings(path: Path) -> list[dict[str, Any]]:
 
 
 def _shape_of(path: Path, m: dict[str, Any]) -> dict[str, Any]:
-    shape = {k: v for k, v in m.items() if k not in {"name", "source", "context_length", "checkpoint", "profiles"}}
+    shape = {
+        k: v for k, v in m.items() if k not in {"name", "source", "context_length", "checkpoint", "profiles"}
+    }
     if "checkpoint" in m:
         from catalog.checkpoint import read_checkpoint
 
@@ -114,8 +133,11 @@ def sync_cluster_settings(*, path: Path) -> SyncResult:
                 if class_name:
                     gpu_class = GPUClass.objects.filter(name=class_name).first()
                     if gpu_class is None:
-                        raise _bad(path, f"model {m['name']} profile {p['name']}",
-                                   f"no GPU class {class_name!r}; add it in the admin first")
+                        raise _bad(
+                            path,
+                            f"model {m['name']} profile {p['name']}",
+                            f"no GPU class {class_name!r}; add it in the admin first",
+                        )
                     profile.gpu_class = gpu_class
                 else:
                     profile.gpu_class = None

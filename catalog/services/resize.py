@@ -71,7 +71,12 @@ def _apply(model: ServedModel, change: Change, *, action: str, message: str, act
     new = change.new_profile
     assert new is not None  # the planner always proposes the profile it approved
     profile = Profile.objects.select_related("gpu_class").get(model=model, name=change.profile)
-    profile.gpus_per_node, profile.tp, profile.nodes, profile.pp = new.gpus_per_node, new.tp, new.nodes, new.pp
+    profile.gpus_per_node, profile.tp, profile.nodes, profile.pp = (
+        new.gpus_per_node,
+        new.tp,
+        new.nodes,
+        new.pp,
+    )
     profile.args, profile.env = list(new.args), dict(new.env)
     profile = profile_save(instance=profile, action=action, message=message, actor=actor)
     stale = list(
@@ -99,8 +104,15 @@ def _refuse_while_restarting(model: ServedModel, change: Change) -> None:
 
 
 def _change_model(
-    name: str, planner: Callable[..., Change], *, profile: str | None, dry_run: bool, action: str,
-    describe: Callable[[Change], str], actor: Actor | None, **kw: Any,
+    name: str,
+    planner: Callable[..., Change],
+    *,
+    profile: str | None,
+    dry_run: bool,
+    action: str,
+    describe: Callable[[Change], str],
+    actor: Actor | None,
+    **kw: Any,
 ) -> Change:
     if dry_run:
         model = ServedModel.objects.filter(name=name).first()
@@ -122,7 +134,12 @@ def _change_model(
 
 
 def model_resize(
-    *, name: str, gpus: int, profile: str | None = None, in_place: bool = False, dry_run: bool = False,
+    *,
+    name: str,
+    gpus: int,
+    profile: str | None = None,
+    in_place: bool = False,
+    dry_run: bool = False,
     actor: Actor | None = None,
 ) -> Change:
     """Spread ``name``'s profile over ``gpus`` cards of one node.
@@ -131,19 +148,37 @@ def model_resize(
     DomainError and saves nothing. ``dry_run`` runs them all and saves nothing.
     """
     return _change_model(
-        name, plan_resize, profile=profile, dry_run=dry_run, action="resize", actor=actor, gpus=gpus,
+        name,
+        plan_resize,
+        profile=profile,
+        dry_run=dry_run,
+        action="resize",
+        actor=actor,
+        gpus=gpus,
         in_place=in_place,
-        describe=lambda c: f"{c.model}/{c.profile}: {c.before} -> {c.after} cards ({c.per_card or 'memory not checked'})",
+        describe=lambda c: (
+            f"{c.model}/{c.profile}: {c.before} -> {c.after} cards ({c.per_card or 'memory not checked'})"
+        ),
     )
 
 
 def model_set_context(
-    *, name: str, tokens: int, profile: str | None = None, in_place: bool = False, dry_run: bool = False,
+    *,
+    name: str,
+    tokens: int,
+    profile: str | None = None,
+    in_place: bool = False,
+    dry_run: bool = False,
     actor: Actor | None = None,
 ) -> Change:
     """Set the engine's context flag of ``name``'s profile to ``tokens``, with the memory and room checks."""
     return _change_model(
-        name, plan_context, profile=profile, dry_run=dry_run, action="set_context", actor=actor,
+        name,
+        plan_context,
+        profile=profile,
+        dry_run=dry_run,
+        action="set_context",
+        actor=actor,
         tokens=tokens,
         in_place=in_place,
         describe=lambda c: f"{c.model}/{c.profile}: context {c.before} -> {c.after} tokens",

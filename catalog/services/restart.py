@@ -75,7 +75,9 @@ AGENT_DEADLINE_MARGIN = 30.0
 POLL_ERRORS_ALLOWED = 3
 # A replacement whose port another program holds moves up a port, this many times at most.
 PORT_TRIES = 5
-_PLACEMENT_LOCK_KEY = 0x6C6C7270  # "llrp": one placement at a time, so two steps never pick the same cards/port
+_PLACEMENT_LOCK_KEY = (
+    0x6C6C7270  # "llrp": one placement at a time, so two steps never pick the same cards/port
+)
 
 Op = RestartOperation
 Step = RestartStep
@@ -84,14 +86,25 @@ Step = RestartStep
 # --- specs ------------------------------------------------------------------------------------
 
 
-def build_spec(*, engine: str, tp: int, args: Iterable[str], env: dict[str, str], model: ServedModel, port: int,
-               cards: list[int], ready_timeout: float) -> dict[str, Any]:
+def build_spec(
+    *,
+    engine: str,
+    tp: int,
+    args: Iterable[str],
+    env: dict[str, str],
+    model: ServedModel,
+    port: int,
+    cards: list[int],
+    ready_timeout: float,
+) -> dict[str, Any]:
     """The PUT /v1/replicas/{id} body: the registry's launch arguments, then the profile's."""
     eng = engines.engine(engine)
     return {
         "engine": engine,
         "model": model.name,
-        "args": engines.launch_args(eng, source=model.source, port=port, model=model.name, tp=tp, args=list(args)),
+        "args": engines.launch_args(
+            eng, source=model.source, port=port, model=model.name, tp=tp, args=list(args)
+        ),
         "env": dict(env),
         "cards": list(cards),
         "port": port,
@@ -99,10 +112,20 @@ def build_spec(*, engine: str, tp: int, args: Iterable[str], env: dict[str, str]
     }
 
 
-def profile_spec(profile: Profile, *, port: int, cards: list[int], ready_timeout: float = 600) -> dict[str, Any]:
+def profile_spec(
+    profile: Profile, *, port: int, cards: list[int], ready_timeout: float = 600
+) -> dict[str, Any]:
     """The spec of a replica of ``profile`` as it is now."""
-    return build_spec(engine=profile.engine, tp=profile.tp, args=profile.args, env=profile.env, model=profile.model,
-                      port=port, cards=cards, ready_timeout=ready_timeout)
+    return build_spec(
+        engine=profile.engine,
+        tp=profile.tp,
+        args=profile.args,
+        env=profile.env,
+        model=profile.model,
+        port=port,
+        cards=cards,
+        ready_timeout=ready_timeout,
+    )
 
 
 def replica_placement(replica: Replica) -> tuple[Node | None, list[int]]:
@@ -114,8 +137,9 @@ def replica_placement(replica: Replica) -> tuple[Node | None, list[int]]:
     return node, [s.card.index for s in shards if s.card.node_id == node.pk]
 
 
-def running_spec(replica: Replica, *, node_cards: list[int] | None = None,
-                 ready_timeout: float = 600) -> dict[str, Any] | None:
+def running_spec(
+    replica: Replica, *, node_cards: list[int] | None = None, ready_timeout: float = 600
+) -> dict[str, Any] | None:
     """The spec ``replica`` runs, as well as the catalog knows it; None when it does not.
 
     From the restart step that started it (exact); else from its profile when
@@ -123,8 +147,13 @@ def running_spec(replica: Replica, *, node_cards: list[int] | None = None,
     replica's revision, which the audit log keeps (every profile save records
     the whole profile).
     """
-    started = (RestartStep.objects.filter(new_replica=replica).exclude(spec=None)
-               .order_by("-id").values_list("spec", flat=True).first())
+    started = (
+        RestartStep.objects.filter(new_replica=replica)
+        .exclude(spec=None)
+        .order_by("-id")
+        .values_list("spec", flat=True)
+        .first()
+    )
     if started:
         return started
     profile = Profile.objects.select_related("model").get(pk=replica.profile_id)
@@ -132,16 +161,30 @@ def running_spec(replica: Replica, *, node_cards: list[int] | None = None,
     if replica.revision == profile.revision:
         return profile_spec(profile, port=replica.port, cards=cards, ready_timeout=ready_timeout)
     # By the snapshot's own fields, whatever the entry's key looks like.
-    entry = (AuditEntry.objects.filter(object_type="profile", after__model=profile.model.name,
-                                       after__name=profile.name, after__revision=replica.revision)
-             .order_by("-id").first())
+    entry = (
+        AuditEntry.objects.filter(
+            object_type="profile",
+            after__model=profile.model.name,
+            after__name=profile.name,
+            after__revision=replica.revision,
+        )
+        .order_by("-id")
+        .first()
+    )
     if entry is None or not isinstance(entry.after, dict):
         return None
     then = entry.after
     try:
-        return build_spec(engine=then["engine"], tp=int(then["tp"]), args=then.get("args") or [],
-                          env=then.get("env") or {}, model=profile.model, port=replica.port, cards=cards,
-                          ready_timeout=ready_timeout)
+        return build_spec(
+            engine=then["engine"],
+            tp=int(then["tp"]),
+            args=then.get("args") or [],
+            env=then.get("env") or {},
+            model=profile.model,
+            port=replica.port,
+            cards=cards,
+            ready_timeout=ready_timeout,
+        )
     except (KeyError, TypeError, ValueError, DomainError):
         return None
 
@@ -151,14 +194,23 @@ def running_spec(replica: Replica, *, node_cards: list[int] | None = None,
 
 def _operation_after(op: Op, names: list[str]) -> dict[str, Any]:
     return {
-        "model": op.model.name, "profile": op.profile.name, "state": op.state, "mode": op.mode,
-        "in_place": op.in_place, "max_parallel": op.max_parallel, "ready_timeout": op.ready_timeout,
-        "requested_by": op.requested_by_name, "via": op.via, "replicas": names,
+        "model": op.model.name,
+        "profile": op.profile.name,
+        "state": op.state,
+        "mode": op.mode,
+        "in_place": op.in_place,
+        "max_parallel": op.max_parallel,
+        "ready_timeout": op.ready_timeout,
+        "requested_by": op.requested_by_name,
+        "via": op.via,
+        "replicas": names,
     }
 
 
 def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replica]:
-    live = Replica.objects.filter(profile__model=model, state__in=Replica.LIVE_STATES).select_related("profile")
+    live = Replica.objects.filter(profile__model=model, state__in=Replica.LIVE_STATES).select_related(
+        "profile"
+    )
     if names:
         chosen = []
         for name in dict.fromkeys(names):
@@ -166,11 +218,15 @@ def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replic
             if replica is None:
                 raise not_found(f"No replica {name!r} in the catalog.")
             if replica.profile.model_id != model.pk:
-                raise DomainError("other_model", f"Replica {name} serves {replica.profile.model.name}, "
-                                                 f"not {model.name}.")
+                raise DomainError(
+                    "other_model", f"Replica {name} serves {replica.profile.model.name}, not {model.name}."
+                )
             if not replica.is_live:
-                raise conflict("not_live", f"Replica {name} is {replica.state}: only starting, loading or ready "
-                                           "replicas are restarted.")
+                raise conflict(
+                    "not_live",
+                    f"Replica {name} is {replica.state}: only starting, loading or ready "
+                    "replicas are restarted.",
+                )
             chosen.append(replica)
         return chosen
     chosen = list(live.filter(stale_replicas_q()).order_by("name"))
@@ -178,9 +234,10 @@ def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replic
         count = live.count()
         raise conflict(
             "nothing_to_restart",
-            f"{model.name} has no live replica to restart." if not count else
-            f"All {count} live replica(s) of {model.name} run their profile's current revision: name the ones "
-            "to restart anyway (--replica NAME, or \"replicas\" in the API).",
+            f"{model.name} has no live replica to restart."
+            if not count
+            else f"All {count} live replica(s) of {model.name} run their profile's current revision: name the ones "
+            'to restart anyway (--replica NAME, or "replicas" in the API).',
         )
     return chosen
 
@@ -188,16 +245,25 @@ def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replic
 def _check_restartable(model: ServedModel, profile: Profile) -> None:
     engines.engine(profile.engine)  # unknown_engine, with the known ones
     if profile.gpu_class_id is None:
-        raise DomainError("cpu_only", f"{model.name}'s {profile.name} profile runs on CPUs: restarts go through a "
-                                      "node's agent and need cards; give the profile a GPU class first.")
+        raise DomainError(
+            "cpu_only",
+            f"{model.name}'s {profile.name} profile runs on CPUs: restarts go through a "
+            "node's agent and need cards; give the profile a GPU class first.",
+        )
     if max(profile.nodes, 1) > 1 or max(profile.pp, 1) > 1:
-        raise DomainError("multi_node", f"{model.name}'s {profile.name} profile spreads a replica over several "
-                                        "nodes or pipeline stages, which restarts do not handle yet.")
+        raise DomainError(
+            "multi_node",
+            f"{model.name}'s {profile.name} profile spreads a replica over several "
+            "nodes or pipeline stages, which restarts do not handle yet.",
+        )
 
 
 def _busy(op: Op) -> DomainError:
-    return conflict("busy", f"Restart #{op.pk} of {op.model.name} is {op.state.replace('_', ' ')}: wait until it "
-                            "ends, or cancel it, then try again.")
+    return conflict(
+        "busy",
+        f"Restart #{op.pk} of {op.model.name} is {op.state.replace('_', ' ')}: wait until it "
+        "ends, or cancel it, then try again.",
+    )
 
 
 def restart_start(
@@ -219,13 +285,24 @@ def restart_start(
     Refusals: not_found, other_model, not_live, nothing_to_restart, busy,
     cpu_only, multi_node, several_profiles, unknown_engine, invalid.
     """
-    if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or not 1 <= max_parallel <= MAX_PARALLEL:
-        raise DomainError("invalid", f"max_parallel must be a whole number from 1 to {MAX_PARALLEL}, "
-                                     f"not {max_parallel!r}.")
-    if isinstance(ready_timeout, bool) or not isinstance(ready_timeout, int | float) \
-            or not 0 < ready_timeout <= MAX_READY_TIMEOUT:
-        raise DomainError("invalid", f"ready_timeout must be a number of seconds above 0 and at most "
-                                     f"{MAX_READY_TIMEOUT:g}, not {ready_timeout!r}.")
+    if (
+        isinstance(max_parallel, bool)
+        or not isinstance(max_parallel, int)
+        or not 1 <= max_parallel <= MAX_PARALLEL
+    ):
+        raise DomainError(
+            "invalid", f"max_parallel must be a whole number from 1 to {MAX_PARALLEL}, not {max_parallel!r}."
+        )
+    if (
+        isinstance(ready_timeout, bool)
+        or not isinstance(ready_timeout, int | float)
+        or not 0 < ready_timeout <= MAX_READY_TIMEOUT
+    ):
+        raise DomainError(
+            "invalid",
+            f"ready_timeout must be a number of seconds above 0 and at most "
+            f"{MAX_READY_TIMEOUT:g}, not {ready_timeout!r}.",
+        )
     actor = actor or current_actor()
     with transaction.atomic():
         # Held until commit: a second restart of the model waits here, then sees this one and is refused.
@@ -238,13 +315,23 @@ def restart_start(
         chosen = _chosen_replicas(model, replicas)
         profile_ids = {r.profile_id for r in chosen}
         if len(profile_ids) > 1:
-            raise DomainError("several_profiles", f"The replicas named run {len(profile_ids)} different profiles "
-                                                  f"of {model.name}: restart one profile's replicas at a time.")
+            raise DomainError(
+                "several_profiles",
+                f"The replicas named run {len(profile_ids)} different profiles "
+                f"of {model.name}: restart one profile's replicas at a time.",
+            )
         profile = Profile.objects.select_related("model", "gpu_class").get(pk=profile_ids.pop())
         _check_restartable(model, profile)
-        op = Op(model=model, profile=profile, in_place=in_place, max_parallel=max_parallel,
-                ready_timeout=float(ready_timeout), requested_by=actor.resolved_user,
-                requested_by_name=actor.display_name[:150], via=actor.via)
+        op = Op(
+            model=model,
+            profile=profile,
+            in_place=in_place,
+            max_parallel=max_parallel,
+            ready_timeout=float(ready_timeout),
+            requested_by=actor.resolved_user,
+            requested_by_name=actor.display_name[:150],
+            via=actor.via,
+        )
         try:
             with transaction.atomic():
                 op.save()
@@ -253,10 +340,14 @@ def restart_start(
         RestartStep.objects.bulk_create(RestartStep(operation=op, old_replica=r) for r in chosen)
         names = [r.name for r in chosen]
         audit_record(
-            action="restart_start", object_type="restartoperation", object_key=str(op.pk), object_repr=str(op),
-            after=_operation_after(op, names), actor=actor,
+            action="restart_start",
+            object_type="restartoperation",
+            object_key=str(op.pk),
+            object_repr=str(op),
+            after=_operation_after(op, names),
+            actor=actor,
             message=f"restart #{op.pk} of {model.name} asked by {op.requested_by_name}: {len(names)} replica(s) "
-                    f"({', '.join(names)}), {op.mode}, {max_parallel} at a time, {ready_timeout:g} s to be ready",
+            f"({', '.join(names)}), {op.mode}, {max_parallel} at a time, {ready_timeout:g} s to be ready",
         )
         from catalog.tasks import enqueue_restart
 
@@ -277,8 +368,11 @@ def operation_cancel(*, operation_id: int, actor: Actor | None = None) -> Restar
         if op is None:
             raise not_found(f"No restart operation #{operation_id}.")
         if not op.is_active:
-            raise conflict("finished", f"Restart #{op.pk} of {op.model.name} has already ended "
-                                       f"({op.state.replace('_', ' ')}): there is nothing to cancel.")
+            raise conflict(
+                "finished",
+                f"Restart #{op.pk} of {op.model.name} has already ended "
+                f"({op.state.replace('_', ' ')}): there is nothing to cancel.",
+            )
         if op.cancel_requested:
             return op
         before = {"state": op.state, "cancel_requested": False}
@@ -287,15 +381,21 @@ def operation_cancel(*, operation_id: int, actor: Actor | None = None) -> Restar
         if op.state == Op.State.QUEUED:
             op.state, op.finished_at = Op.State.CANCELLED, now
             op.reason = f"Cancelled by {actor.display_name} before a worker started it."
-            op.steps.filter(state=Step.State.PENDING).update(state=Step.State.CANCELLED, finished_at=now,
-                                                             reason="cancelled before it started")
+            op.steps.filter(state=Step.State.PENDING).update(
+                state=Step.State.CANCELLED, finished_at=now, reason="cancelled before it started"
+            )
         op.save(update_fields=["cancel_requested", "state", "finished_at", "reason"])
         audit_record(
-            action="restart_cancel", object_type="restartoperation", object_key=str(op.pk), object_repr=str(op),
-            before=before, after={"state": op.state, "cancel_requested": True}, actor=actor,
+            action="restart_cancel",
+            object_type="restartoperation",
+            object_key=str(op.pk),
+            object_repr=str(op),
+            before=before,
+            after={"state": op.state, "cancel_requested": True},
+            actor=actor,
             message=f"restart #{op.pk} of {op.model.name} (asked by {op.requested_by_name}) cancelled by "
-                    f"{actor.display_name}" + ("" if op.state == Op.State.CANCELLED
-                                               else ": the steps in flight finish, no new one starts"),
+            f"{actor.display_name}"
+            + ("" if op.state == Op.State.CANCELLED else ": the steps in flight finish, no new one starts"),
         )
     return op
 
@@ -364,8 +464,9 @@ def _free_port(node: Node, *, after: int | None = None) -> int:
     Nodes whose agents share a host (the demo, the tests) share its ports.
     """
     same_host = [n.pk for n in Node.objects.all() if _host(n) == _host(node)]
-    highest = (Replica.objects.filter(state__in=Replica.LIVE_STATES, shards__card__node__in=same_host)
-               .aggregate(top=Max("port"))["top"])
+    highest = Replica.objects.filter(
+        state__in=Replica.LIVE_STATES, shards__card__node__in=same_host
+    ).aggregate(top=Max("port"))["top"]
     base = settings.LLMGW_REPLICA_PORT_BASE
     port = base if highest is None or highest < base else highest + 1
     return port if after is None else max(port, after + 1)
@@ -378,13 +479,20 @@ def _best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[No
     node going down does not take every replica of a model with it."""
     need = profile.cards
     siblings = set(
-        Shard.objects.filter(replica__profile__model_id=profile.model_id, replica__state__in=Replica.LIVE_STATES)
+        Shard.objects.filter(
+            replica__profile__model_id=profile.model_id, replica__state__in=Replica.LIVE_STATES
+        )
         .exclude(replica=replacing)
         .values_list("card__node_id", flat=True)
     )
     free: dict[int, list[Card]] = {}
-    for card in (Card.objects.filter(gpu_class_id=profile.gpu_class_id, node__state=Node.State.READY,
-                                     shard__isnull=True).select_related("node").order_by("node__name", "index")):
+    for card in (
+        Card.objects.filter(
+            gpu_class_id=profile.gpu_class_id, node__state=Node.State.READY, shard__isnull=True
+        )
+        .select_related("node")
+        .order_by("node__name", "index")
+    ):
         free.setdefault(card.node_id, []).append(card)
     fits = [cards for cards in free.values() if len(cards) >= need]
     if not fits:
@@ -423,8 +531,16 @@ class _Run:
     def _replica_after(self, replica: Replica, cards: list[str]) -> dict[str, Any]:
         return {**snapshot(replica), "cards": cards}
 
-    def _replica_change(self, replica_id: int, *, state: str, action: str, message: str,
-                        release: bool = False, hold: tuple[Node, list[int]] | None = None) -> Replica:
+    def _replica_change(
+        self,
+        replica_id: int,
+        *,
+        state: str,
+        action: str,
+        message: str,
+        release: bool = False,
+        hold: tuple[Node, list[int]] | None = None,
+    ) -> Replica:
         """Set a replica's state, release or take its cards, and audit it, in one transaction."""
 
         @transaction.atomic
@@ -442,9 +558,16 @@ class _Run:
                 cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
                 Shard.objects.bulk_create(Shard(replica=replica, card=c) for c in cards)
                 held = [str(c) for c in cards]
-            audit_record(action=action, object_type="replica", object_key=replica.name, object_repr=str(replica),
-                         before=before, after=self._replica_after(replica, held), message=self._said(message),
-                         actor=self.actor)
+            audit_record(
+                action=action,
+                object_type="replica",
+                object_key=replica.name,
+                object_repr=str(replica),
+                before=before,
+                after=self._replica_after(replica, held),
+                message=self._said(message),
+                actor=self.actor,
+            )
             return replica
 
         return write()
@@ -477,8 +600,11 @@ class _Run:
         stopping = any(state == Step.State.FAILED for _, state in steps)
         cancelled = False
         running: dict[Future[str], int] = {}
-        pool = ThreadPoolExecutor(max_workers=op.max_parallel, thread_name_prefix=f"restart-{op.pk}") \
-            if self.threaded else None
+        pool = (
+            ThreadPoolExecutor(max_workers=op.max_parallel, thread_name_prefix=f"restart-{op.pk}")
+            if self.threaded
+            else None
+        )
         try:
             while queue or running:
                 self.lease.tick()
@@ -533,7 +659,9 @@ class _Run:
             step = self._step(step_id)
             if step.is_finished:
                 raise
-            return self._fail(step, f"The worker failed on this step ({type(exc).__name__}: {exc}); see its log.")
+            return self._fail(
+                step, f"The worker failed on this step ({type(exc).__name__}: {exc}); see its log."
+            )
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -541,12 +669,16 @@ class _Run:
         old = step.old_replica
         if old is None or not old.is_live:
             state = old.state if old is not None else "removed"
-            return self._finish_step(step, Step.State.CANCELLED,
-                                     f"{old.name if old else 'The replica'} is {state}: nothing to restart.")
+            return self._finish_step(
+                step,
+                Step.State.CANCELLED,
+                f"{old.name if old else 'The replica'} is {state}: nothing to restart.",
+            )
         node, cards = replica_placement(old)
         if node is None:
-            return self._finish_step(step, Step.State.FAILED, f"{old.name} holds no cards, so there is no node "
-                                                              "to restart it on.")
+            return self._finish_step(
+                step, Step.State.FAILED, f"{old.name} holds no cards, so there is no node to restart it on."
+            )
         old_spec = running_spec(old, node_cards=cards, ready_timeout=self._agent_timeout())
         if not self.op.in_place:
             placed = self._place_beside(step, old_spec)
@@ -554,15 +686,25 @@ class _Run:
                 return self._roll(step)
             if self.op.in_place is False:
                 return self._finish_step(
-                    step, Step.State.FAILED,
+                    step,
+                    Step.State.FAILED,
                     f"No ready node has {self.op.profile.cards} free card(s) of class "
                     f"{self.op.profile.gpu_class} beside the running replicas, and the restart was asked to be "
-                    f"rolling only: free cards, or restart in place. {old.name} keeps serving.")
+                    f"rolling only: free cards, or restart in place. {old.name} keeps serving.",
+                )
         planned = self._plan_in_place(old, node)
         if isinstance(planned, str):
             return self._finish_step(step, Step.State.FAILED, f"{planned} {old.name} keeps serving.")
-        self._set_step(step, in_place=True, state=Step.State.STOPPING, started_at=timezone.now(), node=node.name,
-                       cards=planned, old_spec=old_spec, reason=f"stopping {old.name} to free its cards")
+        self._set_step(
+            step,
+            in_place=True,
+            state=Step.State.STOPPING,
+            started_at=timezone.now(),
+            node=node.name,
+            cards=planned,
+            old_spec=old_spec,
+            reason=f"stopping {old.name} to free its cards",
+        )
         return self._stop_then_start(step)
 
     def _plan_in_place(self, old: Replica, node: Node) -> list[int] | str:
@@ -574,8 +716,10 @@ class _Run:
         own = list(usable.filter(shard__replica=old).values_list("index", flat=True))
         free = list(usable.filter(shard__isnull=True).values_list("index", flat=True))
         if len(own) + len(free) < need:
-            return (f"In place needs {need} card(s) of class {profile.gpu_class} on {node.name}, and it has only "
-                    f"{len(own) + len(free)} with {old.name}'s freed; no node has room beside either.")
+            return (
+                f"In place needs {need} card(s) of class {profile.gpu_class} on {node.name}, and it has only "
+                f"{len(own) + len(free)} with {old.name}'s freed; no node has room beside either."
+            )
         return sorted((own + free)[:need])
 
     def _resume(self, step: Step) -> str:
@@ -611,17 +755,38 @@ class _Run:
             port = _free_port(node)
             indices = [c.index for c in cards]
             spec = profile_spec(profile, port=port, cards=indices, ready_timeout=self._agent_timeout())
-            new = Replica.objects.create(name=_replica_name(profile.model, step), profile=profile, port=port,
-                                         state=Replica.State.STARTING, revision=profile.revision)
+            new = Replica.objects.create(
+                name=_replica_name(profile.model, step),
+                profile=profile,
+                port=port,
+                state=Replica.State.STARTING,
+                revision=profile.revision,
+            )
             Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
             old = step.old_replica
-            audit_record(action="start", object_type="replica", object_key=new.name, object_repr=str(new),
-                         after=self._replica_after(new, [str(c) for c in cards]), actor=self.actor,
-                         message=self._said(f"started {new.name} on {node.name} cards {indices} port {port}, "
-                                            f"revision {profile.revision}, to replace {old.name}"))
-            fields = {"new_replica": new, "node": node.name, "cards": indices, "state": Step.State.STARTING,
-                      "started_at": timezone.now(), "spec": spec, "old_spec": old_spec, "in_place": False,
-                      "reason": f"starting {new.name} on {node.name} beside {old.name}"}
+            audit_record(
+                action="start",
+                object_type="replica",
+                object_key=new.name,
+                object_repr=str(new),
+                after=self._replica_after(new, [str(c) for c in cards]),
+                actor=self.actor,
+                message=self._said(
+                    f"started {new.name} on {node.name} cards {indices} port {port}, "
+                    f"revision {profile.revision}, to replace {old.name}"
+                ),
+            )
+            fields = {
+                "new_replica": new,
+                "node": node.name,
+                "cards": indices,
+                "state": Step.State.STARTING,
+                "started_at": timezone.now(),
+                "spec": spec,
+                "old_spec": old_spec,
+                "in_place": False,
+                "reason": f"starting {new.name} on {node.name} beside {old.name}",
+            }
             Step.objects.filter(pk=step.pk).update(**fields)
             for name, value in fields.items():
                 setattr(step, name, value)
@@ -641,7 +806,9 @@ class _Run:
     def _stop_old(self, step: Step) -> str:
         old, new = step.old_replica, step.new_replica
         if step.state != Step.State.STOPPING:
-            self._set_step(step, state=Step.State.STOPPING, reason=f"{new.name} is ready; stopping {old.name}")
+            self._set_step(
+                step, state=Step.State.STOPPING, reason=f"{new.name} is ready; stopping {old.name}"
+            )
         old = Replica.objects.get(pk=old.pk)
         if old.is_live:
             node, _ = replica_placement(old)
@@ -650,13 +817,23 @@ class _Run:
                     self._agent(node).stop(old.name)
                 except AgentError as exc:
                     return self._finish_step(
-                        step, Step.State.FAILED,
+                        step,
+                        Step.State.FAILED,
                         f"{new.name} is ready, but {old.name} could not be stopped: {exc.message} Both are "
-                        f"recorded as running: stop {old.name} once its node answers.")
-            self._replica_change(old.pk, state=Replica.State.STOPPED, action="stop", release=True,
-                                 message=f"stopped {old.name}: {new.name} replaces it and is ready")
-        return self._finish_step(step, Step.State.SUCCEEDED,
-                                 f"{old.name} replaced by {new.name} on {step.node} cards {step.cards}.")
+                        f"recorded as running: stop {old.name} once its node answers.",
+                    )
+            self._replica_change(
+                old.pk,
+                state=Replica.State.STOPPED,
+                action="stop",
+                release=True,
+                message=f"stopped {old.name}: {new.name} replaces it and is ready",
+            )
+        return self._finish_step(
+            step,
+            Step.State.SUCCEEDED,
+            f"{old.name} replaced by {new.name} on {step.node} cards {step.cards}.",
+        )
 
     # in place
 
@@ -667,44 +844,79 @@ class _Run:
             try:
                 self._agent(node).stop(old.name)
             except AgentError as exc:
-                return self._finish_step(step, Step.State.FAILED,
-                                         f"{old.name} could not be stopped to free its cards: {exc.message} "
-                                         f"Nothing was changed: {old.name} is still recorded as running.")
+                return self._finish_step(
+                    step,
+                    Step.State.FAILED,
+                    f"{old.name} could not be stopped to free its cards: {exc.message} "
+                    f"Nothing was changed: {old.name} is still recorded as running.",
+                )
 
         @transaction.atomic
         def swap() -> Replica | None:
             profile = Profile.objects.select_related("model").get(pk=self.op.profile_id)
             current = Replica.objects.select_for_update().get(pk=old.pk)
-            if Shard.objects.filter(card__node=node, card__index__in=step.cards).exclude(replica=current).exists():
+            if (
+                Shard.objects.filter(card__node=node, card__index__in=step.cards)
+                .exclude(replica=current)
+                .exists()
+            ):
                 return None  # another replica took a free card meanwhile
             if current.is_live:
                 before = self._replica_after(current, [f"{node.name}#{i}" for i in step.cards])
                 current.state = Replica.State.STOPPED
                 current.save(update_fields=["state"])
                 Shard.objects.filter(replica=current).delete()
-                audit_record(action="stop", object_type="replica", object_key=current.name,
-                             object_repr=str(current), before=before, after=self._replica_after(current, []),
-                             actor=self.actor, message=self._said(f"stopped {current.name} to restart it in place"))
-            spec = profile_spec(profile, port=current.port, cards=list(step.cards),
-                                ready_timeout=self._agent_timeout())
-            new = Replica.objects.create(name=_replica_name(profile.model, step), profile=profile,
-                                         port=current.port, state=Replica.State.STARTING, revision=profile.revision)
+                audit_record(
+                    action="stop",
+                    object_type="replica",
+                    object_key=current.name,
+                    object_repr=str(current),
+                    before=before,
+                    after=self._replica_after(current, []),
+                    actor=self.actor,
+                    message=self._said(f"stopped {current.name} to restart it in place"),
+                )
+            spec = profile_spec(
+                profile, port=current.port, cards=list(step.cards), ready_timeout=self._agent_timeout()
+            )
+            new = Replica.objects.create(
+                name=_replica_name(profile.model, step),
+                profile=profile,
+                port=current.port,
+                state=Replica.State.STARTING,
+                revision=profile.revision,
+            )
             cards = list(Card.objects.filter(node=node, index__in=step.cards).select_related("node"))
             Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
-            audit_record(action="start", object_type="replica", object_key=new.name, object_repr=str(new),
-                         after=self._replica_after(new, [str(c) for c in cards]), actor=self.actor,
-                         message=self._said(f"started {new.name} in place of {current.name} on {node.name} cards "
-                                            f"{list(step.cards)} port {current.port}, revision {profile.revision}"))
-            fields = {"new_replica": new, "spec": spec, "state": Step.State.STARTING,
-                      "reason": f"starting {new.name} in place of {current.name}"}
+            audit_record(
+                action="start",
+                object_type="replica",
+                object_key=new.name,
+                object_repr=str(new),
+                after=self._replica_after(new, [str(c) for c in cards]),
+                actor=self.actor,
+                message=self._said(
+                    f"started {new.name} in place of {current.name} on {node.name} cards "
+                    f"{list(step.cards)} port {current.port}, revision {profile.revision}"
+                ),
+            )
+            fields = {
+                "new_replica": new,
+                "spec": spec,
+                "state": Step.State.STARTING,
+                "reason": f"starting {new.name} in place of {current.name}",
+            }
             Step.objects.filter(pk=step.pk).update(**fields)
             for name, value in fields.items():
                 setattr(step, name, value)
             return new
 
         if swap() is None:
-            return self._restore(step, f"The cards {list(step.cards)} of {node.name} were taken by another "
-                                       "replica before the replacement could start.")
+            return self._restore(
+                step,
+                f"The cards {list(step.cards)} of {node.name} were taken by another "
+                "replica before the replacement could start.",
+            )
         return self._wait_in_place(step)
 
     def _wait_in_place(self, step: Step) -> str:
@@ -712,40 +924,63 @@ class _Run:
             self._launch_and_wait(step, step.new_replica, step.spec)
         except _StepFailed as exc:
             return self._restore(step, self._stop_replacement(step, exc))
-        return self._finish_step(step, Step.State.SUCCEEDED,
-                                 f"{step.old_replica.name} replaced in place by {step.new_replica.name} on "
-                                 f"{step.node} cards {step.cards}.")
+        return self._finish_step(
+            step,
+            Step.State.SUCCEEDED,
+            f"{step.old_replica.name} replaced in place by {step.new_replica.name} on "
+            f"{step.node} cards {step.cards}.",
+        )
 
     def _restore(self, step: Step, reason: str) -> str:
         """Start the old replica again, with the spec it ran, on its cards."""
         old = Replica.objects.get(pk=step.old_replica_id)
         if not step.old_spec:
-            return self._finish_step(step, Step.State.FAILED,
-                                     f"{reason} The spec {old.name} ran before is not known, so it was not "
-                                     "started again: start it by hand.")
+            return self._finish_step(
+                step,
+                Step.State.FAILED,
+                f"{reason} The spec {old.name} ran before is not known, so it was not "
+                "started again: start it by hand.",
+            )
         node = Node.objects.get(name=step.node)
         self._set_step(step, state=Step.State.STARTING, reason=f"{reason} Starting {old.name} again.")
         if not old.is_live:
             try:
-                old = self._replica_change(old.pk, state=Replica.State.STARTING, action="start",
-                                           hold=(node, list(step.old_spec["cards"])),
-                                           message=f"started {old.name} again with its previous spec: "
-                                                   "its replacement did not come up")
+                old = self._replica_change(
+                    old.pk,
+                    state=Replica.State.STARTING,
+                    action="start",
+                    hold=(node, list(step.old_spec["cards"])),
+                    message=f"started {old.name} again with its previous spec: "
+                    "its replacement did not come up",
+                )
             except IntegrityError:
-                return self._finish_step(step, Step.State.FAILED,
-                                         f"{reason} {old.name} was not started again: its cards were taken "
-                                         "meanwhile.")
+                return self._finish_step(
+                    step,
+                    Step.State.FAILED,
+                    f"{reason} {old.name} was not started again: its cards were taken meanwhile.",
+                )
         try:
             self._launch_and_wait(step, old, step.old_spec)
         except _StepFailed as exc:
             if exc.started:
                 self._try_stop(node, old.name)
-            self._replica_change(old.pk, state=Replica.State.FAILED, action="fail", release=True,
-                                 message=f"{old.name} did not come back: {exc.reason}")
-            return self._finish_step(step, Step.State.FAILED,
-                                     f"{reason} {old.name} could not be started again either: {exc.reason}")
-        return self._finish_step(step, Step.State.FAILED,
-                                 f"{reason} {old.name} was started again with its previous spec and is ready.")
+            self._replica_change(
+                old.pk,
+                state=Replica.State.FAILED,
+                action="fail",
+                release=True,
+                message=f"{old.name} did not come back: {exc.reason}",
+            )
+            return self._finish_step(
+                step,
+                Step.State.FAILED,
+                f"{reason} {old.name} could not be started again either: {exc.reason}",
+            )
+        return self._finish_step(
+            step,
+            Step.State.FAILED,
+            f"{reason} {old.name} was started again with its previous spec and is ready.",
+        )
 
     # shared
 
@@ -773,8 +1008,13 @@ class _Run:
             if left:
                 reason += f" It could not be stopped either: {left} It may still run on {step.node}."
         if new.is_live:
-            self._replica_change(new.pk, state=Replica.State.FAILED, action="fail", release=True,
-                                 message=f"{new.name} failed: {failure.reason}")
+            self._replica_change(
+                new.pk,
+                state=Replica.State.FAILED,
+                action="fail",
+                release=True,
+                message=f"{new.name} failed: {failure.reason}",
+            )
         self._set_step(step, reason=reason)
         return reason
 
@@ -794,9 +1034,11 @@ class _Run:
                     replica, spec = self._move_port(step, replica, spec, node, exc.message)
                     continue
                 certain = exc.code in ("agent_token", "agent_refused") or (
-                    exc.code == "agent_down" and "refused the connection" in exc.message)
-                raise _StepFailed(f"{replica.name} could not be started: {exc.message}",
-                                  started=not certain) from None
+                    exc.code == "agent_down" and "refused the connection" in exc.message
+                )
+                raise _StepFailed(
+                    f"{replica.name} could not be started: {exc.message}", started=not certain
+                ) from None
         if step.state == Step.State.STARTING:
             self._set_step(step, state=Step.State.WAITING, reason=f"waiting for {replica.name} to be ready")
         deadline = time.monotonic() + self.op.ready_timeout
@@ -807,23 +1049,31 @@ class _Run:
             self.lease.tick()
             now_state = state.get("state")
             if now_state in ("starting", "loading", "ready") and now_state != recorded:
-                self._replica_change(replica.pk, state=now_state, action=now_state,
-                                     message=f"{replica.name} is {now_state} on {node.name}")
+                self._replica_change(
+                    replica.pk,
+                    state=now_state,
+                    action=now_state,
+                    message=f"{replica.name} is {now_state} on {node.name}",
+                )
                 recorded = now_state
             if now_state == "ready":
                 return
             if now_state == "failed":
                 raise _StepFailed(f"{replica.name} failed on {node.name}: {describe_failure(state)}")
             if now_state == "stopped":
-                raise _StepFailed(f"{replica.name} was stopped on {node.name} before it was ready "
-                                  f"({state.get('reason') or 'no reason given'}).")
+                raise _StepFailed(
+                    f"{replica.name} was stopped on {node.name} before it was ready "
+                    f"({state.get('reason') or 'no reason given'})."
+                )
             reason = str(state.get("reason") or "")
             if reason and reason != said and now_state in ("starting", "loading"):
                 said = reason
                 self._set_step(step, reason=f"waiting for {replica.name}: {now_state}: {reason}")
             if time.monotonic() >= deadline:
-                raise _StepFailed(f"{replica.name} was not ready within {self.op.ready_timeout:g} s "
-                                  f"({now_state}{': ' + reason if reason else ''}).")
+                raise _StepFailed(
+                    f"{replica.name} was not ready within {self.op.ready_timeout:g} s "
+                    f"({now_state}{': ' + reason if reason else ''})."
+                )
             time.sleep(min(self.poll, max(deadline - time.monotonic(), 0.01)))
             try:
                 state = agent.get(replica.name)
@@ -833,8 +1083,9 @@ class _Run:
                 if errors >= POLL_ERRORS_ALLOWED or exc.code in ("agent_token", "not_found"):
                     raise _StepFailed(f"{replica.name} could not be watched: {exc.message}") from None
 
-    def _move_port(self, step: Step, replica: Replica, spec: dict[str, Any], node: Node,
-                   why: str) -> tuple[Replica, dict[str, Any]]:
+    def _move_port(
+        self, step: Step, replica: Replica, spec: dict[str, Any], node: Node, why: str
+    ) -> tuple[Replica, dict[str, Any]]:
         """The replacement on the next free port: its row, its step's spec and the audit log say so."""
 
         @transaction.atomic
@@ -851,9 +1102,16 @@ class _Run:
             row.port = port
             row.save(update_fields=["port"])
             self._set_step(step, spec=moved, reason=f"port {old_port} is taken on {node.name}; trying {port}")
-            audit_record(action="move_port", object_type="replica", object_key=row.name, object_repr=str(row),
-                         before=before, after={"port": port}, actor=self.actor,
-                         message=self._said(f"{row.name} moved from port {old_port} to {port} on {node.name}: {why}"))
+            audit_record(
+                action="move_port",
+                object_type="replica",
+                object_key=row.name,
+                object_repr=str(row),
+                before=before,
+                after={"port": port},
+                actor=self.actor,
+                message=self._said(f"{row.name} moved from port {old_port} to {port} on {node.name}: {why}"),
+            )
             return row, moved
 
         return write()
@@ -862,7 +1120,12 @@ class _Run:
         """Fail a step in flight the way its mode says: stop the replacement, keep or restore the old one."""
         step = self._step(step.pk)
         new = step.new_replica
-        if not step.in_place and step.state == Step.State.STOPPING and new is not None and new.state == "ready":
+        if (
+            not step.in_place
+            and step.state == Step.State.STOPPING
+            and new is not None
+            and new.state == "ready"
+        ):
             return self._stop_old(step)  # the replacement is ready: finishing the step beats rolling it back
         if new is not None and new.is_live:
             reason = self._stop_replacement(step, _StepFailed(reason))
@@ -875,8 +1138,10 @@ class _Run:
 
     def _give_up(self) -> str:
         op = self.op
-        reason = (f"Workers took this restart up {op.attempts - 1} time(s) without finishing it (the last was "
-                  f"{op.worker}); it is stopped here, with its steps in flight rolled back.")
+        reason = (
+            f"Workers took this restart up {op.attempts - 1} time(s) without finishing it (the last was "
+            f"{op.worker}); it is stopped here, with its steps in flight rolled back."
+        )
         for step_id in op.steps.filter(state__in=Step.IN_FLIGHT_STATES).values_list("pk", flat=True):
             self._fail(self._step(step_id), reason)
         return self._finish(cancelled=False, reason=reason)
@@ -891,10 +1156,16 @@ class _Run:
             if current.state != Op.State.RUNNING or current.worker != self.lease.worker:
                 raise _Lost()
             failed_before = Step.objects.filter(operation=op, state=Step.State.FAILED).exists()
-            why = ("cancelled by request" if cancelled else
-                   "not started: an earlier step failed" if failed_before else "not started")
+            why = (
+                "cancelled by request"
+                if cancelled
+                else "not started: an earlier step failed"
+                if failed_before
+                else "not started"
+            )
             Step.objects.filter(operation=op, state=Step.State.PENDING).update(
-                state=Step.State.CANCELLED, finished_at=now, reason=why)
+                state=Step.State.CANCELLED, finished_at=now, reason=why
+            )
             steps = list(Step.objects.filter(operation=op).select_related("old_replica").order_by("id"))
             ok = [s for s in steps if s.state == Step.State.SUCCEEDED]
             bad = [s for s in steps if s.state == Step.State.FAILED]
@@ -918,10 +1189,16 @@ class _Run:
             before = {"state": current.state}
             current.state, current.finished_at, current.reason, current.heartbeat_at = state, now, text, now
             current.save(update_fields=["state", "finished_at", "reason", "heartbeat_at"])
-            audit_record(action="restart_finish", object_type="restartoperation", object_key=str(op.pk),
-                         object_repr=str(current), before=before, after={"state": state, "reason": text},
-                         actor=self.actor, message=self._said(f"restart #{op.pk} {state.replace('_', ' ')}: "
-                                                              f"{text}"))
+            audit_record(
+                action="restart_finish",
+                object_type="restartoperation",
+                object_key=str(op.pk),
+                object_repr=str(current),
+                before=before,
+                after={"state": state, "reason": text},
+                actor=self.actor,
+                message=self._said(f"restart #{op.pk} {state.replace('_', ' ')}: {text}"),
+            )
             return state
 
         try:
@@ -930,5 +1207,3 @@ class _Run:
             return "lost"
         log.info("restart #%s: %s", op.pk, state)
         return state
-
-

@@ -21,7 +21,11 @@ def wants_partial(request: HttpRequest) -> bool:
 
 
 def render_page(
-    request: HttpRequest, template: str, context: Mapping[str, Any], *, partial: str | None = None,
+    request: HttpRequest,
+    template: str,
+    context: Mapping[str, Any],
+    *,
+    partial: str | None = None,
     status: int = 200,
 ) -> HttpResponse:
     """``template`` whole, or only its ``partial`` for an htmx request.

@@ -67,14 +67,23 @@ class MemoryBar:
         m = memory.as_dict() if isinstance(memory, CardMemory) else dict(memory)
         budget = m.get("budget")
         scale = max(m["need"], budget or 0) or 1
-        parts = [("weights", "weights", m["weights"]), ("kv", "KV cache", m["kv"]),
-                 ("overhead", "overhead", m["overhead"])]
+        parts = [
+            ("weights", "weights", m["weights"]),
+            ("kv", "KV cache", m["kv"]),
+            ("overhead", "overhead", m["overhead"]),
+        ]
         if budget is not None and budget > m["need"]:
             parts.append(("free", "free", budget - m["need"]))
         segments = tuple(Segment(kind, label, n, 100 * n / scale) for kind, label, n in parts)
         fits = budget is None or m["need"] <= budget
-        return cls(cards=m["cards"], context=m["context"], segments=segments, need=m["need"], budget=budget,
-                   fits=fits)
+        return cls(
+            cards=m["cards"],
+            context=m["context"],
+            segments=segments,
+            need=m["need"],
+            budget=budget,
+            fits=fits,
+        )
 
     @property
     def held(self) -> tuple[Segment, ...]:
@@ -100,6 +109,7 @@ class MemoryBar:
 
 def shape_facts(model: ServedModel) -> list[tuple[str, str]]:
     """The model's shape in the operators' units (GiB, KiB a token, tokens)."""
+
     def known(value: object, text: str) -> str:
         return text if value is not None else "not known"
 
@@ -109,7 +119,10 @@ def shape_facts(model: ServedModel) -> list[tuple[str, str]]:
     heads = f"{model.attention_heads or '?'} attention, {model.kv_heads or '?'} KV"
     facts = [
         ("Weights", known(model.weight_bytes, f"{gib(model.weight_bytes or 0)} GiB")),
-        ("KV cache a token", known(model.kv_bytes_per_token, f"{(model.kv_bytes_per_token or 0) / 1024:g} KiB")),
+        (
+            "KV cache a token",
+            known(model.kv_bytes_per_token, f"{(model.kv_bytes_per_token or 0) / 1024:g} KiB"),
+        ),
         ("Context", known(model.context_length, f"{model.context_length} tokens")),
         ("Attention", attention),
         ("Heads", heads),
@@ -183,10 +196,17 @@ class Preview:
     def of_change(cls, change: Change) -> Preview:
         room = change.room
         return cls(
-            kind=change.kind, before=change.before, after=change.after, profile=change.profile,
-            gpu_class=change.gpu_class, args=change.args, bar=MemoryBar.of(change.memory),
-            beside=room.beside if room else (), in_place_nodes=room.in_place_nodes if room else (),
-            in_place=change.in_place, note=change.note,
+            kind=change.kind,
+            before=change.before,
+            after=change.after,
+            profile=change.profile,
+            gpu_class=change.gpu_class,
+            args=change.args,
+            bar=MemoryBar.of(change.memory),
+            beside=room.beside if room else (),
+            in_place_nodes=room.in_place_nodes if room else (),
+            in_place=change.in_place,
+            note=change.note,
         )
 
     @classmethod
@@ -194,9 +214,16 @@ class Preview:
         """The refusal's sentence (the API's ``detail``), with what was worked out before it."""
         c = err.change or {}
         return cls(
-            kind=kind, before=c.get("before"), after=c.get("after"), profile=c.get("profile", ""),
-            gpu_class=c.get("gpu_class"), args=tuple(c.get("args") or ()), bar=MemoryBar.of(c.get("memory")),
-            note=c.get("note", ""), error=err.message, code=err.code,
+            kind=kind,
+            before=c.get("before"),
+            after=c.get("after"),
+            profile=c.get("profile", ""),
+            gpu_class=c.get("gpu_class"),
+            args=tuple(c.get("args") or ()),
+            bar=MemoryBar.of(c.get("memory")),
+            note=c.get("note", ""),
+            error=err.message,
+            code=err.code,
         )
 
     @classmethod

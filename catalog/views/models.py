@@ -57,7 +57,9 @@ def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedM
             filter=live & Q(profiles__replicas__revision__lt=F("profiles__revision")),
             distinct=True,
         ),
-    ).prefetch_related(Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class").order_by("name")))
+    ).prefetch_related(
+        Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class").order_by("name"))
+    )
     if q := f.get("q"):
         qs = qs.filter(Q(name__icontains=q) | Q(source__icontains=q))
     if eng := f.get("engine"):
@@ -82,9 +84,12 @@ def model_list(request: HttpRequest) -> HttpResponse:
     models = list(models_with_usage(filters))
     for m in models:
         m.hue = hue(m.pk)
-    return render_page(request, "catalog/model_list.html",
-                       {"section": "models", "form": form, "models": models, "filtered": bool(filters)},
-                       partial="results")
+    return render_page(
+        request,
+        "catalog/model_list.html",
+        {"section": "models", "form": form, "models": models, "filtered": bool(filters)},
+        partial="results",
+    )
 
 
 def _replicas_of(model: ServedModel) -> list[Replica]:
@@ -105,8 +110,12 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
 
 
 def _detail_context(
-    request: HttpRequest, model: ServedModel, *, resize_form: ResizeForm | None = None,
-    context_form: ContextForm | None = None, resize_preview: Preview | None = None,
+    request: HttpRequest,
+    model: ServedModel,
+    *,
+    resize_form: ResizeForm | None = None,
+    context_form: ContextForm | None = None,
+    resize_preview: Preview | None = None,
     context_preview: Preview | None = None,
 ) -> dict[str, Any]:
     profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
@@ -115,10 +124,12 @@ def _detail_context(
     can_resize = request.user.has_perm(RESIZE) and not model.declared and bool(on_cards)
     if can_resize:
         first = on_cards[0]
-        resize_form = resize_form or ResizeForm(model=model, profiles=profiles,
-                                                initial={"gpus": first.profile.cards})
-        context_form = context_form or ContextForm(model=model, profiles=profiles,
-                                                   initial={"tokens": first.context})
+        resize_form = resize_form or ResizeForm(
+            model=model, profiles=profiles, initial={"gpus": first.profile.cards}
+        )
+        context_form = context_form or ContextForm(
+            model=model, profiles=profiles, initial={"tokens": first.context}
+        )
     operation = operation_views.latest_for(model)
     replicas = _replicas_of(model)
     return {
@@ -149,6 +160,7 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
 
 # -- resize and context: preview (dry run) and apply ---------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ChangeKind:
     """One of the two changes the model page offers: its form, its service and its preview partial."""
@@ -164,8 +176,13 @@ class ChangeKind:
         return f"{self.key}-preview"
 
     def run(self, name: str, data: dict[str, Any], *, dry_run: bool) -> Change:
-        return self.service(name=name, profile=data["profile"] or None, in_place=data["in_place"],
-                            dry_run=dry_run, **{self.value: data[self.value]})
+        return self.service(
+            name=name,
+            profile=data["profile"] or None,
+            in_place=data["in_place"],
+            dry_run=dry_run,
+            **{self.value: data[self.value]},
+        )
 
 
 RESIZE_CHANGE = ChangeKind("gpus", "resize", "gpus", ResizeForm, model_resize)
@@ -180,13 +197,17 @@ def _model_and_form(request: HttpRequest, name: str, change: ChangeKind) -> tupl
     return model, change.form_class(request.POST, model=model, profiles=profiles)
 
 
-def _answer(request: HttpRequest, change: ChangeKind, model: ServedModel, form: Any,
-            preview: Preview) -> HttpResponse:
+def _answer(
+    request: HttpRequest, change: ChangeKind, model: ServedModel, form: Any, preview: Preview
+) -> HttpResponse:
     """The preview fragment (htmx: status 200, refusals included), or the whole page showing it."""
     if wants_partial(request):
-        return render_page(request, "catalog/model_detail.html", {"model": model, "preview": preview},
-                           partial=change.partial)
-    context = _detail_context(request, model, **{f"{change.key}_form": form, f"{change.key}_preview": preview})
+        return render_page(
+            request, "catalog/model_detail.html", {"model": model, "preview": preview}, partial=change.partial
+        )
+    context = _detail_context(
+        request, model, **{f"{change.key}_form": form, f"{change.key}_preview": preview}
+    )
     return render_page(request, "catalog/model_detail.html", context)
 
 
@@ -216,11 +237,16 @@ def _apply(request: HttpRequest, name: str, change: ChangeKind) -> HttpResponse:
 
 
 def _applied_sentence(change: Change) -> str:
-    revision = Profile.objects.filter(model__name=change.model, name=change.profile).values_list(
-        "revision", flat=True).first()
+    revision = (
+        Profile.objects.filter(model__name=change.model, name=change.profile)
+        .values_list("revision", flat=True)
+        .first()
+    )
     unit = "cards" if change.kind == "gpus" else "tokens"
-    text = (f"{change.model}/{change.profile}: {change.before} → {change.after} {unit}, saved as revision "
-            f"{revision}.")
+    text = (
+        f"{change.model}/{change.profile}: {change.before} → {change.after} {unit}, saved as revision "
+        f"{revision}."
+    )
     operation = operation_views.operation_of(change)
     if operation is not None:
         text += f" Restart #{operation.pk} started."

@@ -47,7 +47,9 @@ class NodeGrid:
 
 
 def _cards() -> QuerySet[Card]:
-    return Card.objects.select_related("gpu_class", "shard__replica__profile__model").order_by("node__name", "index")
+    return Card.objects.select_related("gpu_class", "shard__replica__profile__model").order_by(
+        "node__name", "index"
+    )
 
 
 def grids(nodes: list[Node], cards: QuerySet[Card]) -> list[NodeGrid]:
@@ -58,7 +60,8 @@ def grids(nodes: list[Node], cards: QuerySet[Card]) -> list[NodeGrid]:
         replica = shard.replica if shard is not None else None
         model = replica.profile.model if replica is not None else None
         by_id[card.node_id].tiles.append(
-            CardTile(card.index, card.gpu_class.name, replica, model, hue(model.pk) if model else ""))
+            CardTile(card.index, card.gpu_class.name, replica, model, hue(model.pk) if model else "")
+        )
     return list(by_id.values())
 
 
@@ -76,13 +79,17 @@ def legend(node_grids: list[NodeGrid]) -> list[tuple[ServedModel, str, int]]:
 @require_GET
 def node_list(request: HttpRequest) -> HttpResponse:
     node_grids = grids(list(Node.objects.order_by("name")), _cards())
-    return render_page(request, "catalog/node_list.html", {
-        "section": "nodes",
-        "grids": node_grids,
-        "legend": legend(node_grids),
-        "cards": sum(len(g.tiles) for g in node_grids),
-        "free": sum(g.free for g in node_grids),
-    })
+    return render_page(
+        request,
+        "catalog/node_list.html",
+        {
+            "section": "nodes",
+            "grids": node_grids,
+            "legend": legend(node_grids),
+            "cards": sum(len(g.tiles) for g in node_grids),
+            "free": sum(g.free for g in node_grids),
+        },
+    )
 
 
 @login_required
@@ -100,6 +107,14 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
         replica.hue = hue(replica.profile.model_id)
         replicas.append((replica, indices))
     replicas.sort(key=lambda pair: pair[0].name)
-    return render_page(request, "catalog/node_detail.html", {
-        "section": "nodes", "node": node, "grid": grid, "replicas": replicas, "legend": legend([grid]),
-    })
+    return render_page(
+        request,
+        "catalog/node_detail.html",
+        {
+            "section": "nodes",
+            "node": node,
+            "grid": grid,
+            "replicas": replicas,
+            "legend": legend([grid]),
+        },
+    )

@@ -30,7 +30,9 @@ PAGE_SIZE = 50
 
 
 def _with_steps(qs: Any) -> Any:
-    steps = Prefetch("steps", queryset=RestartStep.objects.select_related("old_replica", "new_replica").order_by("id"))
+    steps = Prefetch(
+        "steps", queryset=RestartStep.objects.select_related("old_replica", "new_replica").order_by("id")
+    )
     return qs.select_related("model", "profile").prefetch_related(steps)
 
 
@@ -80,8 +82,9 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     if model:
         qs = qs.filter(model__name=model)
     page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
-    return render_page(request, "catalog/operation_list.html",
-                       {"section": "operations", "page": page, "model_name": model})
+    return render_page(
+        request, "catalog/operation_list.html", {"section": "operations", "page": page, "model_name": model}
+    )
 
 
 @login_required
@@ -104,12 +107,18 @@ def operation_cancel(request: HttpRequest, pk: int) -> HttpResponse:
         error = err.message
     if wants_partial(request):
         operation = _with_steps(RestartOperation.objects.all()).get(pk=pk)
-        return render_page(request, "catalog/operation_detail.html",
-                           progress_context(request, operation, cancel_error=error), partial="progress")
+        return render_page(
+            request,
+            "catalog/operation_detail.html",
+            progress_context(request, operation, cancel_error=error),
+            partial="progress",
+        )
     if error:
         messages.error(request, error)
     else:
-        messages.success(request, f"Cancel asked for restart #{pk}: steps under way finish, the rest do not start.")
+        messages.success(
+            request, f"Cancel asked for restart #{pk}: steps under way finish, the rest do not start."
+        )
     return redirect_or_location(request, reverse("operation-detail", args=[pk]))
 
 

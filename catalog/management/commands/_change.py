@@ -15,11 +15,19 @@ def describe(change: Change, *, dry_run: bool) -> str:
     if change.per_card:
         lines.append(f"  each card: {change.per_card}")
     if change.room is not None:
-        lines.append("  restart: " + ("in place (each replica stops before its replacement starts)"
-                                      if change.in_place else "rolling"))
+        lines.append(
+            "  restart: "
+            + (
+                "in place (each replica stops before its replacement starts)"
+                if change.in_place
+                else "rolling"
+            )
+        )
     if change.restarted:
-        lines.append(f"  restarting {change.restarted} replica(s): operation #{change.operation} "
-                     f"(its page /operations/{change.operation}/, or GET /api/operations/{change.operation}/)")
+        lines.append(
+            f"  restarting {change.restarted} replica(s): operation #{change.operation} "
+            f"(its page /operations/{change.operation}/, or GET /api/operations/{change.operation}/)"
+        )
     if change.note:
         lines.append(f"  note: {change.note}")
     return "\n".join(lines)

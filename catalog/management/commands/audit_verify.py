@@ -18,4 +18,6 @@ class Command(BaseCommand):
         problems = verify_chain()
         if problems:
             raise CommandError("the audit log was tampered with:\n  " + "\n  ".join(problems), returncode=1)
-        self.stdout.write(f"the audit log is intact: {AuditEntry.objects.count()} entries, each chained to the last")
+        self.stdout.write(
+            f"the audit log is intact: {AuditEntry.objects.count()} entries, each chained to the last"
+        )

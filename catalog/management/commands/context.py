@@ -10,18 +10,30 @@ from catalog.services.resize import model_set_context
 
 
 class Command(ActorCommand):
-    help = "Change a model's context length (the engine's context flag), memory checked; exits 1 when refused."
+    help = (
+        "Change a model's context length (the engine's context flag), memory checked; exits 1 when refused."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
         parser.add_argument("model", help="the model's name")
         parser.add_argument("tokens", type=int, help="context length in tokens")
-        parser.add_argument("--profile", default=None, help="the profile, when the model has several on cards")
-        parser.add_argument("--in-place", action="store_true",
-                            help="restart each replica in place when no node has room beside it")
+        parser.add_argument(
+            "--profile", default=None, help="the profile, when the model has several on cards"
+        )
+        parser.add_argument(
+            "--in-place",
+            action="store_true",
+            help="restart each replica in place when no node has room beside it",
+        )
         parser.add_argument("--dry-run", action="store_true", help="check everything, change nothing")
 
     def act(self, *args: Any, **options: Any) -> None:
-        change = model_set_context(name=options["model"], tokens=options["tokens"], profile=options["profile"],
-                                   in_place=options["in_place"], dry_run=options["dry_run"])
+        change = model_set_context(
+            name=options["model"],
+            tokens=options["tokens"],
+            profile=options["profile"],
+            in_place=options["in_place"],
+            dry_run=options["dry_run"],
+        )
         self.stdout.write(describe(change, dry_run=options["dry_run"]))

@@ -70,10 +70,19 @@ def agent_config(node: Node, directory: Path) -> str:
         "stop_children_on_exit = true",
     ]
     for card in node.cards.select_related("gpu_class").order_by("index"):
-        lines += ["", "[[cards]]", f"index = {card.index}", f"name = {_toml_value(card.gpu_class.name)}",
-                  f"memory_mib = {card.gpu_class.memory_mib}"]
+        lines += [
+            "",
+            "[[cards]]",
+            f"index = {card.index}",
+            f"name = {_toml_value(card.gpu_class.name)}",
+            f"memory_mib = {card.gpu_class.memory_mib}",
+        ]
     for name in sorted(engines.registry()):
-        lines += ["", f"[engines.{_toml_value(name)}]", f"command = {_toml_value([sys.executable, str(STANDIN)])}"]
+        lines += [
+            "",
+            f"[engines.{_toml_value(name)}]",
+            f"command = {_toml_value([sys.executable, str(STANDIN)])}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -143,8 +152,12 @@ class Command(ActorCommand):
     def _spawn(self, name: str, command: list[str], log: Path, env: dict[str, str] | None = None) -> Child:
         with log.open("ab") as out:
             process = subprocess.Popen(
-                command, cwd=settings.BASE_DIR, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT,
+                command,
+                cwd=settings.BASE_DIR,
+                env={**os.environ, **(env or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches this launcher only; it stops the others in order
             )
         child = Child(name, process, log)
@@ -155,29 +168,42 @@ class Command(ActorCommand):
         nodes = [n for n in Node.objects.order_by("name") if _host(n) in LOCAL_HOSTS]
         skipped = Node.objects.exclude(pk__in=[n.pk for n in nodes]).values_list("name", flat=True)
         if not nodes:
-            raise CommandError("No node of the catalog has its agent on this machine (127.0.0.1): load the demo "
-                               "fleet first (python manage.py seed_demo).")
+            raise CommandError(
+                "No node of the catalog has its agent on this machine (127.0.0.1): load the demo "
+                "fleet first (python manage.py seed_demo)."
+            )
         for node in nodes:
             directory = root / node.name
             directory.mkdir(parents=True, exist_ok=True)
             config = directory / "agent.toml"
             config.write_text(agent_config(node, directory), encoding="utf-8")
-            self._spawn(f"agent {node.name}", [sys.executable, "-m", "llmgw_agent", "--config", str(config)],
-                        directory / "agent.log", env={"PYTHONPATH": str(AGENT_DIR)})
+            self._spawn(
+                f"agent {node.name}",
+                [sys.executable, "-m", "llmgw_agent", "--config", str(config)],
+                directory / "agent.log",
+                env={"PYTHONPATH": str(AGENT_DIR)},
+            )
         for node in nodes:
             self._wait_healthy(node)
-        self.stdout.write(f"agents: {', '.join(f'{n.name} at {n.agent_url}' for n in nodes)}"
-                          + (f" (not on this machine, not started: {', '.join(skipped)})" if skipped else ""))
+        self.stdout.write(
+            f"agents: {', '.join(f'{n.name} at {n.agent_url}' for n in nodes)}"
+            + (f" (not on this machine, not started: {', '.join(skipped)})" if skipped else "")
+        )
 
         for replica, port in port_clashes():
             old = replica.port
             replica.port = port
-            services.replica_save(instance=replica, message=f"demo: port {old} is taken by another replica on the "
-                                                            f"same machine; moved to {port}")
+            services.replica_save(
+                instance=replica,
+                message=f"demo: port {old} is taken by another replica on the same machine; moved to {port}",
+            )
         self._start_replicas(nodes)
 
-        self._spawn("worker", [sys.executable, "manage.py", "db_worker", "--no-reload", "--interval", "1"],
-                    root / "worker.log")
+        self._spawn(
+            "worker",
+            [sys.executable, "manage.py", "db_worker", "--no-reload", "--interval", "1"],
+            root / "worker.log",
+        )
         web = [sys.executable, "manage.py", "runserver", options["addr"]]
         if not options["reload"]:
             web.append("--noreload")
@@ -189,7 +215,9 @@ class Command(ActorCommand):
         while True:
             for child in self.children:
                 if child.process.poll() is not None:
-                    raise CommandError(f"{child.name} exited with {child.process.returncode}; see {child.log}.")
+                    raise CommandError(
+                        f"{child.name} exited with {child.process.returncode}; see {child.log}."
+                    )
             for operation_id in operations_sweep():
                 self.stdout.write(f"restart #{operation_id}: its worker is gone; a new run is enqueued")
             time.sleep(min(settings.LLMGW_OPERATION_SWEEP_SECONDS, 5))
@@ -199,15 +227,22 @@ class Command(ActorCommand):
         child = next(c for c in self.children if c.name == f"agent {node.name}")
         while time.monotonic() < deadline:
             if child.process.poll() is not None:
-                raise CommandError(f"The agent of {node.name} exited with {child.process.returncode}: "
-                                   f"{child.log.read_text(errors='replace')[-800:]}")
+                raise CommandError(
+                    f"The agent of {node.name} exited with {child.process.returncode}: "
+                    f"{child.log.read_text(errors='replace')[-800:]}"
+                )
             try:
-                if httpx.get(f"{node.agent_url.rstrip('/')}/healthz", timeout=1, trust_env=False).status_code == 200:
+                if (
+                    httpx.get(f"{node.agent_url.rstrip('/')}/healthz", timeout=1, trust_env=False).status_code
+                    == 200
+                ):
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        raise CommandError(f"The agent of {node.name} did not answer on {node.agent_url} within 15 s; see {child.log}.")
+        raise CommandError(
+            f"The agent of {node.name} did not answer on {node.agent_url} within 15 s; see {child.log}."
+        )
 
     def _start_replicas(self, nodes: list[Node]) -> None:
         """PUT every replica the catalog says runs on these nodes; wait until they are ready."""
@@ -241,8 +276,10 @@ class Command(ActorCommand):
                     waiting.remove((replica, node))
                     self._failed(replica, state.get("reason") or state["state"])
         ready = len(started) - len(waiting)
-        self.stdout.write(f"replicas: {ready} of {len(started)} started and ready"
-                          + (f"; still loading: {', '.join(r.name for r, _ in waiting)}" if waiting else ""))
+        self.stdout.write(
+            f"replicas: {ready} of {len(started)} started and ready"
+            + (f"; still loading: {', '.join(r.name for r, _ in waiting)}" if waiting else "")
+        )
 
     def _failed(self, replica: Replica, reason: str) -> None:
         """Record what is true: the replica is not running (audited, as the demo's user)."""
@@ -254,8 +291,9 @@ class Command(ActorCommand):
 
     def _stop_all(self) -> None:
         """The web server and the worker, then the agents (which stop their replicas)."""
-        order = [c for c in self.children if not c.name.startswith("agent")] + \
-                [c for c in self.children if c.name.startswith("agent")]
+        order = [c for c in self.children if not c.name.startswith("agent")] + [
+            c for c in self.children if c.name.startswith("agent")
+        ]
         for child in order:
             if child.process.poll() is None:
                 try:

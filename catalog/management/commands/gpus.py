@@ -16,13 +16,23 @@ class Command(ActorCommand):
         super().add_arguments(parser)
         parser.add_argument("model", help="the model's name")
         parser.add_argument("gpus", type=int, help="cards one replica is to use, 1 to 64")
-        parser.add_argument("--profile", default=None, help="the profile, when the model has several on cards")
-        parser.add_argument("--in-place", action="store_true",
-                            help="stop each replica before its replacement starts (the model does not answer "
-                                 "while the new one loads)")
+        parser.add_argument(
+            "--profile", default=None, help="the profile, when the model has several on cards"
+        )
+        parser.add_argument(
+            "--in-place",
+            action="store_true",
+            help="stop each replica before its replacement starts (the model does not answer "
+            "while the new one loads)",
+        )
         parser.add_argument("--dry-run", action="store_true", help="check everything, change nothing")
 
     def act(self, *args: Any, **options: Any) -> None:
-        change = model_resize(name=options["model"], gpus=options["gpus"], profile=options["profile"],
-                              in_place=options["in_place"], dry_run=options["dry_run"])
+        change = model_resize(
+            name=options["model"],
+            gpus=options["gpus"],
+            profile=options["profile"],
+            in_place=options["in_place"],
+            dry_run=options["dry_run"],
+        )
         self.stdout.write(describe(change, dry_run=options["dry_run"]))

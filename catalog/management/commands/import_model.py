@@ -26,7 +26,9 @@ class Command(ActorCommand):
 
         path: Path = options["path"]
         shape = read_checkpoint(path)
-        model = model_import(name=options["name"], source=options["source"] or str(path), shape=shape.as_fields())
+        model = model_import(
+            name=options["name"], source=options["source"] or str(path), shape=shape.as_fields()
+        )
         for note in shape.notes:
             self.stderr.write(f"note: {note}")
         self.stdout.write(

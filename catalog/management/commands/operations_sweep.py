@@ -16,8 +16,13 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--loop", type=float, default=None, metavar="SECONDS",
-                            help="sweep again every SECONDS until interrupted")
+        parser.add_argument(
+            "--loop",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="sweep again every SECONDS until interrupted",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         while True:

@@ -17,8 +17,18 @@ from catalog.services.restart import MAX_PARALLEL, restart_start
 POLL_SECONDS = 0.5
 # A restart still queued after this long probably has no worker to run it.
 NO_WORKER_HINT_SECONDS = 10.0
-STYLES = {"succeeded": "green", "failed": "red", "partly_failed": "red", "cancelled": "yellow", "waiting": "cyan",
-          "starting": "cyan", "stopping": "cyan", "running": "cyan", "queued": "dim", "pending": "dim"}
+STYLES = {
+    "succeeded": "green",
+    "failed": "red",
+    "partly_failed": "red",
+    "cancelled": "yellow",
+    "waiting": "cyan",
+    "starting": "cyan",
+    "stopping": "cyan",
+    "running": "cyan",
+    "queued": "dim",
+    "pending": "dim",
+}
 
 
 class _Out:
@@ -40,13 +50,18 @@ class _Out:
 
 def load(operation_id: int) -> RestartOperation:
     steps = RestartStep.objects.select_related("old_replica", "new_replica").order_by("id")
-    return (RestartOperation.objects.select_related("model", "profile")
-            .prefetch_related(Prefetch("steps", steps)).get(pk=operation_id))
+    return (
+        RestartOperation.objects.select_related("model", "profile")
+        .prefetch_related(Prefetch("steps", steps))
+        .get(pk=operation_id)
+    )
 
 
 def table(op: RestartOperation) -> Table:
-    title = (f"restart #{op.pk} of {op.model.name}/{op.profile.name}: {op.get_state_display()} "
-             f"({op.mode}, {op.max_parallel} at a time, asked by {op.requested_by_name})")
+    title = (
+        f"restart #{op.pk} of {op.model.name}/{op.profile.name}: {op.get_state_display()} "
+        f"({op.mode}, {op.max_parallel} at a time, asked by {op.requested_by_name})"
+    )
     out = Table(title=title, title_justify="left", expand=False)
     for column in ("replica", "replacement", "node", "cards", "state"):
         out.add_column(column, no_wrap=True)
@@ -54,7 +69,8 @@ def table(op: RestartOperation) -> Table:
     for step in op.steps.all():
         out.add_row(
             step.old_replica.name if step.old_replica_id else "-",
-            (step.new_replica.name if step.new_replica_id else "-") + (" (in place)" if step.in_place else ""),
+            (step.new_replica.name if step.new_replica_id else "-")
+            + (" (in place)" if step.in_place else ""),
             step.node or "-",
             ", ".join(str(c) for c in step.cards) or "-",
             Text(step.get_state_display(), style=STYLES.get(step.state, "")),
@@ -73,24 +89,60 @@ class Command(ActorCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
         parser.add_argument("model", help="the model's name")
-        parser.add_argument("--replica", dest="replicas", action="append", metavar="NAME", default=None,
-                            help="a live replica to restart (repeat for several); default: the stale ones")
-        parser.add_argument("--in-place", action="store_const", const=True, default=None,
-                            help="stop each replica before its replacement starts on its cards (the model does "
-                                 "not answer while the new one loads); default: rolling where a node has room")
-        parser.add_argument("--rolling", dest="in_place", action="store_const", const=False,
-                            help="rolling only: a replica with no room beside it is not restarted")
-        parser.add_argument("--max-parallel", type=int, default=1, metavar="N",
-                            help=f"replicas restarted at once, 1 to {MAX_PARALLEL} (default 1)")
-        parser.add_argument("--ready-timeout", type=float, default=600, metavar="SECONDS",
-                            help="seconds a replacement has to become ready (default 600)")
-        parser.add_argument("--no-wait", action="store_true",
-                            help="start the restart and exit; follow it in the pages or at /api/operations/ID/")
+        parser.add_argument(
+            "--replica",
+            dest="replicas",
+            action="append",
+            metavar="NAME",
+            default=None,
+            help="a live replica to restart (repeat for several); default: the stale ones",
+        )
+        parser.add_argument(
+            "--in-place",
+            action="store_const",
+            const=True,
+            default=None,
+            help="stop each replica before its replacement starts on its cards (the model does "
+            "not answer while the new one loads); default: rolling where a node has room",
+        )
+        parser.add_argument(
+            "--rolling",
+            dest="in_place",
+            action="store_const",
+            const=False,
+            help="rolling only: a replica with no room beside it is not restarted",
+        )
+        parser.add_argument(
+            "--max-parallel",
+            type=int,
+            default=1,
+            metavar="N",
+            help=f"replicas restarted at once, 1 to {MAX_PARALLEL} (default 1)",
+        )
+        parser.add_argument(
+            "--ready-timeout",
+            type=float,
+            default=600,
+            metavar="SECONDS",
+            help="seconds a replacement has to become ready (default 600)",
+        )
+        parser.add_argument(
+            "--no-wait",
+            action="store_true",
+            help="start the restart and exit; follow it in the pages or at /api/operations/ID/",
+        )
 
     def act(self, *args: Any, **options: Any) -> None:
-        op = restart_start(model_name=options["model"], replicas=options["replicas"], in_place=options["in_place"],
-                           max_parallel=options["max_parallel"], ready_timeout=options["ready_timeout"])
-        names = ", ".join(s.old_replica.name for s in op.steps.select_related("old_replica") if s.old_replica_id)
+        op = restart_start(
+            model_name=options["model"],
+            replicas=options["replicas"],
+            in_place=options["in_place"],
+            max_parallel=options["max_parallel"],
+            ready_timeout=options["ready_timeout"],
+        )
+        names = ", ".join(
+            s.old_replica.name for s in op.steps.select_related("old_replica") if s.old_replica_id
+        )
         self.stdout.write(f"restart #{op.pk} of {op.model.name} queued: {names} ({op.mode})")
         if options["no_wait"]:
             self.stdout.write(f"follow it: /operations/{op.pk}/ (pages) or /api/operations/{op.pk}/")
@@ -98,15 +150,21 @@ class Command(ActorCommand):
         try:
             op = self.watch(op.pk)
         except KeyboardInterrupt:
-            raise CommandError(f"Stopped watching; restart #{op.pk} goes on in the worker. Cancel it with POST "
-                               f"/api/operations/{op.pk}/cancel/ or from its page.", returncode=2) from None
+            raise CommandError(
+                f"Stopped watching; restart #{op.pk} goes on in the worker. Cancel it with POST "
+                f"/api/operations/{op.pk}/cancel/ or from its page.",
+                returncode=2,
+            ) from None
         for step in op.steps.all():
             if step.state == RestartStep.State.FAILED:
-                self.stdout.write(f"{step.old_replica.name if step.old_replica_id else 'step'} failed: {step.reason}")
+                self.stdout.write(
+                    f"{step.old_replica.name if step.old_replica_id else 'step'} failed: {step.reason}"
+                )
         self.stdout.write(f"restart #{op.pk} {op.get_state_display()}: {op.reason}")
         if op.state != RestartOperation.State.SUCCEEDED:
-            raise CommandError(f"restart #{op.pk} of {op.model.name} {op.get_state_display()}: {op.reason}",
-                               returncode=1)
+            raise CommandError(
+                f"restart #{op.pk} of {op.model.name} {op.get_state_display()}: {op.reason}", returncode=1
+            )
 
     def watch(self, operation_id: int) -> RestartOperation:
         """Show the operation until it ends: a live table on a terminal, a line per change otherwise."""
@@ -137,18 +195,23 @@ class Command(ActorCommand):
 
     def _line(self, op: RestartOperation, step: RestartStep | None) -> tuple[Any, tuple[str, str]]:
         if step is None:
-            return "op", (op.state, f"restart #{op.pk}: {op.get_state_display()}"
-                                    + (f" ({op.worker})" if op.worker else ""))
+            return "op", (
+                op.state,
+                f"restart #{op.pk}: {op.get_state_display()}" + (f" ({op.worker})" if op.worker else ""),
+            )
         old = step.old_replica.name if step.old_replica_id else "?"
         new = f" -> {step.new_replica.name}" if step.new_replica_id else ""
         where = f" on {step.node} {list(step.cards)}" if step.node else ""
         reason = step.reason.splitlines()[0] if step.reason else ""
-        return step.pk, (step.state + reason, f"  {old}{new}{where}: {step.get_state_display()}"
-                                              + (f" - {reason}" if reason else ""))
+        return step.pk, (
+            step.state + reason,
+            f"  {old}{new}{where}: {step.get_state_display()}" + (f" - {reason}" if reason else ""),
+        )
 
     def _hint(self, op: RestartOperation, began: float) -> bool:
         if op.state == RestartOperation.State.QUEUED and time.monotonic() - began > NO_WORKER_HINT_SECONDS:
-            self.stderr.write(f"restart #{op.pk} is still queued: is a worker running? "
-                              "(python manage.py db_worker)")
+            self.stderr.write(
+                f"restart #{op.pk} is still queued: is a worker running? (python manage.py db_worker)"
+            )
             return True
         return False

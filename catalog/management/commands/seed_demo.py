@@ -16,12 +16,15 @@ from catalog.services import catalog as services
 
 
 class Command(ActorCommand):
-    help = "Load the demo fleet (GPU classes, nodes, models with real shapes, profiles, replicas). Idempotent."
+    help = (
+        "Load the demo fleet (GPU classes, nodes, models with real shapes, profiles, replicas). Idempotent."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
         parser.add_argument(
-            "--users", action="store_true",
+            "--users",
+            action="store_true",
             help="also create the admin, operator and viewer accounts with fresh passwords, and print them",
         )
 
@@ -34,20 +37,28 @@ class Command(ActorCommand):
             for name, memory, usable, capability in fleet.GPU_CLASSES:
                 obj = GPUClass.objects.filter(name=name).first()
                 if obj is None:
-                    obj = services.gpu_class_save(instance=GPUClass(
-                        name=name, memory_mib=memory, usable_mib=usable, compute_capability=capability))
+                    obj = services.gpu_class_save(
+                        instance=GPUClass(
+                            name=name, memory_mib=memory, usable_mib=usable, compute_capability=capability
+                        )
+                    )
                     created += 1
                 classes[name] = obj
             nodes = {}
             for name, class_name, count, port in fleet.NODES:
                 node = Node.objects.filter(name=name).first()
                 if node is None:
-                    node = services.node_save(instance=Node(
-                        name=name, agent_url=f"http://127.0.0.1:{port}", agent_token=f"demo-token-{name}"))
+                    node = services.node_save(
+                        instance=Node(
+                            name=name, agent_url=f"http://127.0.0.1:{port}", agent_token=f"demo-token-{name}"
+                        )
+                    )
                     created += 1
                 for index in range(count):
                     if not Card.objects.filter(node=node, index=index).exists():
-                        services.card_save(instance=Card(node=node, index=index, gpu_class=classes[class_name]))
+                        services.card_save(
+                            instance=Card(node=node, index=index, gpu_class=classes[class_name])
+                        )
                         created += 1
                 nodes[name] = node
             for demo in fleet.MODELS:
@@ -56,28 +67,49 @@ class Command(ActorCommand):
                 config = json.loads((fleet.CONFIGS / demo.config).read_text())
                 index = {"metadata": {"total_size": demo.total_size}, "weight_map": {}}
                 shape = shape_from_config(config, index=index, source=demo.config)
-                services.model_import(name=demo.name, source=demo.source, shape=shape.as_fields(),
-                                      message="demo fleet")
+                services.model_import(
+                    name=demo.name, source=demo.source, shape=shape.as_fields(), message="demo fleet"
+                )
                 created += 1
             for model_name, name, engine, class_name, gpn, tp, args in fleet.PROFILES:
                 model = ServedModel.objects.get(name=model_name)
                 if Profile.objects.filter(model=model, name=name).exists():
                     continue
-                services.profile_save(instance=Profile(
-                    model=model, name=name, engine=engine, gpu_class=classes.get(class_name) if class_name else None,
-                    gpus_per_node=gpn, tp=tp, args=args))
+                services.profile_save(
+                    instance=Profile(
+                        model=model,
+                        name=name,
+                        engine=engine,
+                        gpu_class=classes.get(class_name) if class_name else None,
+                        gpus_per_node=gpn,
+                        tp=tp,
+                        args=args,
+                    )
+                )
                 created += 1
             for name, model_name, node_name, cards, port in fleet.REPLICAS:
                 if Replica.objects.filter(name=name).exists():
                     continue
                 profile = Profile.objects.get(model__name=model_name, gpu_class__isnull=False)
-                replica = services.replica_save(instance=Replica(
-                    name=name, profile=profile, port=port, state=Replica.State.READY, revision=profile.revision))
+                replica = services.replica_save(
+                    instance=Replica(
+                        name=name,
+                        profile=profile,
+                        port=port,
+                        state=Replica.State.READY,
+                        revision=profile.revision,
+                    )
+                )
                 for index in cards:
-                    services.shard_save(instance=Shard(replica=replica, card=Card.objects.get(
-                        node=nodes[node_name], index=index)))
+                    services.shard_save(
+                        instance=Shard(
+                            replica=replica, card=Card.objects.get(node=nodes[node_name], index=index)
+                        )
+                    )
                 created += 1
-        self.stdout.write(f"demo fleet: {created} object(s) created" if created else "demo fleet: already loaded")
+        self.stdout.write(
+            f"demo fleet: {created} object(s) created" if created else "demo fleet: already loaded"
+        )
         if options["users"]:
             self._users()
 
@@ -96,7 +128,8 @@ class Command(ActorCommand):
                 user.user_permissions.add(*view)
             named = [p for p in perms if p != "view"]
             if named:
-                user.user_permissions.add(*Permission.objects.filter(content_type__app_label="catalog",
-                                                                     codename__in=named))
+                user.user_permissions.add(
+                    *Permission.objects.filter(content_type__app_label="catalog", codename__in=named)
+                )
             lines.append(f"  {username:<9} {password}")
         self.stdout.write("sign in at http://127.0.0.1:8000/ with one of:\n" + "\n".join(lines))

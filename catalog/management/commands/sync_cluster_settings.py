@@ -18,7 +18,9 @@ class Command(ActorCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
-        parser.add_argument("--file", type=Path, default=None, help="the settings file (default: LLMGW_CLUSTER_SETTINGS)")
+        parser.add_argument(
+            "--file", type=Path, default=None, help="the settings file (default: LLMGW_CLUSTER_SETTINGS)"
+        )
 
     def act(self, *args: Any, **options: Any) -> None:
         path = options["file"] or Path(settings.LLMGW_CLUSTER_SETTINGS)
