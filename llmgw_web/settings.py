@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from llmgw_policy import parse_roots
 
 from llmgw_web.env import env_bool, env_float, env_int, env_list, env_str
 
@@ -178,6 +179,9 @@ LLMGW_AGENT_TIMEOUT_SECONDS = env_float("LLMGW_AGENT_TIMEOUT_SECONDS", 10.0, min
 LLMGW_REPLICA_PORT_BASE = env_int("LLMGW_REPLICA_PORT_BASE", 8100, minimum=1024)
 
 # Where the cluster's declared models live (TOML); refusals point here.
+# Directories a model's source may be a path under (comma- or colon-separated); empty: Hugging
+# Face repo ids only. The agents' model_roots should say the same.
+LLMGW_MODEL_ROOTS = parse_roots(env_str("LLMGW_MODEL_ROOTS") or "")
 LLMGW_CLUSTER_SETTINGS = env_str("LLMGW_CLUSTER_SETTINGS") or str(BASE_DIR / "cluster.toml")
 
 LOGGING = {

@@ -116,7 +116,7 @@ def test_a_model_no_longer_in_the_file_becomes_editable_again(tmp_path, settings
         ("[[models]]\nname = 'm'\n", "models[0].source: is required"),
         ("[[models]]\nname = 'm'\nsource = 's'\ncolour = 'red'\n", "unknown key(s) colour"),
         (
-            "[[models]]\nname = 'm'\nsource = 's'\n[[models.profiles]]\nname = 'p'\nengine = 'vllm'\ngpu_class = 'nope'\n",
+            "[[models]]\nname = 'm'\nsource = 'org/s'\n[[models.profiles]]\nname = 'p'\nengine = 'vllm'\ngpu_class = 'nope'\n",
             "no GPU class 'nope'",
         ),
         ("[[models]\n", "not valid TOML"),

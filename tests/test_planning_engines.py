@@ -1,4 +1,7 @@
-"""The engine registry: its data, its checks, refusals and the launch line."""
+"""The engine registry: its data, its checks, refusals and the launch line.
+
+The refusals and the launch line come from the launch policy
+(agent/llmgw_policy); tests/test_launch_policy.py tests it on its own."""
 
 from __future__ import annotations
 
@@ -9,7 +12,6 @@ import pytest
 from catalog.errors import DomainError
 from catalog.planning.engines import (
     RegistryError,
-    argv,
     engine,
     int_value,
     launch_args,
@@ -107,10 +109,27 @@ def test_registry_is_loaded_once():
     ],
 )
 def test_refused_names_each_refused_argument(name, args, refused_flag):
+    # The allowlist refuses "--port-ish" too (it is on no engine's list): one
+    # sentence each, the refused flag's naming why it is dangerous.
     sentences = refused(engine(name), ["--port-ish", "1", *args], {})
-    assert len(sentences) == 1
-    assert sentences[0].startswith(f"{refused_flag} is refused for {name}")
-    assert "read files, fetch from the network or load code" in sentences[0]
+    assert len(sentences) == 2
+    assert sentences[0].startswith(f"--port-ish is refused for {name}")
+    assert "not on" in sentences[0]
+    assert sentences[1].startswith(f"{refused_flag} is refused for {name}")
+    assert any(
+        words in sentences[1]
+        for words in (
+            "reads",
+            "fetches",
+            "runs",
+            "imports",
+            "names",
+            "loads",
+            "offloads",
+            "downloads",
+            "read as",
+        )
+    ), sentences[1]
 
 
 @pytest.mark.parametrize(
@@ -121,15 +140,27 @@ def test_refused_names_each_refused_argument(name, args, refused_flag):
             ["--max-model-len", "8192", "--no-trust-remote-code", "--chat-template-content-format", "auto"],
         ),
         ("vllm", ["--tokenizer-mode", "slow", "--config-format", "hf"]),
-        # llama.cpp does not take abbreviations: "--lo" is not "--lora"
-        ("llamacpp", ["-c", "4096", "--lo", "x", "-ngl", "99"]),
-        # trtllm-serve (click) does not fold "-" into "_"
-        ("trtllm", ["--trust-remote-code-ish"]),
+        ("llamacpp", ["-c", "4096", "-ngl", "99"]),
         ("freetoken", ["--max-seq-len-override", "65536"]),
     ],
 )
 def test_refused_passes_ordinary_arguments(name, args):
     assert refused(engine(name), args, {}) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "flag", "not_read_as"),
+    [
+        # llama.cpp does not take abbreviations: "--lo" is not "--lora" (it is on no list either)
+        ("llamacpp", ["-c", "4096", "--lo", "x", "-ngl", "99"], "--lo", "--lora"),
+        # trtllm-serve (click) does not fold "-" into "_"
+        ("trtllm", ["--trust-remote-code-ish"], "--trust-remote-code-ish", "--trust_remote_code"),
+    ],
+)
+def test_a_flag_on_no_list_is_refused_as_unlisted_not_misread(name, args, flag, not_read_as):
+    (sentence,) = refused(engine(name), args, {})
+    assert sentence.startswith(f"{flag} is refused for {name}: it is not on {name}'s list")
+    assert not_read_as not in sentence
 
 
 @pytest.mark.parametrize(
@@ -151,11 +182,11 @@ def test_refused_passes_ordinary_arguments(name, args):
     ],
 )
 def test_refused_names_each_refused_variable(name, env, refused_var):
-    sentences = refused(engine(name), [], {"HF_HUB_OFFLINE": "1", **env})
-    assert sentences == [
-        f"The environment variable {refused_var} is refused for {name}: "
-        "variables that name paths, other hosts or code to load are not passed to an engine."
-    ]
+    (sentence,) = refused(engine(name), [], {"HF_HUB_OFFLINE": "1", **env})
+    assert sentence.startswith(f"The environment variable {refused_var} is refused for {name}: ")
+    assert any(words in sentence for words in ("names", "fetches", "reads", "loads", "loader", "imports")), (
+        sentence
+    )
 
 
 def test_the_freetoken_key_is_not_refused():
@@ -164,6 +195,7 @@ def test_the_freetoken_key_is_not_refused():
 
 def test_the_cards_the_agent_assigns_cannot_be_set_by_a_profile():
     (sentence,) = refused(engine("vllm"), [], [("CUDA_VISIBLE_DEVICES", "0,1")])
+    assert "cards" in sentence
     assert sentence.startswith("CUDA_VISIBLE_DEVICES is set by the node agent")
 
 
@@ -220,34 +252,24 @@ def test_capability_twelve_is_newer_than_nine():
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        (
-            "vllm",
-            [
-                "vllm",
-                "serve",
-                "org/m",
-                "--port",
-                "8001",
-                "--served-model-name",
-                "m",
-                "--tensor-parallel-size",
-                "4",
-            ],
-        ),
-        (
-            "sglang",
-            ["python", "-m", "sglang.launch_server", "--model-path", "org/m", "--port", "8001"]
-            + ["--served-model-name", "m", "--tp-size", "4"],
-        ),
-        ("trtllm", ["trtllm-serve", "org/m", "--port", "8001", "--served_model_name", "m", "--tp_size", "4"]),
+        ("vllm", ["org/m", "--port", "8001", "--served-model-name", "m", "--tensor-parallel-size", "4"]),
+        ("sglang", ["--model-path", "org/m", "--port", "8001", "--served-model-name", "m", "--tp-size", "4"]),
+        ("trtllm", ["org/m", "--port", "8001", "--served_model_name", "m", "--tp_size", "4"]),
         # llama.cpp and FreeToken have no TP width to write
-        ("llamacpp", ["llama-server", "-m", "org/m", "--port", "8001", "--alias", "m"]),
-        ("freetoken", ["ft", "serve", "--model", "org/m", "--port", "8001", "--served-model-name", "m"]),
+        ("llamacpp", ["-m", "org/m", "--port", "8001", "--alias", "m"]),
+        ("freetoken", ["--model", "org/m", "--port", "8001", "--served-model-name", "m"]),
     ],
 )
-def test_argv_is_the_command_the_template_the_width_then_the_profile(name, expected):
-    line = argv(engine(name), source="org/m", port=8001, model="m", tp=4, args=["--x", "1"])
+def test_launch_args_are_the_template_the_width_then_the_profile(name, expected):
+    # The program is the agent's own (its [engines.NAME] command); the registry names none.
+    line = launch_args(engine(name), source="org/m", port=8001, model="m", tp=4, args=["--x", "1"])
     assert line == [*expected, "--x", "1"]
+
+
+def test_a_pinned_revision_goes_to_the_engines_revision_flag():
+    line = launch_args(engine("vllm"), source="org/m@v2", port=8001, model="m", tp=1, args=[])
+    assert line[:1] == ["org/m"]
+    assert line[5:7] == ["--revision", "v2"]
 
 
 def test_launch_args_substitutes_placeholders_once():
@@ -258,80 +280,113 @@ def test_launch_args_substitutes_placeholders_once():
 # -- loading a registry file ----------------------------------------------------------
 
 GOOD = """
-refused_env_everywhere = ["LD_PRELOAD"]
-reserved_env = ["CUDA_VISIBLE_DEVICES"]
-
 [eng]
-command = ["eng"]
-launch = ["{source}", "--port", "{port}"]
 spread = "tensor"
-tp_flags = ["--tp"]
-tp_flag = "--tp"
-context_flags = ["--ctx"]
 min_capability = "8.0"
 overhead_gib = 1.25
 experts_on_card = true
-refused_args = ["--evil"]
-refused_env = ["EVIL"]
-refused_env_prefixes = ["EVIL_"]
+"""
+
+POLICY = """
+[limits]
+max_args = 8
+max_arg_bytes = 64
+max_args_bytes = 256
+max_env = 4
+max_env_value_bytes = 64
+max_env_bytes = 256
+
+[engines.eng]
+launch = ["{source}", "--port", "{port}"]
+tp_flag = "--tp"
+tp_flags = ["--tp"]
+context_flags = ["--ctx"]
+underscores_as_dashes = false
+equals = true
+abbreviations = false
+sources = { parser = "eng's parser, version 1" }
+owned = { "--tp" = "the profile's tp", "--ctx" = "the context operation" }
+refused = { "--evil" = "it loads code" }
+args = { "--fine" = { value = "int", src = "parser" } }
 """
 
 
-def _write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "engines.toml"
+def _write(tmp_path: Path, text: str, name: str = "engines.toml") -> Path:
+    path = tmp_path / name
     path.write_text(text)
     return path
 
 
+def _policy(tmp_path: Path, text: str = POLICY):
+    from llmgw_policy import load_policy
+
+    return load_policy(_write(tmp_path, text, "policy.toml"))
+
+
 def test_load_registry_reads_a_file(tmp_path):
-    (eng,) = load_registry(_write(tmp_path, GOOD)).values()
+    (eng,) = load_registry(_write(tmp_path, GOOD), _policy(tmp_path)).values()
     assert eng.name == "eng"
     assert eng.overhead_bytes == int(1.25 * GIB)
-    assert eng.refused_env == ("EVIL", "LD_PRELOAD")
-    assert eng.reserved_env == ("CUDA_VISIBLE_DEVICES",)
+    assert (eng.tp_flag, eng.tp_flags, eng.context_flags) == ("--tp", ("--tp",), ("--ctx",))
 
 
 @pytest.mark.parametrize(
     ("old", "new", "key"),
     [
         ('spread = "tensor"', 'spread = "pipeline"', "spread"),
-        ('tp_flag = "--tp"', "", "tp_flag"),
-        ('tp_flag = "--tp"', 'tp_flag = "--width"', "tp_flag"),
-        (
-            'spread = "tensor"\ntp_flags = ["--tp"]\ntp_flag = "--tp"',
-            'spread = "single"\ntp_flags = []\ntp_flag = "-x"',
-            "tp_flag",
-        ),
-        ('context_flags = ["--ctx"]', 'context_flags = ["ctx"]', "context_flags"),
-        ('context_flags = ["--ctx"]', 'context_flags = ["--evil"]', "context_flags"),
+        # a tensor-parallel engine needs the policy's tp_flag; others have none
+        ('spread = "tensor"', 'spread = "single"', "spread"),
         ('min_capability = "8.0"', "min_capability = 8.0", "min_capability"),
         ("overhead_gib = 1.25", "overhead_gib = -1", "overhead_gib"),
         ("overhead_gib = 1.25", "overhead_gib = true", "overhead_gib"),
         ("experts_on_card = true", 'experts_on_card = "yes"', "experts_on_card"),
-        ('launch = ["{source}", "--port", "{port}"]', 'launch = ["--port", "{port}"]', "launch"),
-        ('launch = ["{source}", "--port", "{port}"]', 'launch = ["{source}", "{host}"]', "launch"),
-        ('refused_env = ["EVIL"]', 'refused_env = ["NOT A NAME"]', "refused_env"),
-        ('refused_env_prefixes = ["EVIL_"]', 'refused_env_prefixes = [""]', "refused_env_prefixes"),
         ("experts_on_card = true", "experts_on_card = true\ncolour = 1", "colour"),
         ("overhead_gib = 1.25", "", "overhead_gib"),
+        # launch keys moved to the policy: the registry no longer takes them
+        ("experts_on_card = true", 'experts_on_card = true\nrefused_args = ["--x"]', "refused_args"),
+        ("[eng]", "[other]", "spread"),
     ],
 )
 def test_load_registry_fails_naming_the_engine_and_the_key(tmp_path, old, new, key):
     assert old in GOOD
     with pytest.raises(RegistryError) as caught:
-        load_registry(_write(tmp_path, GOOD.replace(old, new)))
-    assert "engine 'eng'" in str(caught.value)
+        load_registry(_write(tmp_path, GOOD.replace(old, new)), _policy(tmp_path))
+    assert "engine '" in str(caught.value)
     assert f"key {key!r}" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        ('tp_flag = "--tp"', 'tp_flag = "--width"', "tp_flag"),
+        ('context_flags = ["--ctx"]', 'context_flags = ["--nope"]', "context_flags"),
+        ('launch = ["{source}", "--port", "{port}"]', 'launch = ["--port", "{port}"]', "launch"),
+        ('launch = ["{source}", "--port", "{port}"]', 'launch = ["{source}", "{host}"]', "launch"),
+        ('value = "int"', 'value = "anything"', "value"),
+        ('src = "parser"', 'src = "nowhere"', "src"),
+        ('"--evil" = "it loads code"', '"--fine" = "it loads code"', "--fine"),
+        ("max_env = 4", "max_env = 0", "max_env"),
+        ("equals = true", 'equals = "yes"', "equals"),
+    ],
+)
+def test_load_policy_fails_naming_the_table_and_the_key(tmp_path, old, new, says):
+    from llmgw_policy import PolicyError
+
+    assert old in POLICY
+    with pytest.raises(PolicyError) as caught:
+        _policy(tmp_path, POLICY.replace(old, new))
+    assert "policy.toml" in str(caught.value)
+    assert says in str(caught.value)
 
 
 def test_load_registry_refuses_an_unknown_top_level_key(tmp_path):
     with pytest.raises(RegistryError, match="top level, key 'colour'"):
-        load_registry(_write(tmp_path, "colour = 1\n" + GOOD))
+        load_registry(_write(tmp_path, "colour = 1\n" + GOOD), _policy(tmp_path))
 
 
 def test_load_registry_refuses_a_file_that_is_not_toml(tmp_path):
     with pytest.raises(RegistryError, match="not valid TOML"):
-        load_registry(_write(tmp_path, "[eng\n"))
+        load_registry(_write(tmp_path, "[eng\n"), _policy(tmp_path))
 
 
 def test_the_shipped_registry_loads_cleanly():

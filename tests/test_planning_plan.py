@@ -304,13 +304,13 @@ def test_a_context_change_sets_the_engine_flag_and_checks_memory_at_the_current_
     change = context(llama(p), 32768)
     assert change.kind == "context"
     assert (change.before, change.after) == (8192, 32768)
+    # The TP spelling is the launcher's (the profile's tp field, 2): it goes with the change.
     assert change.args == (
-        "--tensor-parallel-size",
-        "2",
         "--enable-prefix-caching",
         "--max-model-len",
         "32768",
     )
+    assert change.new_profile.tp == 2
     # 2 cards: 16060522496 / 2 + 131072 × 32768 / 2 + 1.5 GiB
     assert change.memory.need == 8030261248 + 2 * GIB + int(1.5 * GIB)
     assert change.memory.cards == 2

@@ -520,7 +520,11 @@ def check_profile(
         return out
     out += _check_args(eng, args, context=context, context_max=context_max)
     out += _check_env(policy, eng, pairs)
-    return out
+    # A flag given twice is one reason, said once.
+    unique: dict[tuple[str, str], Refusal] = {}
+    for refusal in out:
+        unique.setdefault((refusal.subject, refusal.sentence), refusal)
+    return list(unique.values())
 
 
 def _limits(limits: Limits, args: Sequence[str], env: list[tuple[str, str]]) -> list[Refusal]:
@@ -619,10 +623,25 @@ def _check_args(
             continue
         written, joined_value = _split(eng, token)
         canon = eng.canonical(written)
-        read = "" if canon == written else f" (read by {eng.name} as {canon})"
+        read = "" if canon == written else f" (read as {canon})"
+        refused_for = f"{written} is refused for {eng.name}{read}"
 
         if "=" in token and not eng.equals:
-            head = eng.canonical(token.split("=", 1)[0])
+            written = token.split("=", 1)[0]
+            head = eng.canonical(written)
+            known = _lookup(eng, eng.refused, head) or _lookup(eng, eng.owned, head)
+            if known is not None:
+                # The engine would not read it, but it says what was meant: name that.
+                how = "" if head == written else f" (read as {head})"
+                why = (
+                    known[1]
+                    if known[1] in eng.refused.values()
+                    else f"the launcher sets it, not a profile ({known[1]})"
+                )
+                out.append(
+                    Refusal("refused_arg", written, f"{written} is refused for {eng.name}{how}: {why}.")
+                )
+                continue
             out.append(
                 Refusal(
                     "refused_arg",
@@ -653,7 +672,7 @@ def _check_args(
                     Refusal(
                         "refused_arg",
                         written,
-                        f"The context flag {written}{read} {problem}; it is set by the context operation.",
+                        f"{refused_for}: the context flag {problem}; it is set by the context operation.",
                     )
                 )
             continue
@@ -664,7 +683,7 @@ def _check_args(
                 Refusal(
                     "refused_arg",
                     written,
-                    f"{written}{read} is set by the launcher, not by a profile: {why}.",
+                    f"{refused_for}: the launcher sets it, not a profile ({why}).",
                 )
             )
             i = _skip_value(args, i, joined_value)
@@ -672,26 +691,26 @@ def _check_args(
         refused = _lookup(eng, eng.refused, canon)
         if refused is not None:
             flag, why = refused
-            out.append(Refusal("refused_arg", written, f"{written}{read} is refused for {eng.name}: {why}."))
+            out.append(Refusal("refused_arg", written, f"{refused_for}: {why}."))
             i = _skip_value(args, i, joined_value)
             continue
         target = eng.aliases.get(canon)
         if target is None:
-            out.append(_not_listed(eng, written, canon, read))
+            out.append(_not_listed(eng, written, canon, refused_for))
             i = _skip_value(args, i, joined_value)
             continue
         rule = eng.args[target]
         if rule.kind == "switch":
             if joined_value is not None:
                 out.append(
-                    Refusal("refused_arg", written, f"{written}{read} takes no value, but was given one.")
+                    Refusal("refused_arg", written, f"{refused_for}: it takes no value, but was given one.")
                 )
             continue
         value = joined_value
         if value is None:
             if i >= len(args):
                 out.append(
-                    Refusal("refused_arg", written, f"{written}{read} needs a value, and none follows.")
+                    Refusal("refused_arg", written, f"{refused_for}: it needs a value, and none follows.")
                 )
                 continue
             value = args[i]
@@ -701,7 +720,7 @@ def _check_args(
                     Refusal(
                         "refused_arg",
                         written,
-                        f"The value of {written}{read}, {_shown(value)!r}, looks like a flag; "
+                        f"{refused_for}: its value {_shown(value)!r} looks like a flag; "
                         f"write {written}=VALUE or give it a value.",
                     )
                 )
@@ -712,7 +731,7 @@ def _check_args(
                 Refusal(
                     "refused_arg",
                     written,
-                    f"The value of {written}{read}, {_shown(value)!r}, {problem}.",
+                    f"{refused_for}: its value {_shown(value)!r} {problem}.",
                 )
             )
     return out
@@ -732,13 +751,13 @@ def _lookup(eng: EnginePolicy, table: Mapping[str, str], canon: str) -> tuple[st
     return None
 
 
-def _not_listed(eng: EnginePolicy, written: str, canon: str, read: str) -> Refusal:
+def _not_listed(eng: EnginePolicy, written: str, canon: str, refused_for: str) -> Refusal:
     if eng.name == "vllm" and "." in canon and canon.startswith("--"):
         head = canon.split(".", 1)[0]
         return Refusal(
             "refused_arg",
             written,
-            f"{written} is refused for vllm: vLLM reads it as a key of {head}'s JSON; give {head} a JSON "
+            f"{refused_for}: vLLM reads it as a key of {head}'s JSON; give {head} a JSON "
             "object with the keys the policy lists, if it lists the flag.",
         )
     prefix_of = _abbreviates(eng, canon)
@@ -747,14 +766,14 @@ def _not_listed(eng: EnginePolicy, written: str, canon: str, read: str) -> Refus
         return Refusal(
             "refused_arg",
             written,
-            f"{written} is refused for {eng.name}: its parser reads it as {prefix_of}, and {why}.",
+            f"{refused_for}: its parser reads it as {prefix_of}, and {why}.",
         )
     listed = [flag for flag in eng.aliases if flag.startswith("--") and eng.canonical(flag).startswith(canon)]
     hint = f" (write it in full: {', '.join(listed[:3])})" if listed and canon.startswith("--") else ""
     return Refusal(
         "refused_arg",
         written,
-        f"{written}{read} is not on {eng.name}'s list of arguments a profile may pass{hint}; "
+        f"{refused_for}: it is not on {eng.name}'s list of arguments a profile may pass{hint}; "
         f"an operator who has checked in {eng.name}'s own parser that it reads no files, fetches "
         f"nothing and loads no code can add it under [engines.{eng.name}.args] in the launch policy "
         f"({HOW_TO_ADD}).",
@@ -792,14 +811,18 @@ def _check_env(policy: Policy, eng: EnginePolicy, env: list[tuple[str, str]]) ->
                 Refusal(
                     "refused_env",
                     name,
-                    f"{name} is set by the agent, not by a profile: {policy.agent_env[name]}.",
+                    f"{name} is set by the node agent, not by a profile: {policy.agent_env[name]}.",
                 )
             )
             continue
         why = _prefixed(eng.owned_env, name)
         if why is not None:
             out.append(
-                Refusal("refused_env", name, f"{name} is set by the launcher, not by a profile: {why}.")
+                Refusal(
+                    "refused_env",
+                    name,
+                    f"The environment variable {name} is refused for {eng.name}: the launcher sets it, not a profile ({why}).",
+                )
             )
             continue
         why = _prefixed(eng.refused_env, name)
@@ -832,7 +855,13 @@ def _check_env(policy: Policy, eng: EnginePolicy, env: list[tuple[str, str]]) ->
         problem = _value_problem(rule, value)
         if problem:
             shown = "(secret)" if rule.secret else repr(_shown(value))
-            out.append(Refusal("refused_env", name, f"The value of {name}, {shown}, {problem}."))
+            out.append(
+                Refusal(
+                    "refused_env",
+                    name,
+                    f"The environment variable {name} is refused for {eng.name}: its value {shown} {problem}.",
+                )
+            )
     return out
 
 

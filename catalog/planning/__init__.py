@@ -12,7 +12,6 @@ from catalog.planning.args import drop_arg, get_arg, get_int_arg, set_arg
 from catalog.planning.engines import (
     Engine,
     RegistryError,
-    argv,
     engine,
     launch_args,
     load_registry,
@@ -56,7 +55,6 @@ __all__ = [
     "RegistryError",
     "Room",
     "Shape",
-    "argv",
     "card_count",
     "card_counts_that_split",
     "card_memory",

@@ -1,5 +1,6 @@
-"""The engine registry: each serving engine's spellings, spread, memory model
-and refusals, read from ``engines.toml``.
+"""The engine registry: each serving engine's spread and memory model, read
+from ``engines.toml``, with its spellings and refusals from the launch policy
+(``agent/llmgw_policy/policy.toml``, shared with the node agents).
 
 Flag spelling is engine-specific: vLLM reads ``--max_model_len`` as
 ``--max-model-len``, and the argparse-based engines take any unambiguous
@@ -18,16 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmgw_policy import Policy, Refusal, check_profile, default_policy
+from llmgw_policy import launch_args as policy_launch_args
+
 from catalog.errors import DomainError
-from catalog.planning.args import drop_where, flag_name, get_where, is_flag, parse_int
+from catalog.planning.args import drop_where, get_where, parse_int
 from catalog.planning.units import GIB, and_list
 
 DEFAULT_PATH = Path(__file__).with_name("engines.toml")
 SPREADS = ("tensor", "layers", "single")
-PLACEHOLDERS = ("{source}", "{port}", "{model}")
-
-_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CAPABILITY = re.compile(r"(\d+)\.(\d+)")
 
 
@@ -37,7 +37,8 @@ class RegistryError(ValueError):
 
 @dataclass(frozen=True)
 class Engine:
-    """One engine's entry in the registry (see ``engines.toml`` for each key)."""
+    """One engine: its registry entry (``engines.toml``: spread, capability,
+    memory) and what the launch policy says of its arguments."""
 
     name: str
     spread: str
@@ -48,40 +49,24 @@ class Engine:
     overhead_bytes: int
     experts_on_card: bool
     launch: tuple[str, ...]
-    refused_args: tuple[str, ...]
-    refused_env: tuple[str, ...]
-    refused_env_prefixes: tuple[str, ...]
-    command: tuple[str, ...] = ()
     tp_env: tuple[str, ...] = ()
     context_env: tuple[str, ...] = ()
-    reserved_env: tuple[str, ...] = ()
     underscores_as_dashes: bool = False
     abbreviations: bool = False
 
 
 # -- loading -----------------------------------------------------------------
 
-_REQUIRED = {
-    "launch",
-    "spread",
-    "tp_flags",
-    "context_flags",
-    "min_capability",
-    "overhead_gib",
-    "experts_on_card",
-    "refused_args",
-    "refused_env",
-    "refused_env_prefixes",
-}
-_OPTIONAL = {"command", "tp_flag", "tp_env", "context_env", "underscores_as_dashes", "abbreviations"}
-_SHARED = {"refused_env_everywhere", "reserved_env"}
+_REQUIRED = {"spread", "min_capability", "overhead_gib", "experts_on_card"}
+_OPTIONAL: set[str] = set()
 
 
-def load_registry(path: Path | None = None) -> dict[str, Engine]:
+def load_registry(path: Path | None = None, policy: Policy | None = None) -> dict[str, Engine]:
     """Every engine in the registry file (``engines.toml`` beside this module
-    by default), checked. Raises ``RegistryError`` naming the engine and key
-    of the first thing wrong."""
+    by default), checked, with its launch policy (the shipped one by default).
+    Raises ``RegistryError`` naming the engine and key of the first thing wrong."""
     path = path or DEFAULT_PATH
+    policy = policy or default_policy()
     try:
         with path.open("rb") as f:
             data = tomllib.load(f)
@@ -91,70 +76,42 @@ def load_registry(path: Path | None = None) -> dict[str, Engine]:
     def fail(where: str, key: str, problem: str) -> RegistryError:
         return RegistryError(f"{path.name}: {where}, key {key!r}: {problem}")
 
-    shared: dict[str, tuple[str, ...]] = {}
     tables: dict[str, dict[str, Any]] = {}
     for key, value in data.items():
         if isinstance(value, dict):
             tables[key] = value
-        elif key in _SHARED:
-            shared[key] = _env_names(value, lambda problem, key=key: fail("the top level", key, problem))
         else:
-            raise fail("the top level", key, f"unknown; expected an engine table or one of {sorted(_SHARED)}")
+            raise fail("the top level", key, "unknown; expected an engine table")
     if not tables:
         raise RegistryError(f"{path.name}: no engines")
 
     engines = {}
     for name, table in tables.items():
         engines[name] = _engine(
-            name,
-            table,
-            everywhere=shared.get("refused_env_everywhere", ()),
-            reserved=shared.get("reserved_env", ()),
-            fail=lambda key, problem, name=name: fail(f"engine {name!r}", key, problem),
+            name, table, policy, fail=lambda key, problem, name=name: fail(f"engine {name!r}", key, problem)
         )
     return engines
 
 
 def _engine(
-    name: str,
-    table: dict[str, Any],
-    *,
-    everywhere: tuple[str, ...],
-    reserved: tuple[str, ...],
-    fail: Callable[[str, str], RegistryError],
+    name: str, table: dict[str, Any], policy: Policy, *, fail: Callable[[str, str], RegistryError]
 ) -> Engine:
     for key in table:
         if key not in _REQUIRED | _OPTIONAL:
             raise fail(key, "unknown key")
     for key in sorted(_REQUIRED - table.keys()):
         raise fail(key, "missing")
-
-    def flags(key: str) -> tuple[str, ...]:
-        return _flags(table.get(key, []), lambda problem: fail(key, problem))
-
-    def env(key: str) -> tuple[str, ...]:
-        return _env_names(table.get(key, []), lambda problem: fail(key, problem))
-
-    def boolean(key: str, default: bool) -> bool:
-        value = table.get(key, default)
-        if not isinstance(value, bool):
-            raise fail(key, f"must be true or false, not {value!r}")
-        return value
+    launch = policy.engine(name)
+    if launch is None:
+        raise fail("spread", f"the engine has no entry in the launch policy {policy.path}")
 
     spread = table["spread"]
     if spread not in SPREADS:
         raise fail("spread", f"must be one of {', '.join(SPREADS)}, not {spread!r}")
-
-    tp_flags = flags("tp_flags")
-    tp_flag = table.get("tp_flag")
-    if spread == "tensor":
-        if not isinstance(tp_flag, str):
-            raise fail("tp_flag", "a tensor-parallel engine needs the flag the launcher writes")
-        _flags([tp_flag], lambda problem: fail("tp_flag", problem))
-        if tp_flag not in tp_flags:
-            raise fail("tp_flag", f"{tp_flag} must also be in tp_flags, so that a profile's own is dropped")
-    elif tp_flag is not None:
-        raise fail("tp_flag", f"only a tensor-parallel engine has one, and this one spreads by {spread}")
+    if spread == "tensor" and not launch.tp_flag:
+        raise fail("spread", f"a tensor-parallel engine needs tp_flag in the launch policy {policy.path}")
+    if spread != "tensor" and launch.tp_flag:
+        raise fail("spread", f"only a tensor-parallel engine has a tp_flag, and this one spreads by {spread}")
 
     capability = table["min_capability"]
     if not isinstance(capability, str) or parse_capability(capability) is None:
@@ -164,73 +121,25 @@ def _engine(
     if isinstance(overhead, bool) or not isinstance(overhead, int | float) or not 0 <= overhead < 1024:
         raise fail("overhead_gib", f"must be a number of GiB from 0 to 1024, not {overhead!r}")
 
-    launch = table["launch"]
-    if not isinstance(launch, list) or not launch or not all(isinstance(t, str) for t in launch):
-        raise fail("launch", "must be a non-empty list of strings")
-    for token in launch:
-        for placeholder in _PLACEHOLDER.findall(token):
-            if placeholder not in PLACEHOLDERS:
-                raise fail(
-                    "launch",
-                    f"unknown placeholder {placeholder}; the known ones are {', '.join(PLACEHOLDERS)}",
-                )
-    if not any("{source}" in token for token in launch):
-        raise fail("launch", "must pass the checkpoint, {source}")
-
-    command = table.get("command", [])
-    if not isinstance(command, list) or not all(isinstance(t, str) and t for t in command):
-        raise fail("command", "must be a list of non-empty strings")
-
-    refused_args = flags("refused_args")
-    context_flags = flags("context_flags")
-    for key, own in (("tp_flags", tp_flags), ("context_flags", context_flags)):
-        clash = sorted(set(own) & set(refused_args))
-        if clash:
-            raise fail(key, f"{', '.join(clash)} cannot be both the engine's own and refused")
-
-    prefixes = env("refused_env_prefixes")
-    if any(not p for p in prefixes):
-        raise fail("refused_env_prefixes", "an empty prefix would refuse every variable")
+    experts = table["experts_on_card"]
+    if not isinstance(experts, bool):
+        raise fail("experts_on_card", f"must be true or false, not {experts!r}")
 
     return Engine(
         name=name,
         spread=spread,
-        tp_flags=tp_flags,
-        tp_flag=tp_flag,
-        context_flags=context_flags,
+        tp_flags=launch.tp_flags,
+        tp_flag=launch.tp_flag,
+        context_flags=launch.context_flags,
         min_capability=capability,
         overhead_bytes=round(overhead * GIB),
-        experts_on_card=boolean("experts_on_card", True),
-        launch=tuple(launch),
-        refused_args=refused_args,
-        refused_env=tuple(dict.fromkeys((*env("refused_env"), *everywhere))),
-        refused_env_prefixes=prefixes,
-        command=tuple(command),
-        tp_env=env("tp_env"),
-        context_env=env("context_env"),
-        reserved_env=reserved,
-        underscores_as_dashes=boolean("underscores_as_dashes", False),
-        abbreviations=boolean("abbreviations", False),
+        experts_on_card=experts,
+        launch=launch.launch,
+        tp_env=launch.tp_env,
+        context_env=launch.context_env,
+        underscores_as_dashes=launch.underscores_as_dashes,
+        abbreviations=launch.abbreviations,
     )
-
-
-def _flags(value: object, fail: Callable[[str], RegistryError]) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise fail(f"must be a list of flags, not {value!r}")
-    for flag in value:
-        if not isinstance(flag, str) or not is_flag(flag) or "=" in flag or " " in flag:
-            raise fail(f"{flag!r} is not a flag (it must start with '-', without '=' or spaces)")
-    return tuple(value)
-
-
-def _env_names(value: object, fail: Callable[[str], RegistryError]) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise fail(f"must be a list of variable names, not {value!r}")
-    for name in value:
-        # A prefix may end with "_", which the pattern allows; it may not be empty.
-        if not isinstance(name, str) or (name and not _ENV_NAME.fullmatch(name)):
-            raise fail(f"{name!r} is not an environment variable name")
-    return tuple(value)
 
 
 @functools.cache
@@ -316,10 +225,23 @@ def with_context(eng: Engine, args: Sequence[str], tokens: int) -> list[str]:
 # -- refusals and launching ----------------------------------------------------
 
 
-def _env_keys(env: Mapping[str, str] | Iterable[tuple[str, str]]) -> list[str]:
-    if isinstance(env, Mapping):
-        return list(env.keys())
-    return [key for key, _ in env]
+def _pairs(env: Mapping[str, str] | Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    return list(env.items()) if isinstance(env, Mapping) else list(env)
+
+
+def refusals(
+    eng: Engine,
+    args: Sequence[str],
+    env: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+    *,
+    context: bool = True,
+    context_max: int | None = None,
+) -> list[Refusal]:
+    """The launch policy's refusals of a profile's arguments and environment
+    (see ``llmgw_policy.check_profile``); empty when nothing is refused."""
+    return check_profile(
+        default_policy(), eng.name, list(args), _pairs(env), context=context, context_max=context_max
+    )
 
 
 def refused(
@@ -328,53 +250,20 @@ def refused(
     """A plain sentence for each argument and environment variable of a profile
     that this engine may not be given; empty when nothing is refused.
 
-    Arguments are caught in both forms (``--flag v``, ``--flag=v``) and in
-    every spelling the engine's parser accepts. The environment is a mapping
-    or a sequence of (name, value) pairs.
+    The launch policy's allowlist decides (``agent/llmgw_policy``): only the
+    spellings it lists pass, read as the engine's parser reads them. The
+    environment is a mapping or a sequence of (name, value) pairs.
     """
-    sentences: list[str] = []
-    seen: set[str] = set()
-    for token in args:
-        if not is_flag(token):
-            continue
-        name = flag_name(token)
-        if name in seen:
-            continue
-        target = spelling_of(eng, name, eng.refused_args)
-        if target is None:
-            continue
-        seen.add(name)
-        reads = "flags that read files, fetch from the network or load code are not passed to an engine"
-        if target == name:
-            sentences.append(f"{name} is refused for {eng.name}: {reads}.")
-        else:
-            sentences.append(f"{name} is refused for {eng.name}: it is read as {target}, and {reads}.")
-    for key in dict.fromkeys(_env_keys(env)):
-        if key in eng.reserved_env:
-            sentences.append(
-                f"{key} is set by the node agent from the cards it assigns; a profile cannot set it."
-            )
-        elif key in eng.refused_env or any(key.startswith(p) for p in eng.refused_env_prefixes):
-            sentences.append(
-                f"The environment variable {key} is refused for {eng.name}: "
-                "variables that name paths, other hosts or code to load are not passed to an engine."
-            )
-    return sentences
+    return [r.sentence for r in refusals(eng, args, env)]
 
 
 def launch_args(
     eng: Engine, *, source: str, port: int, model: str, tp: int, args: Sequence[str]
 ) -> list[str]:
-    """The arguments the node agent starts the engine with (after
-    ``eng.command``): the registry's template filled in, then the TP width
-    for a tensor-parallel engine, then the profile's own arguments."""
-    values = {"{source}": source, "{port}": str(port), "{model}": model}
-    out = [_PLACEHOLDER.sub(lambda m: values.get(m[0], m[0]), token) for token in eng.launch]
-    if eng.spread == "tensor" and eng.tp_flag:
-        out += [eng.tp_flag, str(tp)]
-    return [*out, *args]
-
-
-def argv(eng: Engine, *, source: str, port: int, model: str, tp: int, args: Sequence[str]) -> list[str]:
-    """The whole command line: ``eng.command`` then ``launch_args``."""
-    return [*eng.command, *launch_args(eng, source=source, port=port, model=model, tp=tp, args=args)]
+    """The arguments the node agent starts the engine with (after the
+    agent's own program for it): the launch template filled in, the
+    revision a source pins, then the TP width for a tensor-parallel engine,
+    then the profile's own arguments."""
+    return policy_launch_args(
+        default_policy(), eng.name, source=source, port=port, model=model, tp=tp, args=list(args)
+    )

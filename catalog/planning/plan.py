@@ -10,7 +10,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from catalog.errors import DomainError
-from catalog.planning.engines import Engine, engine, parse_capability, refused, with_context
+from catalog.planning.engines import (
+    Engine,
+    drop_spellings,
+    engine,
+    parse_capability,
+    refusals,
+    with_context,
+)
 from catalog.planning.memory import card_memory, longest_context_that_fits
 from catalog.planning.room import room_for
 from catalog.planning.rules import MAX_CARDS, context_of, heads_known, pick_profile, respread, splits_heads
@@ -66,11 +73,13 @@ def _finish(change: Change, notes: _Notes) -> Change:
     return replace(change, note=notes.text())
 
 
-def _refuse_forbidden(eng: Engine, p: ProfileSpec, change: Change, notes: _Notes) -> None:
+def _refuse_forbidden(
+    eng: Engine, p: ProfileSpec, change: Change, notes: _Notes, *, context_max: int | None
+) -> None:
     """The new profile must pass the registry's refusals, as its save will: a
     dry run never approves what the real change then refuses (the registry may
     have learnt a refusal since the profile was saved)."""
-    sentences = refused(eng, p.args, dict(p.env))
+    sentences = [r.sentence for r in refusals(eng, p.args, p.env, context_max=context_max)]
     if sentences:
         raise DomainError(
             "refused_arg",
@@ -298,7 +307,7 @@ def plan_resize(
     except DomainError as err:
         raise _with_change(err, change, notes) from None
     change = replace(change, args=new.args, new_profile=new)
-    _refuse_forbidden(eng, new, change, notes)
+    _refuse_forbidden(eng, new, change, notes, context_max=model.context_length)
 
     change = _check_memory(
         model=model,
@@ -326,8 +335,8 @@ def plan_context(
     running: int,
 ) -> Change:
     """The change that sets the context of ``model``'s profile to ``tokens``:
-    the engine's context flag is written (every other spelling of it, and its
-    environment variable, dropped), then the memory and room checks of a
+    the engine's context flag is written (every other spelling of it, its
+    environment variable and any TP spelling, which is the launcher's, dropped), then the memory and room checks of a
     resize run at the profile's current card count — a new context needs a
     restart too. ``before`` and ``after`` are tokens.
 
@@ -371,7 +380,9 @@ def plan_context(
     budget = _check_class(eng, p, classes.get(p.gpu_class or ""), change, notes)
 
     try:
-        args = with_context(eng, p.args, tokens)
+        # The TP width is the launcher's too (from the profile's tp field): a
+        # spelling left from before the launch policy goes with the change.
+        args = with_context(eng, drop_spellings(eng, p.args, eng.tp_flags), tokens)
     except DomainError as err:
         raise _with_change(err, change, notes) from None
     # The flag now wins over any environment spelling; dropping those keeps
@@ -379,7 +390,7 @@ def plan_context(
     env = tuple((k, v) for k, v in p.env if k not in eng.context_env)
     new = replace(p, args=tuple(args), env=env)
     change = replace(change, args=new.args, new_profile=new)
-    _refuse_forbidden(eng, new, change, notes)
+    _refuse_forbidden(eng, new, change, notes, context_max=model.context_length)
 
     n = p.cards
     change = _check_memory(

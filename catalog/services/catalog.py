@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models.deletion import ProtectedError
+from llmgw_policy import Refusal, context_value, default_policy, source_refusal
 
 from catalog.actor import Actor
 from catalog.errors import DomainError, conflict
@@ -167,6 +168,7 @@ def model_save(
     """Save a model; a declared one only from the cluster settings sync."""
 
     def guard(obj: ServedModel, before: dict[str, Any] | None) -> None:
+        validate_model_source(obj.source)
         if from_settings:
             return
         if before is not None and before.get("declared"):
@@ -191,22 +193,55 @@ def model_delete(*, instance: ServedModel, actor: Actor | None = None, from_sett
         _delete(instance, actor=actor)
 
 
-def validate_profile_spec(profile: Profile) -> None:
-    """Engine known, arguments a list of strings, env a mapping of strings, nothing refused."""
+def validate_profile_spec(
+    profile: Profile, *, before: dict[str, Any] | None = None, context_from_operation: bool = False
+) -> None:
+    """Engine known, arguments a list of strings, env a mapping of strings,
+    and the launch policy's allowlist passed (``agent/llmgw_policy``).
+
+    The engine's context flag is the context operation's: it may stay as it
+    was, but only the context operation (or the cluster settings file, for a
+    declared model) may write it, and never above the model's length.
+    """
     from catalog.planning import engines  # the registry is data; loaded once
 
     engine = engines.engine(profile.engine)
     if not isinstance(profile.args, list) or not all(isinstance(a, str) for a in profile.args):
-        raise DomainError("invalid", 'args must be a list of strings, e.g. ["--max-model-len", "8192"].')
+        raise DomainError("invalid", 'args must be a list of strings, e.g. ["--max-num-seqs", "64"].')
     if not isinstance(profile.env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in profile.env.items()
     ):
         raise DomainError(
             "invalid", 'env must be a mapping of strings to strings, e.g. {"HF_HUB_OFFLINE": "1"}.'
         )
-    refusals = engines.refused(engine, profile.args, profile.env)
+    model = profile.model
+    refusals = engines.refusals(engine, profile.args, profile.env, context_max=model.context_length)
+    if not context_from_operation and not refusals:
+        now = context_value(default_policy(), engine.name, profile.args)
+        was = None
+        if before is not None and before.get("engine") == profile.engine:
+            was = context_value(default_policy(), engine.name, before.get("args") or [])
+        if now is not None and now != was:
+            flag = engine.context_flags[0]
+            refusals = [
+                Refusal(
+                    "refused_arg",
+                    flag,
+                    f"{flag} is refused for {engine.name}: the launcher sets it, not a profile (the context "
+                    "length is set by the context operation: the model page's context form, "
+                    f"POST /api/models/{model.name}/context/ or manage.py context {model.name} TOKENS).",
+                )
+            ]
     if refusals:
-        raise DomainError("refused_arg", " ".join(refusals))
+        raise DomainError("refused_arg", " ".join(r.sentence for r in refusals))
+
+
+def validate_model_source(source: str) -> None:
+    """A Hugging Face repo id (org/name, optionally @revision) or an absolute
+    path under ``LLMGW_MODEL_ROOTS``; ``refused_source`` otherwise."""
+    refusal = source_refusal(source, settings.LLMGW_MODEL_ROOTS)
+    if refusal is not None:
+        raise DomainError("refused_source", refusal.sentence)
 
 
 def profile_save(
@@ -216,14 +251,20 @@ def profile_save(
     from_settings: bool = False,
     message: str = "",
     action: str | None = None,
+    context_from_operation: bool = False,
 ) -> Profile:
-    """Save a profile; its revision goes up whenever what it runs changes."""
+    """Save a profile; its revision goes up whenever what it runs changes.
+
+    ``context_from_operation``: the context operation (or the demo's seed)
+    writes the engine's context flag; no other path may change it."""
 
     def guard(obj: Profile, before: dict[str, Any] | None) -> None:
         model = ServedModel.objects.select_for_update().get(pk=obj.model_id)
         if not from_settings:
             ensure_not_declared(model)
-        validate_profile_spec(obj)
+        validate_profile_spec(
+            obj, before=before, context_from_operation=context_from_operation or from_settings
+        )
         if before is not None:
             proposed = snapshot(obj)
             if any(before.get(f) != proposed.get(f) for f in SERVING_FIELDS):

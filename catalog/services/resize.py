@@ -78,7 +78,13 @@ def _apply(model: ServedModel, change: Change, *, action: str, message: str, act
         new.pp,
     )
     profile.args, profile.env = list(new.args), dict(new.env)
-    profile = profile_save(instance=profile, action=action, message=message, actor=actor)
+    profile = profile_save(
+        instance=profile,
+        action=action,
+        message=message,
+        actor=actor,
+        context_from_operation=action == "set_context",
+    )
     stale = list(
         selectors.live_replicas(profile).filter(revision__lt=profile.revision).values_list("name", flat=True)
     )

@@ -84,7 +84,9 @@ class Command(ActorCommand):
                         gpus_per_node=gpn,
                         tp=tp,
                         args=args,
-                    )
+                    ),
+                    # The demo's contexts are set as the context operation would set them.
+                    context_from_operation=True,
                 )
                 created += 1
             for name, model_name, node_name, cards, port in fleet.REPLICAS:
