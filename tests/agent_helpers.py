@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from llmgw_policy import default_policy, launch_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 AGENT_DIR = REPO_ROOT / "agent"
@@ -64,8 +65,17 @@ def standin_spec(
     load_seconds: float = 0.3,
     engine: str = "vllm",
     ready_timeout: float = 60,
+    launch: bool = True,
+    source: str = "org/standin-model",
 ) -> dict[str, Any]:
-    """A PUT /v1/replicas/{id} body for a stand-in that loads in ``load_seconds``."""
+    """A PUT /v1/replicas/{id} body for a stand-in that loads in ``load_seconds``.
+
+    ``args`` follow the launcher's own (the launch policy's template for
+    ``engine``, as the control plane writes it) unless ``launch`` is False."""
+    if launch:
+        args = launch_args(
+            default_policy(), engine, source=source, port=port, model=model, tp=1, args=list(args)
+        )
     return {
         "engine": engine,
         "model": model,
@@ -197,7 +207,7 @@ def agent_config(
     port: int | None = None,
     cards: Iterable[Mapping[str, Any]] = DEFAULT_CARDS,
     engines: Mapping[str, Iterable[str]] | None = None,
-    engines_registry: Path | None = None,
+    policy_file: Path | None = None,
     stop_grace_seconds: float = 5,
     ready_poll_seconds: float = 0.1,
     extra: Mapping[str, Any] | None = None,
@@ -210,8 +220,8 @@ def agent_config(
         "stop_grace_seconds": stop_grace_seconds,
         "ready_poll_seconds": ready_poll_seconds,
     }
-    if engines_registry is not None:
-        values["engines_registry"] = str(engines_registry)
+    if policy_file is not None:
+        values["policy_file"] = str(policy_file)
     values.update(extra or {})
     values["cards"] = [dict(card) for card in cards]
     if engines is None:  # every engine of the catalog's registry, played by the stand-in
@@ -236,7 +246,7 @@ def running_agent(
     is stopped, and every replica it reported is killed if still there.
 
     ``config`` goes to ``agent_config`` (node, port, cards, engines,
-    engines_registry, stop_grace_seconds, ready_poll_seconds, extra). The
+    policy_file, stop_grace_seconds, ready_poll_seconds, extra). The
     token goes in a mode-600 file unless ``token_in_env``. Calling it again
     with the same directory and port restarts "the same" agent.
     """

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from llmgw_policy import default_policy, launch_args
 
 try:
     from tests.agent_helpers import (
@@ -43,38 +44,11 @@ except ImportError:  # tests/ is not a package: pytest put it on sys.path
         wait_until,
     )
 
-# The catalog's registry format (catalog/planning/engines.toml), cut down.
-REGISTRY = """
-refused_env_everywhere = ["LD_PRELOAD"]
-reserved_env = ["CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"]
-
-[vllm]
-launch = ["{source}", "--port", "{port}", "--served-model-name", "{model}"]
-underscores_as_dashes = true
-abbreviations = true
-refused_args = ["--model", "--chat-template", "--download-dir", "--trust-remote-code"]
-refused_env = ["VLLM_PLUGINS"]
-refused_env_prefixes = []
-
-[freetoken]
-launch = ["--model", "{source}", "--port", "{port}", "--served-model-name", "{model}"]
-abbreviations = true
-refused_args = ["--model", "--model-path"]
-refused_env = []
-refused_env_prefixes = ["FREETOKEN_BUILD_"]
-"""
-
 
 @pytest.fixture
-def registry(tmp_path: Path) -> Path:
-    path = tmp_path / "engines.toml"
-    path.write_text(REGISTRY, encoding="utf-8")
-    return path
-
-
-@pytest.fixture
-def agent(tmp_path: Path, registry: Path):
-    with running_agent(tmp_path / "agent", engines_registry=registry) as running:
+def agent(tmp_path: Path):
+    # The agent enforces the launch policy it carries (agent/llmgw_policy/policy.toml).
+    with running_agent(tmp_path / "agent") as running:
         yield running
 
 
@@ -217,20 +191,27 @@ def test_putting_the_same_replica_twice_starts_one_process(agent, http):
 
 def test_secret_looking_argument_values_stay_out_of_the_log_and_the_api(agent, http):
     secret = "sk-" + "q" * 20
+    # On the command line a key is refused (anyone on the node could read it in ps) ...
+    on_the_line = http.put(
+        "/v1/replicas/r0",
+        json=standin_spec(port=free_port(), args=["--api-key", secret, "--hf-token=" + secret]),
+    )
+    assert (on_the_line.status_code, on_the_line.json()["code"]) == (400, "refused_arg")
+    assert "VLLM_API_KEY" in on_the_line.json()["detail"]
+    assert secret not in on_the_line.text
+    # ... and reaches the engine through the environment, whose values the agent never shows.
     http.put(
         "/v1/replicas/r1",
-        json=standin_spec(port=free_port(), args=["--api-key", secret, "--hf-token=" + secret]),
+        json=standin_spec(port=free_port(), env={"VLLM_API_KEY": secret, "HF_TOKEN": secret}),
     )
 
     state = agent.wait_for_state("r1", "ready")
 
-    assert state["args"] == ["--api-key", "***", "--hf-token=***"]
-    assert secret in " ".join(
-        Path(f"/proc/{state['pid']}/cmdline").read_text().split("\0")
-    )  # the engine gets it
+    assert secret not in json.dumps(state)
+    assert secret in Path(f"/proc/{state['pid']}/environ").read_text()  # the engine gets it
     header = (agent.log_dir / "r1.log").read_text().splitlines()[0]
     assert "llmgw-agent: starting replica r1" in header
-    assert secret not in header
+    assert "VLLM_API_KEY" in header and secret not in header
     assert secret not in agent.output()
 
 
@@ -257,10 +238,11 @@ def test_a_different_spec_for_a_live_replica_is_a_conflict(agent, http):
     pid = http.put("/v1/replicas/r1", json=spec).json()["pid"]
 
     for change in (
-        {"args": ["--max-model-len", "8192"]},
+        {"args": [*spec["args"], "--max-model-len", "8192"]},
         {"cards": [1]},
-        {"port": free_port()},
-        {"model": "other"},
+        # (another port or model: the launcher's arguments say the same, as the control plane writes them)
+        {"port": (other := free_port()), "args": standin_spec(port=other)["args"]},
+        {"model": "other", "args": standin_spec(port=spec["port"], model="other")["args"]},
     ):
         response = http.put("/v1/replicas/r1", json={**spec, **change})
         assert response.status_code == 409, change
@@ -306,23 +288,23 @@ def test_a_stopped_replica_frees_its_cards_and_may_start_again_with_another_spec
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["--chat-template", "/etc/passwd"], "Argument --chat-template is"),
-        (["--max-model-len", "4096", "--chat-template=/etc/passwd"], "Argument --chat-template is"),
-        (["--download-dir=/tmp/x"], "Argument --download-dir is"),
-        (["--trust_remote_code"], "Argument --trust_remote_code (read as --trust-remote-code) is"),
-        (["--trust-remote"], "Argument --trust-remote (read as --trust-remote-code) is"),
+        (["--chat-template", "/etc/passwd"], "--chat-template is refused for vllm: it reads a template file"),
+        (["--max-model-len", "4096", "--chat-template=/etc/passwd"], "--chat-template is refused for vllm"),
+        (["--download-dir=/tmp/x"], "--download-dir is refused for vllm: it names a directory"),
+        (["--trust_remote_code"], "--trust_remote_code is refused for vllm (read as --trust-remote-code)"),
+        (
+            ["--trust-remote"],
+            "--trust-remote is refused for vllm: its parser reads it as --trust-remote-code",
+        ),
+        (["--not-a-vllm-flag"], "--not-a-vllm-flag is refused for vllm: it is not on vllm's list"),
     ],
 )
-def test_an_argument_the_registry_refuses_starts_nothing(agent, http, args, named):
+def test_an_argument_the_policy_refuses_starts_nothing(agent, http, args, named):
     response = http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), args=args))
 
     assert response.status_code == 400
     assert response.json()["code"] == "refused_arg"
     assert response.json()["detail"].startswith(named)
-    assert (
-        "refused for engine vllm: flags that read files, fetch from the network or load code"
-        in response.json()["detail"]
-    )
     assert http.get("/v1/replicas").json() == []
     assert started_replicas(agent) == 0
 
@@ -330,12 +312,13 @@ def test_an_argument_the_registry_refuses_starts_nothing(agent, http, args, name
 @pytest.mark.parametrize(
     ("engine", "env", "named"),
     [
-        ("vllm", {"VLLM_PLUGINS": "evil"}, "VLLM_PLUGINS is refused for engine vllm"),
-        ("vllm", {"LD_PRELOAD": "/tmp/x.so"}, "LD_PRELOAD is refused for engine vllm"),
-        ("freetoken", {"FREETOKEN_BUILD_DIR": "/tmp"}, "(variables starting with FREETOKEN_BUILD_)"),
-        ("vllm", {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "CUDA_VISIBLE_DEVICES cannot be set"),
-        ("vllm", {"NVIDIA_VISIBLE_DEVICES": "all"}, "NVIDIA_VISIBLE_DEVICES cannot be set"),
-        ("vllm", {"LLMGW_REPLICA_PORT": "1"}, "LLMGW_REPLICA_PORT cannot be set"),
+        ("vllm", {"VLLM_PLUGINS": "evil"}, "VLLM_PLUGINS is refused for vllm: it loads plugin packages"),
+        ("vllm", {"LD_PRELOAD": "/tmp/x.so"}, "LD_PRELOAD is refused for vllm: the dynamic loader"),
+        ("freetoken", {"FREETOKEN_BUILD_DIR": "/tmp"}, "FREETOKEN_BUILD_DIR is refused for freetoken"),
+        ("vllm", {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "CUDA_VISIBLE_DEVICES is set by the node agent"),
+        ("vllm", {"NVIDIA_VISIBLE_DEVICES": "all"}, "NVIDIA_VISIBLE_DEVICES is set by the node agent"),
+        ("vllm", {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, "CUDA_DEVICE_ORDER is set by the node agent"),
+        ("vllm", {"LLMGW_REPLICA_PORT": "1"}, "LLMGW_REPLICA_PORT is refused for vllm: LLMGW_ variables"),
     ],
 )
 def test_an_environment_variable_that_is_refused_starts_nothing(agent, http, engine, env, named):
@@ -349,17 +332,19 @@ def test_an_environment_variable_that_is_refused_starts_nothing(agent, http, eng
 
 
 def launch(engine: str, *, source: str, port: int, model: str) -> list[str]:
-    """What the control plane puts first (the registry's ``launch``, filled in)."""
-    if engine == "freetoken":
-        return ["--model", source, "--port", str(port), "--served-model-name", model]
-    return [source, "--port", str(port), "--served-model-name", model]
+    """What the control plane puts first (the launch policy's template, filled in)."""
+    return launch_args(default_policy(), engine, source=source, port=port, model=model, tp=1, args=[])
 
 
 def test_the_control_planes_own_launch_arguments_pass_but_the_same_flags_after_them_do_not(agent, http):
     port = free_port()
     args = launch("freetoken", source="Qwen/Qwen2.5-7B-Instruct", port=port, model="qwen-7b")
     spec = standin_spec(
-        port=port, engine="freetoken", model="qwen-7b", args=[*args, "--max-seq-len-override", "8192"]
+        port=port,
+        engine="freetoken",
+        model="qwen-7b",
+        args=[*args, "--max-seq-len-override", "8192"],
+        launch=False,
     )
 
     assert http.put("/v1/replicas/ok", json=spec).status_code == 201
@@ -371,7 +356,11 @@ def test_the_control_planes_own_launch_arguments_pass_but_the_same_flags_after_t
     as_source_response = http.put(
         "/v1/replicas/r3", json={**spec, "engine": "vllm", "cards": [2], "args": as_source}
     )
-    assert (as_source_response.status_code, as_source_response.json()["code"]) == (400, "refused_arg")
+    assert (as_source_response.status_code, as_source_response.json()["code"]) == (400, "refused_source")
+    missing = http.put(
+        "/v1/replicas/r4", json={**spec, "cards": [3], "args": ["--max-seq-len-override", "8"]}
+    )
+    assert (missing.status_code, missing.json()["code"]) == (400, "launch_mismatch")
 
 
 def test_launch_arguments_that_name_another_port_or_model_are_refused(agent, http):
@@ -379,13 +368,13 @@ def test_launch_arguments_that_name_another_port_or_model_are_refused(agent, htt
     wrong_port = http.put(
         "/v1/replicas/r1",
         json=standin_spec(
-            port=port, model="m", args=launch("vllm", source="org/m", port=port + 1, model="m")
+            port=port, model="m", args=launch("vllm", source="org/m", port=port + 1, model="m"), launch=False
         ),
     )
     wrong_model = http.put(
         "/v1/replicas/r1",
         json=standin_spec(
-            port=port, model="m", args=launch("vllm", source="org/m", port=port, model="other")
+            port=port, model="m", args=launch("vllm", source="org/m", port=port, model="other"), launch=False
         ),
     )
 
@@ -395,73 +384,52 @@ def test_launch_arguments_that_name_another_port_or_model_are_refused(agent, htt
     assert started_replicas(agent) == 0
 
 
-def test_an_engine_missing_from_the_registry_is_refused(tmp_path, registry):
+def test_an_engine_missing_from_the_policy_is_refused(tmp_path):
     engines = {"vllm": standin_command(), "mystery": standin_command()}
-    with running_agent(tmp_path, engines=engines, engines_registry=registry) as agent, agent.client() as http:
-        response = http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), engine="mystery"))
+    with running_agent(tmp_path, engines=engines) as agent, agent.client() as http:
+        spec = standin_spec(port=free_port(), launch=False)
+        response = http.put("/v1/replicas/r1", json={**spec, "engine": "mystery"})
         assert (response.status_code, response.json()["code"]) == (400, "unknown_engine")
-        assert "not in the engine registry" in response.json()["detail"]
+        assert "not in the launch policy" in response.json()["detail"]
 
 
-def test_without_a_registry_only_the_agents_own_variables_are_refused(tmp_path):
+def test_the_agent_always_enforces_the_policy_and_reports_its_hash(tmp_path):
     with running_agent(tmp_path) as agent, agent.client() as http:
-        ok = http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), args=["--chat-template=x"]))
-        refused = http.put(
+        chat = http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), args=["--chat-template=x"]))
+        order = http.put(
             "/v1/replicas/r2",
             json=standin_spec(port=free_port(), cards=[1], env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}),
         )
+        node = http.get("/v1/node").json()
 
-    assert ok.status_code == 201
-    assert (refused.status_code, refused.json()["code"]) == (400, "refused_env")
+    assert (chat.status_code, chat.json()["code"]) == (400, "refused_arg")
+    assert (order.status_code, order.json()["code"]) == (400, "refused_env")
+    assert node["policy"] == default_policy().digest
 
 
-CATALOG_REGISTRY = Path(__file__).resolve().parents[1] / "catalog/planning/engines.toml"
-
-
-@pytest.mark.skipif(not CATALOG_REGISTRY.exists(), reason="the catalog's engine registry is not there")
-def test_the_catalogs_own_engine_registry_is_read_and_enforced(tmp_path):
-    engines = {name: standin_command() for name in ("vllm", "freetoken", "llamacpp")}
-    with (
-        running_agent(tmp_path, engines=engines, engines_registry=CATALOG_REGISTRY) as agent,
-        agent.client() as http,
-    ):
-        port = free_port()
-        cases = [
-            (
-                "vllm",
-                [*launch("vllm", source="org/m", port=port, model="m"), "--trust-remote-code"],
-                {},
-                "refused_arg",
-            ),
-            (
-                "llamacpp",
-                ["-m", "/models/x.gguf", "--port", str(port), "--alias", "m", "-hf", "org/repo"],
-                {},
-                "refused_arg",
-            ),
-            ("llamacpp", [], {"LLAMA_ARG_MODEL_URL": "http://example.invalid/x.gguf"}, "refused_env"),
-            ("freetoken", [], {"FREETOKEN_KERNEL_CACHE_DIR": "/tmp"}, "refused_env"),
-        ]
-        for engine, args, env, code in cases:
-            response = http.put(
-                "/v1/replicas/r1", json=standin_spec(port=port, model="m", engine=engine, args=args, env=env)
-            )
-            assert (response.status_code, response.json()["code"]) == (400, code), (
-                engine,
-                args,
-                env,
-                response.json(),
-            )
-        allowed = http.put(
-            "/v1/replicas/r1",
-            json=standin_spec(
-                port=port,
-                model="m",
-                engine="freetoken",
-                args=launch("freetoken", source="org/m", port=port, model="m"),
-            ),
+def test_another_copy_of_the_policy_is_enforced_and_reported(tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        default_policy()
+        .path.read_text()
+        .replace('"--max-num-seqs" = { value = "int", min = 1, max = 65536, src = "args" }\n', "")
+    )
+    with running_agent(tmp_path / "agent", policy_file=policy) as agent, agent.client() as http:
+        response = http.put(
+            "/v1/replicas/r1", json=standin_spec(port=free_port(), args=["--max-num-seqs", "8"])
         )
-        assert allowed.status_code == 201, allowed.json()
+        node = http.get("/v1/node").json()
+
+    assert (response.status_code, response.json()["code"]) == (400, "refused_arg")
+    assert "--max-num-seqs is refused for vllm: it is not on vllm's list" in response.json()["detail"]
+    assert node["policy"] != default_policy().digest and node["policy"].startswith("sha256:")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm", "llamacpp", "freetoken"])
+def test_every_engine_of_the_policy_starts_with_the_launchers_own_arguments(agent, http, engine):
+    response = http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), engine=engine))
+    assert response.status_code == 201, response.json()
+    assert agent.wait_for_state("r1", "ready")["engine"] == engine
 
 
 def test_a_spec_of_the_wrong_shape_is_refused_with_a_sentence_naming_the_field(agent, http):
@@ -667,6 +635,7 @@ def test_node_reports_its_cards_from_the_configuration(tmp_path):
         ],
         "agent_version": node["agent_version"],
         "cards_source": "config",
+        "policy": default_policy().digest,
     }
 
 
@@ -698,7 +667,10 @@ def test_node_reports_its_cards_from_nvidia_smi_when_it_works(tmp_path):
             {"LLMGW_AGENT_READY_POLL_SECONDS": "often"},
             "LLMGW_AGENT_READY_POLL_SECONDS",
         ),
-        ({"node": "n", "token": "t", "engines_registry": "/nonexistent.toml"}, {}, "engines_registry"),
+        ({"node": "n", "token": "t", "engines_registry": "/x.toml"}, {}, "engines_registry: replaced"),
+        ({"node": "n", "token": "t", "policy_file": "/nonexistent.toml"}, {}, "policy_file"),
+        ({"node": "n", "token": "t", "model_roots": ["relative"]}, {}, "model_roots"),
+        ({"node": "n", "token": "t", "tls_cert_file": "/etc/hostname"}, {}, "tls_cert_file and tls_key_file"),
     ],
 )
 def test_a_bad_configuration_stops_the_agent_naming_the_key(tmp_path, config, env, named):

@@ -10,10 +10,11 @@ import signal
 import sys
 import threading
 
+from llmgw_policy import PolicyError, default_policy, load_policy
+
 from . import __version__
 from .cards import discover_cards
 from .config import ConfigError, load_config
-from .registry import RegistryError, RegistryFile
 from .replicas import Supervisor
 from .server import AgentServer
 
@@ -48,23 +49,21 @@ def main(argv: list[str] | None = None) -> int:
     for warning in config.warnings:
         log.warning("%s", warning)
 
-    registry = None
-    if config.engines_registry is not None:
-        try:
-            registry = RegistryFile(config.engines_registry)
-        except RegistryError as exc:
-            print(f"llmgw-agent: configuration error: engines_registry: {exc}", file=sys.stderr)
-            return 2
-        missing = sorted(set(config.engines) - set(registry.current()))
-        if missing:
-            log.warning(
-                "engines %s are not in the engine registry %s: replicas of them will be refused",
-                ", ".join(missing),
-                config.engines_registry,
-            )
+    try:
+        policy = load_policy(config.policy_file) if config.policy_file else default_policy()
+    except PolicyError as exc:
+        print(f"llmgw-agent: configuration error: policy_file: {exc}", file=sys.stderr)
+        return 2
+    missing = sorted(set(config.engines) - set(policy.engines))
+    if missing:
+        log.warning(
+            "engines %s are not in the launch policy %s: replicas of them will be refused",
+            ", ".join(missing),
+            policy.path,
+        )
 
     cards, cards_source = discover_cards(config.cards)
-    supervisor = Supervisor(config, cards, registry=registry)
+    supervisor = Supervisor(config, cards, policy=policy)
     try:
         server = AgentServer(config, supervisor, cards_source)
     except OSError as exc:
@@ -84,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     host, port = server.server_address[:2]
     log.info(
-        "llmgw-agent %s for node %s listening on %s:%s; %d cards (from %s); engines: %s; registry: %s; "
+        "llmgw-agent %s for node %s listening on %s:%s; %d cards (from %s); engines: %s; launch policy %s (%s); "
         "adopted %d running replicas; replicas %s when the agent exits",
         __version__,
         config.node,
@@ -93,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         len(cards),
         cards_source,
         ", ".join(sorted(config.engines)),
-        config.engines_registry or "none",
+        policy.path,
+        policy.digest,
         adopted,
         "are stopped" if stop_children else "keep running",
     )

@@ -26,7 +26,10 @@ ENV_OVERRIDES = {
     "token_file": "LLMGW_AGENT_TOKEN_FILE",
     "log_dir": "LLMGW_AGENT_LOG_DIR",
     "state_file": "LLMGW_AGENT_STATE_FILE",
-    "engines_registry": "LLMGW_AGENT_ENGINES_REGISTRY",
+    "policy_file": "LLMGW_AGENT_POLICY_FILE",
+    "model_roots": "LLMGW_AGENT_MODEL_ROOTS",
+    "tls_cert_file": "LLMGW_AGENT_TLS_CERT_FILE",
+    "tls_key_file": "LLMGW_AGENT_TLS_KEY_FILE",
     "stop_grace_seconds": "LLMGW_AGENT_STOP_GRACE_SECONDS",
     "ready_poll_seconds": "LLMGW_AGENT_READY_POLL_SECONDS",
     "stop_children_on_exit": "LLMGW_AGENT_STOP_CHILDREN_ON_EXIT",
@@ -61,7 +64,11 @@ class AgentConfig:
     token: str = field(repr=False)
     log_dir: Path
     state_file: Path
-    engines_registry: Path | None
+    policy_file: Path | None
+    model_roots: tuple[str, ...]
+    tls_cert_file: Path | None
+    tls_key_file: Path | None
+    token_file: Path | None
     stop_grace_seconds: float
     ready_poll_seconds: float
     stop_children_on_exit: bool
@@ -75,7 +82,7 @@ def load_config(path: str | os.PathLike[str] | None, environ: Mapping[str, str] 
     environment overrides, and validate everything.
 
     Relative paths (``log_dir``, ``state_file``, ``token_file``,
-    ``engines_registry``) are taken relative to the agent's working directory,
+    ``policy_file``, ``tls_cert_file``, ``tls_key_file``) are taken relative to the agent's working directory,
     which is also the working directory of the engines it starts.
     """
     env = os.environ if environ is None else environ
@@ -95,6 +102,11 @@ def load_config(path: str | os.PathLike[str] | None, environ: Mapping[str, str] 
 
 def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentConfig:
     """Validate already-parsed TOML ``data`` with ``environ``'s overrides applied."""
+    if "engines_registry" in data:
+        raise ConfigError(
+            "engines_registry: replaced by the launch policy the agent carries (llmgw_policy/policy.toml); "
+            "remove the key, or set policy_file to another copy of the policy"
+        )
     unknown = sorted(set(data) - TOP_LEVEL_KEYS)
     if unknown:
         raise ConfigError(
@@ -108,13 +120,16 @@ def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentCo
 
     node = _string(values, "node", required=True)
     host, port = _listen(values)
-    token = _token(values, environ, warnings)
+    token, token_file = _token(values, environ, warnings)
     log_dir = Path(_string(values, "log_dir", default=f"var/agent/{node}"))
     state_file = Path(_string(values, "state_file", default=str(log_dir / "replicas.json")))
-    registry = _string(values, "engines_registry", default="")
-    engines_registry = Path(registry) if registry else None
-    if engines_registry is not None and not engines_registry.is_file():
-        raise ConfigError(f"engines_registry: {engines_registry} does not exist or is not a file")
+    policy_file = _file(values, "policy_file")
+    model_roots = _roots(values)
+    tls_cert_file = _file(values, "tls_cert_file")
+    tls_key_file = _file(values, "tls_key_file")
+    if (tls_cert_file is None) != (tls_key_file is None):
+        raise ConfigError("tls_cert_file and tls_key_file: give both (to serve https) or neither")
+
     stop_grace = _number(values, "stop_grace_seconds", default=10.0, low=0.0, high=3600.0)
     ready_poll = _number(values, "ready_poll_seconds", default=0.5, low=0.05, high=60.0)
     stop_children = _boolean(values, "stop_children_on_exit", default=False)
@@ -126,7 +141,11 @@ def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentCo
         token=token,
         log_dir=log_dir,
         state_file=state_file,
-        engines_registry=engines_registry,
+        policy_file=policy_file,
+        model_roots=model_roots,
+        tls_cert_file=tls_cert_file,
+        tls_key_file=tls_key_file,
+        token_file=token_file,
         stop_grace_seconds=stop_grace,
         ready_poll_seconds=ready_poll,
         stop_children_on_exit=stop_children,
@@ -149,6 +168,32 @@ def _string(
         shown = "" if key == "token" else f", got {value!r}"
         raise ConfigError(f"{label}: must be a non-empty string{shown}")
     return value.strip()
+
+
+def _file(values: dict[str, tuple[Any, str]], key: str) -> Path | None:
+    text = _string(values, key, default="")
+    if not text:
+        return None
+    path = Path(text)
+    if not path.is_file():
+        raise ConfigError(f"{values[key][1]}: {path} does not exist or is not a file")
+    return path
+
+
+def _roots(values: dict[str, tuple[Any, str]]) -> tuple[str, ...]:
+    """Directories a model's source may be a path under: a list, or a
+    comma-separated string (from the environment)."""
+    if "model_roots" not in values:
+        return ()
+    value, label = values["model_roots"]
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{label}: must be a list of absolute directories, got {value!r}")
+    roots = tuple(i.strip().rstrip("/") or "/" for i in items if i.strip())
+    for root in roots:
+        if not root.startswith("/"):
+            raise ConfigError(f"{label}: {root!r} is not an absolute directory")
+    return roots
 
 
 def _number(
@@ -199,7 +244,10 @@ def _listen(values: dict[str, tuple[Any, str]]) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _token(values: dict[str, tuple[Any, str]], environ: Mapping[str, str], warnings: list[str]) -> str:
+def _token(
+    values: dict[str, tuple[Any, str]], environ: Mapping[str, str], warnings: list[str]
+) -> tuple[str, Path | None]:
+    """The token, and the file it came from (where a rotated token is written), if any."""
     # The environment beats the file; inside the file, one way only, so that
     # nobody has to wonder which of two tokens is in force.
     if ENV_OVERRIDES["token"] in environ:
@@ -217,7 +265,7 @@ def _token(values: dict[str, tuple[Any, str]], environ: Mapping[str, str], warni
             "token: required (token, token_file or LLMGW_AGENT_TOKEN); refusing to start without one"
         )
     if source == "token":
-        return _string(values, "token")
+        return _string(values, "token"), None
     token_path = Path(_string(values, "token_file"))
     label = values["token_file"][1]
     try:
@@ -229,7 +277,7 @@ def _token(values: dict[str, tuple[Any, str]], environ: Mapping[str, str], warni
         raise ConfigError(f"{label}: {token_path} is empty; refusing to start without a token")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         warnings.append(f"token_file {token_path} can be read by other users; chmod 600 it")
-    return token
+    return token, token_path
 
 
 def _cards(raw: Any) -> tuple[CardConfig, ...]:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,8 +35,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from llmgw_policy import Policy, check_spec, default_policy
+
 from .config import AgentConfig, CardConfig
-from .registry import EngineRules, RegistryError, RegistryFile, refusal
 from .spec import AgentError, Spec, parse_spec
 
 
@@ -355,12 +357,15 @@ class Supervisor:
         config: AgentConfig,
         cards: tuple[CardConfig, ...],
         *,
-        registry: RegistryFile | None = None,
+        policy: Policy | None = None,
         probe: Callable[[int, str], tuple[str, str]] = probe,
     ):
         self.config = config
         self.cards = cards
-        self.registry = registry
+        self.policy = policy or default_policy()
+        # Programs are found on the agent's own PATH, as it was when the agent
+        # started: a spec cannot name another (PATH is refused in a spec).
+        self.program_path = os.environ.get("PATH", os.defpath)
         self._probe = probe
         self._lock = threading.Lock()
         self._replicas: dict[str, Replica] = {}
@@ -405,16 +410,25 @@ class Supervisor:
                 "unknown_engine",
                 f"Engine {spec.engine!r} is not configured on this node (known: {known}).",
             )
-        refused = refusal(
+        if spec.engine not in self.policy.engines:
+            raise AgentError(
+                400,
+                "unknown_engine",
+                f"Engine {spec.engine!r} is configured on this node but not in the launch policy "
+                f"{self.policy.path}, so nobody has said which of its arguments are safe.",
+            )
+        refusals = check_spec(
+            self.policy,
             spec.engine,
-            spec.args,
-            [name for name, _ in spec.env],
-            self._rules(spec.engine),
+            list(spec.args),
+            list(spec.env),
             port=spec.port,
             model=spec.model,
+            roots=self.config.model_roots,
         )
-        if refused is not None:
-            raise AgentError(400, refused.code, refused.sentence)
+        if refusals:
+            code = "refused_arg" if refusals[0].code == "too_large" else refusals[0].code
+            raise AgentError(400, code, refusals[0].sentence)
         known_cards = {card.index for card in self.cards}
         missing = [card for card in spec.cards if card not in known_cards]
         if missing:
@@ -476,32 +490,13 @@ class Supervisor:
             self._save()
             return 201, record.as_dict()
 
-    def _rules(self, engine: str) -> EngineRules | None:
-        if self.registry is None:
-            return None
-        try:
-            rules = self.registry.current().get(engine)
-        except RegistryError as exc:
-            # Fail closed: without the registry nobody can say what is safe.
-            raise AgentError(
-                503,
-                "registry_unavailable",
-                f"The engine registry cannot be read, so no replica is started: {exc}.",
-            ) from None
-        if rules is None:
-            raise AgentError(
-                400,
-                "unknown_engine",
-                f"Engine {engine!r} is configured on this node but not in the engine registry "
-                f"{self.registry.path}, so nobody has said which of its flags are safe.",
-            )
-        return rules
-
     def _launch(self, replica_id: str, spec: Spec, command: tuple[str, ...]) -> Replica:
         """Start the process (called with the lock held, so that two PUTs cannot
         both take the same cards)."""
-        argv = [*command, *spec.args]
+        program = command[0] if "/" in command[0] else shutil.which(command[0], path=self.program_path)
+        argv = [program or command[0], *command[1:], *spec.args]
         env = {name: value for name, value in os.environ.items() if not name.startswith("LLMGW_")}
+        env["PATH"] = self.program_path
         env.update(spec.env)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(card) for card in spec.cards)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -531,6 +526,10 @@ class Supervisor:
                 reason="process started; /health is not answering yet",
             )
             try:
+                if program is None:
+                    raise FileNotFoundError(
+                        2, f"{command[0]} is not on the agent's PATH ({self.program_path})"
+                    )
                 popen = subprocess.Popen(
                     argv,
                     env=env,

@@ -113,6 +113,7 @@ class AgentHandler(BaseHTTPRequestHandler):
                 "cards": supervisor.node(),
                 "agent_version": __version__,
                 "cards_source": self.server.cards_source,
+                "policy": supervisor.policy.digest,
             }
         if path in ("/v1/replicas", "/v1/replicas/"):
             self._allow(method, "GET")

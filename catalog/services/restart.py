@@ -43,6 +43,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
+from llmgw_policy import default_policy, source_refusal
 
 from catalog.actor import Actor, acting_as, current_actor
 from catalog.agents import AgentClient, AgentError, describe_failure
@@ -97,8 +98,11 @@ def build_spec(
     cards: list[int],
     ready_timeout: float,
 ) -> dict[str, Any]:
-    """The PUT /v1/replicas/{id} body: the registry's launch arguments, then the profile's."""
+    """The PUT /v1/replicas/{id} body: the launch policy's arguments, then the
+    profile's. A profile the launch policy refuses now (it was saved before a
+    rule changed) is refused here with the reason, and nothing is sent."""
     eng = engines.engine(engine)
+    check_launchable(model=model, engine=engine, args=list(args), env=env)
     return {
         "engine": engine,
         "model": model.name,
@@ -110,6 +114,23 @@ def build_spec(
         "port": port,
         "ready_timeout": ready_timeout,
     }
+
+
+def check_launchable(*, model: ServedModel, engine: str, args: list[str], env: dict[str, str]) -> None:
+    """The model's source and the profile's arguments and environment pass the
+    launch policy as it is now; ``refused_source`` or ``refused_arg`` saying
+    why (and what to change) otherwise."""
+    bad_source = source_refusal(model.source, settings.LLMGW_MODEL_ROOTS)
+    if bad_source is not None:
+        raise DomainError("refused_source", f"{model.name} cannot be started: {bad_source.sentence}")
+    refusals = engines.refusals(engines.engine(engine), args, env, context_max=model.context_length)
+    if refusals:
+        raise DomainError(
+            "refused_arg",
+            f"{model.name} cannot be started as its profile stands: "
+            + " ".join(r.sentence for r in refusals)
+            + " Change the profile first (it was saved before the launch policy said so).",
+        )
 
 
 def profile_spec(
@@ -244,6 +265,7 @@ def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replic
 
 def _check_restartable(model: ServedModel, profile: Profile) -> None:
     engines.engine(profile.engine)  # unknown_engine, with the known ones
+    check_launchable(model=model, engine=profile.engine, args=list(profile.args), env=dict(profile.env))
     if profile.gpu_class_id is None:
         raise DomainError(
             "cpu_only",
@@ -1022,6 +1044,7 @@ class _Run:
         """PUT the spec (again: harmless) and poll until ready; _StepFailed otherwise."""
         node = Node.objects.get(name=step.node)
         agent = self._agent(node)
+        self._check_node_policy(node, agent, replica)
         movable = not step.in_place and replica.pk == step.new_replica_id
         for attempt in range(PORT_TRIES):
             try:
@@ -1082,6 +1105,28 @@ class _Run:
                 errors += 1
                 if errors >= POLL_ERRORS_ALLOWED or exc.code in ("agent_token", "not_found"):
                     raise _StepFailed(f"{replica.name} could not be watched: {exc.message}") from None
+
+    def _check_node_policy(self, node: Node, agent: AgentClient, replica: Replica) -> None:
+        """The node's agent enforces the same launch policy as the control plane:
+        otherwise what one allowed the other might refuse (or the reverse), and
+        nothing is sent."""
+        try:
+            theirs = agent.node_info().get("policy")
+        except AgentError as exc:
+            certain = exc.code in ("agent_token", "agent_refused") or (
+                exc.code == "agent_down" and "refused the connection" in exc.message
+            )
+            raise _StepFailed(
+                f"{replica.name} could not be started: {exc.message}", started=not certain
+            ) from None
+        ours = default_policy().digest
+        if theirs != ours:
+            said = f"launch policy {theirs}" if theirs else "no launch policy (an agent older than it)"
+            raise _StepFailed(
+                f"{replica.name} was not started: the agent of node {node.name} enforces {said}, but the "
+                f"control plane's is {ours}. Deploy the same agent/llmgw_policy/policy.toml to both.",
+                started=False,
+            )
 
     def _move_port(
         self, step: Step, replica: Replica, spec: dict[str, Any], node: Node, why: str

@@ -64,7 +64,8 @@ def agent_config(node: Node, directory: Path) -> str:
         f"listen = {_toml_value(f'{url.hostname}:{url.port or 80}')}",
         f"token_file = {_toml_value(str(token_file))}",
         f"log_dir = {_toml_value(str(directory / 'logs'))}",
-        f"engines_registry = {_toml_value(str(engines.DEFAULT_PATH))}",
+        # The agent enforces the launch policy it carries, the same file as the control plane's.
+        f"model_roots = [{', '.join(_toml_value(root) for root in settings.LLMGW_MODEL_ROOTS)}]",
         "stop_grace_seconds = 3",
         "ready_poll_seconds = 0.5",
         "stop_children_on_exit = true",
