@@ -24,7 +24,9 @@ from catalog.models import (
     ServedModel,
     Shard,
 )
+from catalog.secrets import masked_env, unmasked_env
 from catalog.services import catalog as services
+from catalog.services.audit import snapshot
 
 SAVE = {
     GPUClass: services.gpu_class_save,
@@ -119,18 +121,110 @@ class CardInline(admin.TabularInline):
         return shard.replica.name if shard else "free"
 
 
-class NodeAdminForm(forms.ModelForm):
+class CheckedForm(forms.ModelForm):
+    """Runs the service's own checks as form validation, so that a refusal is
+    shown on the form with everything the editor typed kept (the service
+    checks again when it saves)."""
+
+    def _post_clean(self) -> None:
+        super()._post_clean()
+        if self.errors:
+            return
+        try:
+            self.check_with_services(self.instance)
+        except DomainError as exc:
+            self.add_error(None, exc.message)
+
+    def check_with_services(self, instance: Any) -> None:
+        raise NotImplementedError
+
+
+class NodeAdminForm(CheckedForm):
     # Agents listen on the fleet's own network, usually plain http.
     agent_url = forms.URLField(
         assume_scheme="http", help_text="Base URL of the node agent, e.g. http://10.0.0.5:9101"
     )
+    # Write-only: never rendered back; left empty on a change, the token stays as it is.
     agent_token = forms.CharField(
-        widget=forms.PasswordInput(render_value=True), help_text="Bearer token the node agent expects."
+        widget=forms.PasswordInput(render_value=False),
+        required=False,
+        help_text="Bearer token the node agent expects. Never shown; leave empty to keep it "
+        "(it must be given again when the agent URL changes).",
     )
 
     class Meta:
         model = Node
         fields = ["name", "agent_url", "agent_token", "state"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        current = Node.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
+        token = data.get("agent_token") or ""
+        if current is None and not token:
+            self.add_error("agent_token", "A new node needs the token its agent expects.")
+        elif current is not None and not token:
+            if data.get("agent_url") and data["agent_url"] != current.agent_url:
+                self.add_error("agent_token", "Changing the agent URL needs the agent token again.")
+            data["agent_token"] = current.agent_token
+        return data
+
+    def check_with_services(self, instance: Node) -> None:
+        services.validate_agent_url(instance.agent_url)
+
+
+class ProfileAdminForm(CheckedForm):
+    class Meta:
+        model = Profile
+        fields = ["model", "name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and "env" in self.fields and not self.is_bound:
+            # Secret values (API keys) are write-only: shown as placeholders.
+            self.initial["env"] = masked_env(self.instance.engine, self.instance.env or {})
+
+    def clean_env(self) -> Any:
+        env = self.cleaned_data.get("env")
+        if self.instance.pk and isinstance(env, dict):
+            stored = Profile.objects.filter(pk=self.instance.pk).values_list("env", flat=True).first() or {}
+            return unmasked_env(env, stored)
+        return env
+
+    def check_with_services(self, instance: Profile) -> None:
+        if not getattr(instance, "model_id", None):
+            return
+        before = None
+        if instance.pk:
+            stored = Profile.objects.filter(pk=instance.pk).first()
+            before = snapshot(stored) if stored is not None else None
+        services.ensure_not_declared(instance.model)
+        services.validate_profile_spec(instance, before=before)
+
+
+class ServedModelAdminForm(CheckedForm):
+    class Meta:
+        model = ServedModel
+        fields = [
+            "name",
+            "source",
+            "context_length",
+            "layers",
+            "attention_heads",
+            "kv_heads",
+            "head_dim",
+            "dtype",
+            "attention",
+            "kv_bytes_per_token",
+            "weight_bytes",
+            "expert_bytes",
+            "sliding_window",
+            "sliding_layers",
+            "declared",
+            "declared_in",
+        ]
+
+    def check_with_services(self, instance: ServedModel) -> None:
+        services.validate_model_source(instance.source)
 
 
 @admin.register(Node)
@@ -161,6 +255,7 @@ class NodeAdmin(ServiceAdminMixin, admin.ModelAdmin):
 
 class ProfileInline(admin.StackedInline):
     model = Profile
+    form = ProfileAdminForm
     extra = 0
     fields = ["name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env", "revision"]
     readonly_fields = ["revision"]
@@ -184,6 +279,7 @@ class ImportConfigForm(forms.Form):
 
 @admin.register(ServedModel)
 class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    form = ServedModelAdminForm
     inlines = [ProfileInline]
     list_display = [
         "name",
@@ -287,6 +383,7 @@ class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
 
 @admin.register(Profile)
 class ProfileAdmin(ServiceAdminMixin, admin.ModelAdmin):
+    form = ProfileAdminForm
     list_display = ["__str__", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "revision"]
     list_filter = ["engine", "gpu_class"]
     search_fields = ["name", "model__name"]

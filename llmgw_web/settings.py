@@ -181,6 +181,11 @@ LLMGW_REPLICA_PORT_BASE = env_int("LLMGW_REPLICA_PORT_BASE", 8100, minimum=1024)
 # Where the cluster's declared models live (TOML); refusals point here.
 # Directories a model's source may be a path under (comma- or colon-separated); empty: Hugging
 # Face repo ids only. The agents' model_roots should say the same.
+# Hosts a node's agent URL may name: names, "*.suffix" or networks (10.0.0.0/8), comma-separated;
+# empty: any host but link-local, metadata and unspecified addresses (always refused).
+LLMGW_AGENT_HOSTS = env_list("LLMGW_AGENT_HOSTS", [])
+# A CA bundle (PEM) to trust for https agent URLs; empty: the system's.
+LLMGW_AGENT_CA_BUNDLE = env_str("LLMGW_AGENT_CA_BUNDLE") or ""
 LLMGW_MODEL_ROOTS = parse_roots(env_str("LLMGW_MODEL_ROOTS") or "")
 LLMGW_CLUSTER_SETTINGS = env_str("LLMGW_CLUSTER_SETTINGS") or str(BASE_DIR / "cluster.toml")
 

@@ -284,6 +284,7 @@ class Replica:
     timed_out: bool = False
     killed_after_grace: float | None = None
     done: threading.Event = field(default_factory=threading.Event, repr=False)
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def live(self) -> bool:
@@ -308,12 +309,18 @@ class Replica:
             "ready_at": self.ready_at,
             "finished_at": self.finished_at,
             "exit_code": self.exit_code,
-            "log_tail": self.log_tail() if self.state == FAILED else [],
-            "reason": self.reason,
+            "log_tail": [self.redact(line) for line in self.log_tail()] if self.state == FAILED else [],
+            "reason": self.redact(self.reason),
             "args": redacted(list(self.spec.args)),
             "adopted": self.adopted,
             "log_file": str(self.log_path),
         }
+
+    def redact(self, text: str) -> str:
+        """``text`` without the values of the spec's secret variables (API keys)."""
+        for value in self.secrets:
+            text = text.replace(value, "***")
+        return text
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
         """The last ``lines`` lines this run wrote to its log."""
@@ -490,6 +497,10 @@ class Supervisor:
             self._save()
             return 201, record.as_dict()
 
+    def _secrets(self, spec: Spec) -> tuple[str, ...]:
+        names = self.policy.secret_env(spec.engine)
+        return tuple(value for name, value in spec.env if name in names and len(value) >= 4)
+
     def _launch(self, replica_id: str, spec: Spec, command: tuple[str, ...]) -> Replica:
         """Start the process (called with the lock held, so that two PUTs cannot
         both take the same cards)."""
@@ -524,6 +535,7 @@ class Supervisor:
                 started_at=started_at,
                 ready_deadline=time.time() + spec.ready_timeout,
                 reason="process started; /health is not answering yet",
+                secrets=self._secrets(spec),
             )
             try:
                 if program is None:
@@ -751,6 +763,7 @@ class Supervisor:
         return Replica(
             id=entry["id"],
             spec=spec,
+            secrets=self._secrets(spec),
             state=entry["state"],
             log_path=Path(entry["log_path"]),
             log_offset=int(entry["log_offset"]),

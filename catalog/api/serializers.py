@@ -8,6 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel
+from catalog.secrets import masked_env, unmasked_env
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -43,6 +44,15 @@ class NodeSerializer(serializers.ModelSerializer):
         model = Node
         fields = ["id", "name", "agent_url", "agent_token", "state", "cards"]
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        node = self.instance
+        moved = isinstance(node, Node) and "agent_url" in attrs and attrs["agent_url"] != node.agent_url
+        if moved and "agent_token" not in attrs:
+            raise serializers.ValidationError(
+                {"agent_token": "Changing agent_url needs the agent token again, for the new agent."}
+            )
+        return attrs
+
 
 class ProfileSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", queryset=ServedModel.objects.all())
@@ -72,6 +82,18 @@ class ProfileSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["revision"]
         validators: list[Any] = []  # uniqueness is the service's and the database's to say
+
+    def to_representation(self, instance: Profile) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        # Values the launch policy marks secret (API keys) are write-only.
+        data["env"] = masked_env(instance.engine, data.get("env") or {})
+        return data
+
+    def validate_env(self, value: dict[str, str]) -> dict[str, str]:
+        """A placeholder sent back (as GET showed it) keeps the stored secret."""
+        if self.instance is not None and isinstance(self.instance, Profile):
+            return unmasked_env(value, self.instance.env or {})
+        return value
 
 
 class ProfileInModelSerializer(ProfileSerializer):

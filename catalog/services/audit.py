@@ -39,6 +39,11 @@ def snapshot(instance: models.Model) -> dict[str, Any]:
             out[field.name] = None if related is None else str(related)
         else:
             out[field.name] = getattr(instance, field.attname)
+    if isinstance(out.get("env"), dict) and isinstance(getattr(instance, "engine", None), str):
+        # A profile: the values the launch policy marks secret, as fingerprints.
+        from catalog.secrets import fingerprinted_env
+
+        out["env"] = fingerprinted_env(instance.engine, out["env"])
     return jsonable(out)
 
 

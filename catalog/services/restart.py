@@ -61,6 +61,7 @@ from catalog.models import (
 )
 from catalog.models.serving import stale_replicas_q
 from catalog.planning import engines
+from catalog.secrets import profile_secrets, redact
 from catalog.services.audit import audit_record, snapshot
 
 if TYPE_CHECKING:
@@ -544,6 +545,11 @@ class _Run:
         self.poll = settings.LLMGW_OPERATION_POLL_SECONDS
         # Steps in threads (each with its own connection), or one after the other.
         self.threaded = self.op.max_parallel > 1 and _threads_can_share_the_database()
+        self.secrets = [
+            secret
+            for profile in Profile.objects.filter(model_id=self.op.model_id)
+            for secret in profile_secrets(profile.engine, profile.env or {})
+        ]
 
     # -- audit -----------------------------------------------------------------------------------
 
@@ -600,11 +606,15 @@ class _Run:
         return Step.objects.select_related("old_replica", "new_replica").get(pk=step_id)
 
     def _set_step(self, step: Step, **fields: Any) -> None:
+        if isinstance(fields.get("reason"), str):
+            # An engine's log tail or an agent's sentence may echo a secret of the profile's.
+            fields["reason"] = redact(fields["reason"], self.secrets)
         for name, value in fields.items():
             setattr(step, name, value)
         Step.objects.filter(pk=step.pk).update(**fields)
 
     def _finish_step(self, step: Step, state: str, reason: str) -> str:
+        reason = redact(reason, self.secrets)
         self._set_step(step, state=state, reason=reason, finished_at=timezone.now())
         log.info("restart #%s step %s: %s: %s", self.op.pk, step.pk, state, reason)
         return state
@@ -1112,13 +1122,10 @@ class _Run:
         nothing is sent."""
         try:
             theirs = agent.node_info().get("policy")
-        except AgentError as exc:
-            certain = exc.code in ("agent_token", "agent_refused") or (
-                exc.code == "agent_down" and "refused the connection" in exc.message
-            )
-            raise _StepFailed(
-                f"{replica.name} could not be started: {exc.message}", started=not certain
-            ) from None
+        except AgentError:
+            # Not known to differ: the start that follows says what is wrong with
+            # the agent, and the agent applies its own policy in any case.
+            return
         ours = default_policy().digest
         if theirs != ours:
             said = f"launch policy {theirs}" if theirs else "no launch policy (an agent older than it)"
