@@ -295,6 +295,7 @@ max_args_bytes = 256
 max_env = 4
 max_env_value_bytes = 64
 max_env_bytes = 256
+max_context = 1000000
 
 [engines.eng]
 launch = ["{source}", "--port", "{port}"]

@@ -118,6 +118,7 @@ class Limits:
     max_env: int
     max_env_value_bytes: int
     max_env_bytes: int
+    max_context: int
 
 
 @dataclass(frozen=True)
@@ -518,7 +519,9 @@ def check_profile(
     out = _limits(policy.limits, args, pairs)
     if out:
         return out
-    out += _check_args(eng, args, context=context, context_max=context_max)
+    out += _check_args(
+        eng, args, context=context, context_max=context_max, max_context=policy.limits.max_context
+    )
     out += _check_env(policy, eng, pairs)
     # A flag given twice is one reason, said once.
     unique: dict[tuple[str, str], Refusal] = {}
@@ -590,7 +593,7 @@ def _limits(limits: Limits, args: Sequence[str], env: list[tuple[str, str]]) -> 
 
 
 def _check_args(
-    eng: EnginePolicy, args: Sequence[str], *, context: bool, context_max: int | None
+    eng: EnginePolicy, args: Sequence[str], *, context: bool, context_max: int | None, max_context: int
 ) -> list[Refusal]:
     out: list[Refusal] = []
     seen_context = 0
@@ -665,6 +668,8 @@ def _check_args(
                 problem = "must be at least 1"
             elif context_max is not None and int(value) > context_max:
                 problem = f"is above the model's context length, {context_max} tokens"
+            elif int(value) > max_context:
+                problem = f"is above the longest context the launch policy allows, {max_context} tokens"
             elif seen_context > 1:
                 problem = "is given twice; the context operation writes it once"
             if problem:
