@@ -515,7 +515,8 @@ def check_profile(
                 "so nobody has said which of its arguments are safe.",
             )
         ]
-    pairs = list(env.items()) if isinstance(env, Mapping) else list(env)
+    # By name, as the agent holds a spec's environment: both sides say the same first.
+    pairs = sorted(list(env.items()) if isinstance(env, Mapping) else list(env), key=lambda kv: str(kv[0]))
     out = _limits(policy.limits, args, pairs)
     if out:
         return out
