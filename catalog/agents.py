@@ -8,6 +8,7 @@ reason. Nothing here touches the database.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -58,6 +59,16 @@ class AgentClient:
     def node_info(self) -> dict[str, Any]:
         return self._call("GET", "/v1/node", what="reading its cards")
 
+    def rotate_token(self, new_token: str, *, grace_seconds: float) -> dict[str, Any]:
+        """POST /v1/token: the agent takes ``new_token`` and accepts the old one
+        for ``grace_seconds`` more."""
+        return self._call(
+            "POST",
+            "/v1/token",
+            json={"token": new_token, "grace_seconds": grace_seconds},
+            what="taking a new token",
+        )
+
     def replicas(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/replicas", what="listing its replicas")
 
@@ -106,8 +117,11 @@ class AgentClient:
         who = f"The agent of node {self.node} ({self.url})"
         try:
             # trust_env=False: an agent is reached directly, never through a proxy from the environment.
+            # https agents are checked against LLMGW_AGENT_CA_BUNDLE when it is set.
             with httpx.Client(
-                timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)), trust_env=False
+                timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
+                trust_env=False,
+                verify=_verify(),
             ) as http:
                 response = http.request(
                     method,
@@ -126,6 +140,12 @@ class AgentClient:
                 "agent_slow", f"{who} did not answer within {timeout:g} s while {what}."
             ) from None
         except httpx.ConnectError as exc:
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "certificate verify failed" in str(exc):
+                raise AgentError(
+                    "agent_untrusted",
+                    f"{who} presented a certificate that is not trusted while {what}: set "
+                    "LLMGW_AGENT_CA_BUNDLE to the CA bundle that signed the agents' certificates.",
+                ) from None
             refused = "refused" in str(exc).lower()
             raise AgentError(
                 "agent_down",
@@ -180,6 +200,11 @@ class AgentClient:
                 status=response.status_code,
             )
         return body
+
+
+def _verify() -> ssl.SSLContext | bool:
+    bundle = settings.LLMGW_AGENT_CA_BUNDLE
+    return ssl.create_default_context(cafile=bundle) if bundle else True
 
 
 def describe_failure(state: dict[str, Any], *, lines: int = 8) -> str:

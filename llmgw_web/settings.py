@@ -186,6 +186,10 @@ LLMGW_REPLICA_PORT_BASE = env_int("LLMGW_REPLICA_PORT_BASE", 8100, minimum=1024)
 LLMGW_AGENT_HOSTS = env_list("LLMGW_AGENT_HOSTS", [])
 # A CA bundle (PEM) to trust for https agent URLs; empty: the system's.
 LLMGW_AGENT_CA_BUNDLE = env_str("LLMGW_AGENT_CA_BUNDLE") or ""
+if LLMGW_AGENT_CA_BUNDLE and not Path(LLMGW_AGENT_CA_BUNDLE).is_file():
+    raise ImproperlyConfigured(
+        f"LLMGW_AGENT_CA_BUNDLE={LLMGW_AGENT_CA_BUNDLE!r} is not a file (a PEM CA bundle)."
+    )
 LLMGW_MODEL_ROOTS = parse_roots(env_str("LLMGW_MODEL_ROOTS") or "")
 LLMGW_CLUSTER_SETTINGS = env_str("LLMGW_CLUSTER_SETTINGS") or str(BASE_DIR / "cluster.toml")
 

@@ -21,6 +21,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -144,6 +145,7 @@ class RunningAgent:
     log_dir: Path  # replica logs
     process: subprocess.Popen[bytes]
     known_pids: set[int] = field(default_factory=set)
+    verify: ssl.SSLContext | bool = True  # trusts the CA of an https agent
 
     def headers(self, token: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token if token is None else token}"}
@@ -151,12 +153,20 @@ class RunningAgent:
     def client(self, *, token: str | None = None, timeout: float = 30.0) -> httpx.Client:
         """An httpx client on the agent, with the token (or ``token``)."""
         return httpx.Client(
-            base_url=self.base_url, headers=self.headers(token), timeout=timeout, trust_env=False
+            base_url=self.base_url,
+            headers=self.headers(token),
+            timeout=timeout,
+            trust_env=False,
+            verify=self.verify,
         )
 
     def replica(self, replica_id: str) -> dict[str, Any]:
         response = httpx.get(
-            f"{self.base_url}/v1/replicas/{replica_id}", headers=self.headers(), timeout=10, trust_env=False
+            f"{self.base_url}/v1/replicas/{replica_id}",
+            headers=self.headers(),
+            timeout=10,
+            trust_env=False,
+            verify=self.verify,
         )
         response.raise_for_status()
         state = response.json()
@@ -239,6 +249,7 @@ def running_agent(
     stop_children_on_exit: bool = True,
     env: Mapping[str, str] | None = None,
     startup_timeout: float = 15.0,
+    ca_bundle: str | None = None,
     **config: Any,
 ) -> Iterator[RunningAgent]:
     """Write a configuration into ``directory``, start ``python -m llmgw_agent``
@@ -279,8 +290,10 @@ def running_agent(
             stdout=output,
             stderr=subprocess.STDOUT,
         )
+    tls = "tls_cert_file" in values
     agent = RunningAgent(
-        base_url=f"http://{values['listen']}",
+        base_url=f"{'https' if tls else 'http'}://{values['listen']}",
+        verify=ssl.create_default_context(cafile=ca_bundle) if tls and ca_bundle else True,
         token=token,
         node=values["node"],
         directory=directory,
@@ -296,7 +309,11 @@ def running_agent(
         with contextlib.suppress(Exception):
             if process.poll() is None:
                 for state in httpx.get(
-                    f"{agent.base_url}/v1/replicas", headers=agent.headers(), timeout=5, trust_env=False
+                    f"{agent.base_url}/v1/replicas",
+                    headers=agent.headers(),
+                    timeout=5,
+                    trust_env=False,
+                    verify=agent.verify,
                 ).json():
                     if state.get("pid"):
                         agent.known_pids.add(state["pid"])
@@ -309,7 +326,12 @@ def _wait_for_healthz(agent: RunningAgent, timeout: float) -> None:
         if agent.process.poll() is not None:
             raise RuntimeError(f"the agent exited with {agent.process.returncode}:\n{agent.output()}")
         try:
-            return httpx.get(f"{agent.base_url}/healthz", timeout=1, trust_env=False).status_code == 200
+            return (
+                httpx.get(
+                    f"{agent.base_url}/healthz", timeout=1, trust_env=False, verify=agent.verify
+                ).status_code
+                == 200
+            )
         except httpx.TransportError:
             return False
 

@@ -11,7 +11,12 @@ import hmac
 import json
 import logging
 import math
+import os
+import re
 import socket
+import ssl
+import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -25,6 +30,9 @@ from .spec import AgentError, check_replica_id
 log = logging.getLogger("llmgw_agent")
 
 MAX_BODY = 1 << 20
+TOKEN = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
+DEFAULT_GRACE = 300.0
+MAX_GRACE = 7 * 24 * 3600.0
 REPLICAS_PREFIX = "/v1/replicas/"
 
 
@@ -38,7 +46,23 @@ class AgentServer(ThreadingHTTPServer):
         self.supervisor = supervisor
         self.cards_source = cards_source
         self._token = config.token.encode("utf-8")
+        # A rotated-out token, accepted until its deadline (time.monotonic()).
+        self._previous: tuple[bytes, float] | None = None
+        self._token_lock = threading.Lock()
         super().__init__((config.host, config.port), AgentHandler)
+        if config.tls_cert_file is not None and config.tls_key_file is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+            # The handshake happens in the request's own thread, not in accept().
+            self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ssl.SSLError | ConnectionError | TimeoutError):
+            log.warning("%s: connection dropped: %s", client_address[0], exc)
+            return
+        super().handle_error(request, client_address)
 
     def authorized(self, header: str | None) -> bool:
         if not header:
@@ -46,7 +70,53 @@ class AgentServer(ThreadingHTTPServer):
         scheme, _, credentials = header.strip().partition(" ")
         if scheme.lower() != "bearer":
             return False
-        return hmac.compare_digest(credentials.strip().encode("utf-8", "replace"), self._token)
+        given = credentials.strip().encode("utf-8", "replace")
+        with self._token_lock:
+            current, previous = self._token, self._previous
+        if hmac.compare_digest(given, current):
+            return True
+        return (
+            previous is not None
+            and time.monotonic() < previous[1]
+            and hmac.compare_digest(given, previous[0])
+        )
+
+    def rotate(self, body: Any) -> dict[str, Any]:
+        """Take a new token: it is written to the token file first, then both
+        tokens are accepted until the grace period ends, then only the new one."""
+        if not isinstance(body, dict) or not isinstance(body.get("token"), str):
+            raise AgentError(400, "invalid_token", 'The body must be {"token": "...", "grace_seconds": N}.')
+        token = body["token"]
+        if not TOKEN.fullmatch(token):
+            raise AgentError(
+                400, "invalid_token", "A token must be 16 to 512 letters, digits or -._~+/= (no spaces)."
+            )
+        grace = body.get("grace_seconds", DEFAULT_GRACE)
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace <= MAX_GRACE:
+            raise AgentError(400, "invalid_grace", f"grace_seconds must be a number from 0 to {MAX_GRACE}.")
+        path = self.config.token_file
+        if path is None:
+            raise AgentError(
+                409,
+                "token_not_rotatable",
+                "This agent's token comes from its configuration or environment, where a new one would not "
+                "survive a restart: give the agent a token_file to rotate its token.",
+            )
+        tmp = path.with_name(f".{path.name}.new")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(token + "\n")
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise AgentError(
+                500, "token_not_written", f"The new token could not be written to {path}: {exc.strerror}."
+            ) from None
+        with self._token_lock:
+            self._previous = (self._token, time.monotonic() + float(grace))
+            self._token = token.encode("utf-8")
+        log.info("token rotated; the previous one is accepted for %gs", grace)
+        return {"rotated": True, "grace_seconds": grace}
 
 
 class AgentHandler(BaseHTTPRequestHandler):
@@ -54,6 +124,12 @@ class AgentHandler(BaseHTTPRequestHandler):
     server_version = f"llmgw-agent/{__version__}"
     sys_version = ""
     server: AgentServer
+    timeout = 60  # a client that stalls (in the TLS handshake or a request) is dropped
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()
 
     def do_GET(self) -> None:
         self._handle("GET")
@@ -115,6 +191,9 @@ class AgentHandler(BaseHTTPRequestHandler):
                 "cards_source": self.server.cards_source,
                 "policy": supervisor.policy.digest,
             }
+        if path == "/v1/token":
+            self._allow(method, "POST")
+            return 200, self.server.rotate(self._json_body())
         if path in ("/v1/replicas", "/v1/replicas/"):
             self._allow(method, "GET")
             return 200, supervisor.all_replicas()

@@ -207,6 +207,38 @@ def node_save(*, instance: Node, actor: Actor | None = None) -> Node:
     return _save(instance, actor=actor, before_save=guard)
 
 
+def node_rotate_token(*, instance: Node, grace_seconds: float = 300.0, actor: Actor | None = None) -> Node:
+    """Give the node's agent a new token without downtime: the agent takes it
+    (and keeps accepting the old one for ``grace_seconds``), answers with it,
+    and only then is it saved here, audited by fingerprint. Nothing is saved
+    when the agent does not confirm."""
+    import secrets as token_source
+
+    from catalog.agents import AgentClient, AgentError
+
+    new_token = token_source.token_urlsafe(32)
+    try:
+        AgentClient.for_node(instance).rotate_token(new_token, grace_seconds=grace_seconds)
+    except AgentError as exc:
+        raise DomainError("agent_refused", f"The token was not rotated: {exc.message}") from None
+    confirming = Node(name=instance.name, agent_url=instance.agent_url, agent_token=new_token)
+    try:
+        AgentClient.for_node(confirming).node_info()
+    except AgentError as exc:
+        raise DomainError(
+            "agent_refused",
+            f"The agent of node {instance.name} took the new token but did not answer with it ({exc.message}); "
+            f"the catalog keeps the old one, which the agent accepts for {grace_seconds:g} s more: try again.",
+        ) from None
+    instance.agent_token = new_token
+    return _save(
+        instance,
+        actor=actor,
+        action="rotate_token",
+        message=f"agent token rotated; the agent accepts the old one for {grace_seconds:g} s",
+    )
+
+
 def node_delete(*, instance: Node, actor: Actor | None = None) -> None:
     if Shard.objects.filter(card__node=instance).exists():
         raise conflict("in_use", f"Node {instance.name} has cards held by replicas: stop or move them first.")
