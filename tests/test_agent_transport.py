@@ -10,11 +10,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from catalog.actor import Actor, acting_as
-from catalog.agents import AgentClient, AgentError
+from audit.actor import Actor, acting_as
+from audit.models import AuditEntry
 from catalog.errors import DomainError
-from catalog.models import AuditEntry, Node
+from catalog.models import Node
 from catalog.services.catalog import node_rotate_token
+from operations.agents import AgentClient, AgentError
 from tests.agent_helpers import free_port, running_agent, standin_spec, wait_until
 
 pytestmark = pytest.mark.django_db

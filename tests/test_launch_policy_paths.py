@@ -19,7 +19,8 @@ from django.core.management.base import CommandError
 from django.test import Client
 from llmgw_policy import default_policy, launch_args
 
-from catalog.models import AuditEntry, Profile, ServedModel
+from audit.models import AuditEntry
+from catalog.models import Profile, ServedModel
 from tests import builders as b
 from tests.agent_helpers import free_port, running_agent, standin_spec
 

@@ -15,8 +15,8 @@ from llmgw_policy import PolicyError, default_policy, load_policy
 from . import __version__
 from .cards import discover_cards
 from .config import ConfigError, load_config
-from .replicas import Supervisor
 from .server import AgentServer
+from .supervisor import Supervisor
 
 log = logging.getLogger("llmgw_agent")
 

@@ -16,10 +16,10 @@ from django.db import IntegrityError, models, transaction
 from django.db.models.deletion import ProtectedError
 from llmgw_policy import Refusal, context_value, default_policy, source_refusal
 
-from catalog.actor import Actor
+from audit.actor import Actor
+from audit.services import audit_record, changed_fields, snapshot
 from catalog.errors import DomainError, conflict
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
-from catalog.services.audit import audit_record, changed_fields, snapshot
 
 M = TypeVar("M", bound=models.Model)
 
@@ -214,7 +214,7 @@ def node_rotate_token(*, instance: Node, grace_seconds: float = 300.0, actor: Ac
     when the agent does not confirm."""
     import secrets as token_source
 
-    from catalog.agents import AgentClient, AgentError
+    from operations.agents import AgentClient, AgentError
 
     new_token = token_source.token_urlsafe(32)
     try:
