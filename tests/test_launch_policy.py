@@ -274,3 +274,12 @@ def test_the_context_flag_is_allowed_once_up_to_the_models_length():
 def test_a_secret_value_is_never_echoed_in_a_refusal():
     (refusal,) = check_profile(POLICY, "vllm", [], {"VLLM_API_KEY": "sk secret with spaces"})
     assert "sk secret" not in refusal.sentence and "(secret)" in refusal.sentence
+
+
+def test_docs_engine_policy_lists_exactly_what_the_policy_file_says():
+    from pathlib import Path
+
+    from llmgw_policy.__main__ import markdown
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "engine-policy.md").read_text()
+    assert page.endswith(markdown(POLICY)), "regenerate the tables: cd agent && python3 -m llmgw_policy"
