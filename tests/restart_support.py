@@ -112,6 +112,7 @@ def fleet_of(
     cards: int = 4,
     env: dict[str, str] | None = None,
     load_seconds: float = 0.5,
+    policy_file: Path | None = None,
 ) -> Iterator[Fleet]:
     """Real agents, one per node, each with ``cards`` cards and the stand-in for vLLM;
     the nodes, a model and its one-card vLLM profile in the catalog."""
@@ -126,6 +127,7 @@ def fleet_of(
                     engines={"vllm": standin_command()},
                     stop_grace_seconds=2,
                     ready_poll_seconds=0.1,
+                    policy_file=policy_file,
                 )
             )
             for name in nodes
