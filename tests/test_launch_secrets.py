@@ -246,3 +246,15 @@ def test_a_model_whose_source_is_not_allowed_is_refused_at_restart():
     with acting_as(Actor(via="cli", name="ops")), pytest.raises(DomainError) as caught:
         restart_start(model_name=model.name)
     assert caught.value.code == "refused_source"
+
+
+def test_a_shape_import_refuses_a_source_outside_the_model_roots(tmp_path, settings):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    settings.LLMGW_MODEL_ROOTS = ("/srv/models",)
+    (tmp_path / "config.json").write_text("{}")
+    before = AuditEntry.objects.count()
+    with pytest.raises(CommandError, match="not under the model roots"):
+        call_command("import_model", "elsewhere", str(tmp_path))
+    assert AuditEntry.objects.count() == before

@@ -400,6 +400,7 @@ def model_import(
     *, name: str, source: str, shape: dict[str, Any], actor: Actor | None = None, message: str = ""
 ) -> ServedModel:
     """Create a model from a checkpoint's shape, or refresh an existing one's shape."""
+    validate_model_source(source)
     with transaction.atomic():
         instance = ServedModel.objects.select_for_update().filter(name=name).first()
         if instance is None:
