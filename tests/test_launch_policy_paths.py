@@ -26,6 +26,13 @@ from tests.agent_helpers import free_port, running_agent, standin_spec
 
 pytestmark = pytest.mark.django_db
 
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    """Users are made per case here: hash their passwords cheaply (tests only)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 MANY = ["--max-num-seqs", "8"] * 10_000  # 20,000 arguments
 HUGE = "x" * (1 << 20)  # a 1 MB argument
 

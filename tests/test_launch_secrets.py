@@ -20,6 +20,13 @@ from tests import builders as b
 
 pytestmark = pytest.mark.django_db
 
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    """Users are made per case here: hash their passwords cheaply (tests only)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 KEY = "sk-live-0123456789abcdef"
 
 
