@@ -539,13 +539,12 @@ def _header_sums(header: Any, name: str) -> tuple[int, int]:
 
 def _data_offsets(tensor: str, entry: Any, name: str) -> tuple[int, int]:
     offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-    valid = (
+    if not (
         isinstance(offsets, list)
         and len(offsets) == 2
         and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
         and offsets[0] <= offsets[1]
-    )
-    if not valid:
+    ):
         raise _bad(
             f"{name}: tensor {tensor!r} has data_offsets {_show(offsets)}, expected [start, end] with "
             f"0 <= start <= end. The file is damaged; download it again."

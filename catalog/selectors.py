@@ -30,7 +30,7 @@ def profile_spec(profile: Profile) -> ProfileSpec:
     return ProfileSpec(
         name=profile.name,
         engine=profile.engine,
-        gpu_class=profile.gpu_class.name if profile.gpu_class_id else None,
+        gpu_class=profile.gpu_class.name if profile.gpu_class is not None else None,
         gpus_per_node=profile.gpus_per_node,
         tp=profile.tp,
         nodes=profile.nodes,

@@ -16,32 +16,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-try:
-    from tests.agent_helpers import (
-        AGENT_DIR,
-        H100,
-        free_port,
-        process_gone,
-        running_agent,
-        running_standin,
-        standin_command,
-        standin_spec,
-        toml_config,
-        wait_until,
-    )
-except ImportError:  # tests/ is not a package: pytest put it on sys.path
-    from agent_helpers import (  # type: ignore[no-redef]
-        AGENT_DIR,
-        H100,
-        free_port,
-        process_gone,
-        running_agent,
-        running_standin,
-        standin_command,
-        standin_spec,
-        toml_config,
-        wait_until,
-    )
+from tests.agent_helpers import (
+    AGENT_DIR,
+    H100,
+    free_port,
+    process_gone,
+    running_agent,
+    running_standin,
+    standin_command,
+    standin_spec,
+    toml_config,
+    wait_until,
+)
 
 # The catalog's registry format (catalog/planning/engines.toml), cut down.
 REGISTRY = """

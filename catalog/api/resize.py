@@ -74,7 +74,9 @@ class MemorySerializer(serializers.Serializer):
     overhead = serializers.IntegerField(help_text="The engine's overhead on each card, bytes.")
     need = serializers.IntegerField()
     budget = serializers.IntegerField(allow_null=True, help_text="The class's usable memory per card, bytes.")
-    context = serializers.IntegerField()
+    # DRF's metaclass moves declared fields off the class, so this field does not shadow
+    # Serializer.context at run time; the stubs cannot know that, and the API's key is "context".
+    context = serializers.IntegerField()  # type: ignore[assignment]
     fits = serializers.BooleanField()
 
 

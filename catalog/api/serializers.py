@@ -22,7 +22,9 @@ class GPUClassSerializer(serializers.ModelSerializer):
 
 
 class CardSerializer(serializers.ModelSerializer):
-    gpu_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    gpu_class: serializers.SlugRelatedField[GPUClass] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     replica = serializers.SerializerMethodField()
 
     class Meta:
@@ -129,7 +131,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
         read_only_fields = ["state", "revision"]
 
     def get_stale(self, replica: Replica) -> bool:
-        return replica.revision < replica.profile.revision
+        return replica.is_stale
 
     @extend_schema_field(ShardSerializer(many=True))
     def get_shards(self, replica: Replica) -> list[dict[str, Any]]:

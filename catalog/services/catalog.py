@@ -57,10 +57,12 @@ def _object_key(instance: models.Model) -> str:
     """The name when it alone identifies the object (a node, a model), else its
     full string ("llama/h100" for a profile, "gpu-1#3" for a card)."""
     try:
-        unique_name = instance._meta.get_field("name").unique
+        field = instance._meta.get_field("name")
     except FieldDoesNotExist:
-        unique_name = False
-    return str(instance.name) if unique_name else str(instance)  # type: ignore[attr-defined]
+        return str(instance)
+    if isinstance(field, models.Field) and field.unique:
+        return str(field.value_from_object(instance))
+    return str(instance)
 
 
 def _save(

@@ -82,8 +82,6 @@ def model_list(request: HttpRequest) -> HttpResponse:
     form = ModelFilterForm.for_catalog(request.GET or None)
     filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
     models = list(models_with_usage(filters))
-    for m in models:
-        m.hue = hue(m.pk)
     return render_page(
         request,
         "catalog/model_list.html",
@@ -94,19 +92,12 @@ def model_list(request: HttpRequest) -> HttpResponse:
 
 def _replicas_of(model: ServedModel) -> list[Replica]:
     shards = Prefetch("shards", queryset=Shard.objects.select_related("card__node").order_by("card__index"))
-    replicas = list(
+    return list(
         Replica.objects.filter(profile__model=model)
         .select_related("profile")
         .prefetch_related(shards)
         .order_by("profile__name", "name")
     )
-    for r in replicas:
-        r.stale = r.revision < r.profile.revision
-        nodes: dict[str, list[int]] = {}
-        for s in r.shards.all():
-            nodes.setdefault(s.card.node.name, []).append(s.card.index)
-        r.placement = [(node, indices) for node, indices in nodes.items()]
-    return replicas
 
 
 def _detail_context(
@@ -141,7 +132,7 @@ def _detail_context(
         "memories": memories,
         "on_cards": on_cards,
         "replicas": replicas,
-        "stale_live": sum(r.stale and r.is_live for r in replicas),
+        "stale_live": sum(r.is_stale and r.is_live for r in replicas),
         "can_resize": can_resize,
         "can_restart": request.user.has_perm(RESTART),
         "resize_form": resize_form if can_resize else None,

@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 from catalog.api.permissions import CanRestart
 from catalog.api.resize import OperationInput, StrictIntegerField
 from catalog.api.serializers import ErrorSerializer
+from catalog.models import Profile, Replica, ServedModel
 from operations.models import RestartOperation, RestartStep
 from operations.services.start import MAX_PARALLEL, MAX_READY_TIMEOUT, operation_cancel, restart_start
 
@@ -66,8 +67,12 @@ class RestartInput(OperationInput):
 
 
 class RestartStepSerializer(serializers.ModelSerializer):
-    old_replica = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    new_replica = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    old_replica: serializers.SlugRelatedField[Replica] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    new_replica: serializers.SlugRelatedField[Replica] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     cards = serializers.ListField(child=serializers.IntegerField(), read_only=True)
 
     class Meta:
@@ -87,8 +92,12 @@ class RestartStepSerializer(serializers.ModelSerializer):
 
 
 class RestartOperationSerializer(serializers.ModelSerializer):
-    model = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    profile = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    model: serializers.SlugRelatedField[ServedModel] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    profile: serializers.SlugRelatedField[Profile] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     requested_by = serializers.CharField(
         source="requested_by_name", read_only=True, help_text="Who asked (the user, or the command's name)."
     )

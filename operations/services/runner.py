@@ -92,6 +92,22 @@ class StepFailed(Exception):
         self.started = started  # False: the agent certainly did not start the replacement
 
 
+def _replaced(step: RestartStep) -> Replica:
+    """The replica the step replaces, as the step loaded it."""
+    if step.old_replica is None:
+        raise StepFailed("The replica this step restarts was removed from the catalog.", started=False)
+    return step.old_replica
+
+
+def _replacement(step: RestartStep) -> tuple[Replica, dict[str, Any]]:
+    """The step's replacement and the spec recorded for it."""
+    if step.new_replica is None or step.spec is None:
+        raise StepFailed(
+            "The replacement recorded for this step was removed from the catalog.", started=False
+        )
+    return step.new_replica, step.spec
+
+
 def _threads_can_share_the_database() -> bool:
     """False for an in-memory SQLite database (the tests'): its connections
     lock whole tables, so steps in threads would trip over each other."""
@@ -343,7 +359,7 @@ class OperationRun:
                 revision=profile.revision,
             )
             Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
-            old = step.old_replica
+            old = _replaced(step)
             audit_record(
                 action="start",
                 object_type="replica",
@@ -375,16 +391,18 @@ class OperationRun:
         return write()
 
     def _roll(self, step: RestartStep) -> str:
+        new, spec = _replacement(step)
         try:
-            self._launch_and_wait(step, step.new_replica, step.spec)
+            self._launch_and_wait(step, new, spec)
         except StepFailed as exc:
-            old = step.old_replica
             reason = self._stop_replacement(step, exc)
-            return self._finish_step(step, RestartStep.State.FAILED, f"{reason} {old.name} keeps serving.")
+            return self._finish_step(
+                step, RestartStep.State.FAILED, f"{reason} {_replaced(step).name} keeps serving."
+            )
         return self._stop_old(step)
 
     def _stop_old(self, step: RestartStep) -> str:
-        old, new = step.old_replica, step.new_replica
+        old, (new, _) = _replaced(step), _replacement(step)
         if step.state != RestartStep.State.STOPPING:
             self._set_step(
                 step, state=RestartStep.State.STOPPING, reason=f"{new.name} is ready; stopping {old.name}"
@@ -418,7 +436,7 @@ class OperationRun:
     # in place
 
     def _stop_then_start(self, step: RestartStep) -> str:
-        old = Replica.objects.get(pk=step.old_replica_id)
+        old = Replica.objects.get(pk=_replaced(step).pk)
         node = Node.objects.get(name=step.node)
         if old.is_live:
             try:
@@ -500,20 +518,20 @@ class OperationRun:
         return self._wait_in_place(step)
 
     def _wait_in_place(self, step: RestartStep) -> str:
+        new, spec = _replacement(step)
         try:
-            self._launch_and_wait(step, step.new_replica, step.spec)
+            self._launch_and_wait(step, new, spec)
         except StepFailed as exc:
             return self._restore(step, self._stop_replacement(step, exc))
         return self._finish_step(
             step,
             RestartStep.State.SUCCEEDED,
-            f"{step.old_replica.name} replaced in place by {step.new_replica.name} on "
-            f"{step.node} cards {step.cards}.",
+            f"{_replaced(step).name} replaced in place by {new.name} on {step.node} cards {step.cards}.",
         )
 
     def _restore(self, step: RestartStep, reason: str) -> str:
         """Start the old replica again, with the spec it ran, on its cards."""
-        old = Replica.objects.get(pk=step.old_replica_id)
+        old = Replica.objects.get(pk=_replaced(step).pk)
         if not step.old_spec:
             return self._finish_step(
                 step,
@@ -580,7 +598,7 @@ class OperationRun:
 
     def _stop_replacement(self, step: RestartStep, failure: StepFailed) -> str:
         """Stop a replacement that did not come up; record it failed, cards released. Returns the reason."""
-        new = Replica.objects.get(pk=step.new_replica_id)
+        new = Replica.objects.get(pk=_replacement(step)[0].pk)
         reason = failure.reason
         self._set_step(step, reason=reason)  # kept, should this worker die while it cleans up
         if failure.started:
@@ -762,7 +780,7 @@ class OperationRun:
             summary = f"{len(ok)} of {len(steps)} replica(s) restarted"
             if bad:
                 first = bad[0]
-                name = first.old_replica.name if first.old_replica_id else f"step {first.pk}"
+                name = first.old_replica.name if first.old_replica is not None else f"step {first.pk}"
                 summary += f"; {name}: {first.reason.splitlines()[0] if first.reason else 'failed'}"
                 if len(bad) > 1:
                     summary += f" (and {len(bad) - 1} more failed)"
