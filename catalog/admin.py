@@ -8,13 +8,23 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db import models
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import path, reverse
 
 from catalog.errors import DomainError
-from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from catalog.models import (
+    Card,
+    GPUClass,
+    Node,
+    Profile,
+    Replica,
+    ServedModel,
+    Shard,
+    live_replicas_q,
+    stale_replicas_q,
+)
 from catalog.services import catalog as services
 
 SAVE: dict[type[models.Model], Callable[..., Any]] = {
@@ -190,7 +200,7 @@ class ServedModelAdmin(ServiceAdmin):
     change_list_template = "admin/catalog/servedmodel/change_list.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        live = Q(profiles__replicas__state__in=Replica.LIVE_STATES)
+        live = live_replicas_q("profiles__replicas__")
         return (
             super()
             .get_queryset(request)
@@ -198,7 +208,7 @@ class ServedModelAdmin(ServiceAdmin):
                 _replicas=Count("profiles__replicas", filter=live, distinct=True),
                 _stale=Count(
                     "profiles__replicas",
-                    filter=live & Q(profiles__replicas__revision__lt=F("profiles__revision")),
+                    filter=live & stale_replicas_q("profiles__replicas__"),
                     distinct=True,
                 ),
             )

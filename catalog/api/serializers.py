@@ -8,6 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel
+from catalog.planning.types import SHAPE_FIELDS
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -79,21 +80,6 @@ class ProfileSerializer(serializers.ModelSerializer):
 class ProfileInModelSerializer(ProfileSerializer):
     class Meta(ProfileSerializer.Meta):
         fields = [f for f in ProfileSerializer.Meta.fields if f != "model"]
-
-
-SHAPE_FIELDS = [
-    "layers",
-    "attention_heads",
-    "kv_heads",
-    "head_dim",
-    "dtype",
-    "attention",
-    "kv_bytes_per_token",
-    "weight_bytes",
-    "expert_bytes",
-    "sliding_window",
-    "sliding_layers",
-]
 
 
 class ServedModelSerializer(serializers.ModelSerializer):

@@ -183,6 +183,12 @@ class Shard(models.Model):
         return f"{self.replica.name} on {self.card}"
 
 
-def stale_replicas_q() -> Q:
-    """Replicas running an older revision than their profile's."""
-    return Q(revision__lt=F("profile__revision"))
+def live_replicas_q(through: str = "") -> Q:
+    """Replicas that run or are coming up (``Replica.is_live``); ``through`` is
+    the path to them from another model, e.g. ``"profiles__replicas__"``."""
+    return Q(**{f"{through}state__in": Replica.LIVE_STATES})
+
+
+def stale_replicas_q(through: str = "") -> Q:
+    """Replicas running an older revision than their profile's (``Replica.is_stale``)."""
+    return Q(**{f"{through}revision__lt": F(f"{through}profile__revision")})

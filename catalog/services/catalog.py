@@ -16,7 +16,7 @@ from django.db.models.deletion import ProtectedError
 
 from audit.actor import Actor
 from audit.services import audit_record, changed_fields, snapshot
-from catalog.errors import DomainError, conflict
+from catalog.errors import DomainError, conflict, declared
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 
 M = TypeVar("M", bound=models.Model)
@@ -36,12 +36,7 @@ def validation_sentence(exc: ValidationError) -> str:
 
 
 def declared_refusal(model: ServedModel) -> DomainError:
-    where = model.declared_in or settings.LLMGW_CLUSTER_SETTINGS
-    return conflict(
-        "declared",
-        f"Model {model.name} is declared in the cluster's settings ({where}) and is read-only here: "
-        "change it in that file, then run `python manage.py sync_cluster_settings`.",
-    )
+    return declared(model.name, model.declared_in or settings.LLMGW_CLUSTER_SETTINGS)
 
 
 def ensure_not_declared(model: ServedModel | None) -> None:
@@ -49,8 +44,13 @@ def ensure_not_declared(model: ServedModel | None) -> None:
         raise declared_refusal(model)
 
 
+# The audit log names what changed in the operators' words: a "model", not a "servedmodel".
+_OPERATOR_WORDS = {"servedmodel": "model"}
+
+
 def _object_type(instance: models.Model) -> str:
-    return instance._meta.model_name or type(instance).__name__.lower()
+    name = instance._meta.model_name or type(instance).__name__.lower()
+    return _OPERATOR_WORDS.get(name, name)
 
 
 def _object_key(instance: models.Model) -> str:

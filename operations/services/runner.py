@@ -40,7 +40,7 @@ from django.utils import timezone
 from audit.actor import Actor, acting_as
 from audit.services import audit_record, snapshot
 from catalog.models import Card, Node, Profile, Replica, Shard
-from operations.agents import AgentClient, AgentError, describe_failure
+from operations.agents import AgentCallFailed, AgentClient, describe_failure
 from operations.models import RestartOperation, RestartStep
 from operations.services.lease import Lease, OperationLost, claim, worker_name
 from operations.services.placement import (
@@ -413,7 +413,7 @@ class OperationRun:
             if node is not None:
                 try:
                     self._agent(node).stop(old.name)
-                except AgentError as exc:
+                except AgentCallFailed as exc:
                     return self._finish_step(
                         step,
                         RestartStep.State.FAILED,
@@ -441,7 +441,7 @@ class OperationRun:
         if old.is_live:
             try:
                 self._agent(node).stop(old.name)
-            except AgentError as exc:
+            except AgentCallFailed as exc:
                 return self._finish_step(
                     step,
                     RestartStep.State.FAILED,
@@ -592,7 +592,7 @@ class OperationRun:
         """Stop a replica on its agent; '' when done, else the reason it could not be."""
         try:
             self._agent(node).stop(name)
-        except AgentError as exc:
+        except AgentCallFailed as exc:
             return exc.message
         return ""
 
@@ -625,7 +625,7 @@ class OperationRun:
             try:
                 state = agent.start(replica.name, spec)
                 break
-            except AgentError as exc:
+            except AgentCallFailed as exc:
                 if exc.agent_code == "port_busy" and movable and attempt + 1 < PORT_TRIES:
                     # Another program on the node holds the port: a replacement nobody
                     # uses yet may as well take the next one.
@@ -678,7 +678,7 @@ class OperationRun:
             try:
                 state = agent.get(replica.name)
                 errors = 0
-            except AgentError as exc:
+            except AgentCallFailed as exc:
                 errors += 1
                 if errors >= POLL_ERRORS_ALLOWED or exc.code in ("agent_token", "not_found"):
                     raise StepFailed(f"{replica.name} could not be watched: {exc.message}") from None
@@ -793,7 +793,7 @@ class OperationRun:
             current.save(update_fields=["state", "finished_at", "reason", "heartbeat_at"])
             audit_record(
                 action="restart_finish",
-                object_type="restartoperation",
+                object_type="restart",
                 object_key=str(op.pk),
                 object_repr=str(current),
                 before=before,

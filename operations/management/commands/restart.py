@@ -4,7 +4,6 @@ import time
 from typing import Any, TextIO, cast
 
 from django.core.management.base import CommandError, CommandParser
-from django.db.models import Prefetch
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -12,6 +11,7 @@ from rich.text import Text
 
 from catalog.management.base import ActorCommand
 from operations.models import RestartOperation, RestartStep
+from operations.selectors import operations_with_steps
 from operations.services.start import MAX_PARALLEL, restart_start
 
 POLL_SECONDS = 0.5
@@ -49,12 +49,7 @@ class _Out:
 
 
 def load(operation_id: int) -> RestartOperation:
-    steps = RestartStep.objects.select_related("old_replica", "new_replica").order_by("id")
-    return (
-        RestartOperation.objects.select_related("model", "profile")
-        .prefetch_related(Prefetch("steps", steps))
-        .get(pk=operation_id)
-    )
+    return operations_with_steps().get(pk=operation_id)
 
 
 def table(op: RestartOperation) -> Table:
