@@ -35,8 +35,11 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browser-deps:
 	@test -x $(CHROMIUM) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 
+# The control plane's tests (pytest), then the node agent's with the standard library alone
+# (-I -S: no site packages, no environment), as the agent runs on a node.
 test: install browser-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+	cd agent && ../$(PY) -I -S -m unittest discover -s tests
 
 # The README's screenshots, taken by the browser tests at a laptop's width (1366 px).
 screenshots: install browser-deps

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from agent_testing import free_port, running_fake_agent
 
 from catalog.models import Node, Replica
 from operations.agents import AgentCallFailed, AgentClient
 from operations.services.runner import run_operation
 from operations.services.start import restart_start
-from tests.agent_helpers import free_port, running_fake_agent
 from tests.restart_support import (
     MODEL,
     answers,

@@ -1,5 +1,5 @@
 """The two planned changes: a model to N cards, and a model to T tokens of
-context. Each runs every check in DESIGN.md's order and answers with the
+context. Each runs every check in docs/design.md's order ("Resize") and answers with the
 ``Change``, or refuses with a ``DomainError`` carrying the part of the change
 worked out so far.
 """
@@ -238,7 +238,7 @@ def plan_resize(
     running: int,
 ) -> Change:
     """The change that spreads ``model``'s profile over ``gpus`` cards of one
-    node, after every check of DESIGN.md's "Resize", in its order.
+    node, after every check of docs/design.md's "Resize", in its order.
 
     Refusals: ``declared`` (409), ``gpus_range``, the profile's
     (``no_profile``, ``cpu_only``, ``ambiguous_profile``), ``unknown_engine``,

@@ -215,7 +215,7 @@ class Change:
     operation: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """The API's keys (DESIGN.md, "Resize"), plus ``kind``, ``memory`` and ``room``."""
+        """The API's keys (docs/design.md, "Resize"), plus ``kind``, ``memory`` and ``room``."""
         return {
             "model": self.model,
             "profile": self.profile,

@@ -143,7 +143,7 @@ def model_resize(
 ) -> Change:
     """Spread ``name``'s profile over ``gpus`` cards of one node.
 
-    Every check of DESIGN.md's "Resize" runs, in its order; a refusal raises
+    Every check of docs/design.md's "Resize" runs, in its order; a refusal raises
     DomainError and saves nothing. ``dry_run`` runs them all and saves nothing.
     """
     return _change_model(
