@@ -39,7 +39,7 @@ browser-deps:
 # (-I -S: no site packages, no environment), as the agent runs on a node.
 test: install browser-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
-	cd agent && ../$(PY) -I -S -m unittest discover -s tests
+	cd agent && ../$(PY) -I -S -m unittest
 
 # The README's screenshots, taken by the browser tests at a laptop's width (1366 px).
 screenshots: install browser-deps

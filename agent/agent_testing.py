@@ -2,7 +2,7 @@
 
 Standard library only, like the agent: plain functions and context managers,
 so that the agent's own tests (``python -m unittest`` from ``agent/``) and the
-control plane's (pytest, which puts this directory on its path) can start a
+control plane's (pytest, which puts ``agent/`` on its path) can start a
 real agent on 127.0.0.1 and talk to it over HTTP::
 
     with running_agent(tmp_path) as agent:
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-AGENT_DIR = Path(__file__).resolve().parents[1]
+AGENT_DIR = Path(__file__).resolve().parent
 REPO_ROOT = AGENT_DIR.parent
 STANDIN = AGENT_DIR / "standin_engine.py"
 
