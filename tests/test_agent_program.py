@@ -12,11 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-try:
-    from tests.agent_helpers import STANDIN, free_port, running_agent, standin_spec
-except ImportError:  # tests/ is not a package: pytest put it on sys.path
-    from agent_helpers import STANDIN, free_port, running_agent, standin_spec  # type: ignore[no-redef]
+from agent_testing import STANDIN, free_port, running_agent, standin_spec
 
 PROGRAM = "llmgw-test-engine"
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from agent_testing import free_port, running_agent, standin_spec, wait_until
 
 from audit.actor import Actor, acting_as
 from audit.models import AuditEntry
 from catalog.errors import DomainError
 from catalog.models import Node
 from catalog.services.catalog import node_rotate_token
-from operations.agents import AgentClient, AgentError
-from tests.agent_helpers import free_port, running_agent, standin_spec, wait_until
+from operations.agents import AgentCallFailed, AgentClient
 
 pytestmark = pytest.mark.django_db
 
@@ -75,7 +75,7 @@ def test_the_agent_serves_https_and_the_control_plane_trusts_the_ca_bundle(tls_a
     assert info["node"] == "gpu-test"
 
     settings.LLMGW_AGENT_CA_BUNDLE = ""
-    with pytest.raises(AgentError) as caught:
+    with pytest.raises(AgentCallFailed) as caught:
         AgentClient.for_node(node).node_info()
     assert caught.value.code == "agent_untrusted"
     assert "LLMGW_AGENT_CA_BUNDLE" in caught.value.message

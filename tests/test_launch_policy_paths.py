@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import pytest
+from agent_testing import TransportError, free_port, running_agent, standin_spec
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
@@ -22,7 +22,6 @@ from llmgw_policy import default_policy, launch_args
 from audit.models import AuditEntry
 from catalog.models import Profile, ServedModel
 from tests import builders as b
-from tests.agent_helpers import free_port, running_agent, standin_spec
 
 pytestmark = pytest.mark.django_db
 
@@ -361,7 +360,7 @@ def test_a_real_agent_refuses_each_hostile_spec_and_starts_nothing(agent, engine
     spec = standin_spec(port=free_port(), engine=engine, args=args, env=env)
     try:
         response = http.put("/v1/replicas/hostile", json=spec)
-    except httpx.HTTPError as exc:  # pragma: no cover - the agent must answer
+    except TransportError as exc:  # pragma: no cover - the agent must answer
         pytest.fail(f"the agent did not answer: {exc}")
 
     assert response.status_code in (400, 413), response.text[:300]

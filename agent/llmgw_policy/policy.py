@@ -209,7 +209,7 @@ def _rule(entry: Any, where: str, sources: Mapping[str, str]) -> ValueRule:
     if kind not in KINDS:
         raise PolicyError(f"{where}, key 'value': must be one of {', '.join(KINDS)}, not {kind!r}")
     src = entry.get("src")
-    if src not in sources:
+    if not isinstance(src, str) or src not in sources:
         raise PolicyError(f"{where}, key 'src': {src!r} is not one of the sources {sorted(sources)}")
     choices = _strings(entry.get("choices"), f"{where}, key 'choices'")
     if kind == "choice" and not choices:
@@ -345,8 +345,13 @@ def _engine(name: str, table: dict[str, Any], shared_sources: Mapping[str, str])
     )
     # A spelling is one thing only: owned, refused or allowed.
     seen: dict[str, str] = {}
-    for group, spellings in (("owned", owned), ("refused", refused), ("args", aliases)):
-        for flag in spellings:
+    groups: tuple[tuple[str, Iterable[str]], ...] = (
+        ("owned", owned),
+        ("refused", refused),
+        ("args", aliases),
+    )
+    for group, group_spellings in groups:
+        for flag in group_spellings:
             canon = eng.canonical(flag)
             if canon in seen:
                 raise PolicyError(f"{where}: {flag} is both in {seen[canon]} and in {group}")

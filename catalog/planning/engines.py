@@ -87,9 +87,7 @@ def load_registry(path: Path | None = None, policy: Policy | None = None) -> dic
 
     engines = {}
     for name, table in tables.items():
-        engines[name] = _engine(
-            name, table, policy, fail=lambda key, problem, name=name: fail(f"engine {name!r}", key, problem)
-        )
+        engines[name] = _engine(name, table, policy, fail=functools.partial(fail, f"engine {name!r}"))
     return engines
 
 

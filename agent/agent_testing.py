@@ -1,8 +1,9 @@
 """Run the node agent and the stand-in engine as real processes, for tests.
 
-Plain functions and context managers, no pytest or Django dependency, so that
-any test module (the agent's own, the restart operation's, the pages') can
-start a real agent on 127.0.0.1 and talk to it over HTTP::
+Standard library only, like the agent: plain functions and context managers,
+so that the agent's own tests (``python -m unittest`` from ``agent/``) and the
+control plane's (pytest, which puts ``agent/`` on its path) can start a
+real agent on 127.0.0.1 and talk to it over HTTP::
 
     with running_agent(tmp_path) as agent:
         with agent.client() as http:
@@ -16,6 +17,7 @@ knew about, even when the test failed half-way.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import secrets
@@ -25,16 +27,18 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 from llmgw_policy import default_policy, launch_args
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-AGENT_DIR = REPO_ROOT / "agent"
+AGENT_DIR = Path(__file__).resolve().parent
+REPO_ROOT = AGENT_DIR.parent
 STANDIN = AGENT_DIR / "standin_engine.py"
 
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken")
@@ -42,6 +46,122 @@ H100 = "NVIDIA H100 80GB HBM3"
 DEFAULT_CARDS: tuple[Mapping[str, Any], ...] = tuple(
     {"index": i, "name": H100, "memory_mib": 81559} for i in range(4)
 )
+
+
+class TransportError(OSError):
+    """Nothing answered: refused, reset, timed out."""
+
+
+@dataclass
+class Answer:
+    """An HTTP answer: its status, headers and body."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    def raise_for_status(self) -> None:
+        if self.status_code >= 400:
+            raise RuntimeError(f"HTTP {self.status_code}: {self.text[:500]}")
+
+
+# Straight to 127.0.0.1, never through a proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _opener(verify: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
+    """The proxy-less opener; with ``verify``, https is checked against that context (a test CA)."""
+    if verify is None:
+        return _OPENER
+    return urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=verify)
+    )
+
+
+def request(
+    method: str,
+    url: str,
+    *,
+    json_body: Any = None,
+    params: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+    verify: ssl.SSLContext | None = None,
+) -> Answer:
+    """One request; an answer whatever its status, TransportError when nothing answers.
+
+    ``verify`` is the TLS context an https URL is checked with (default: the system's CAs)."""
+    if params:
+        url = f"{url}?{urllib.parse.urlencode(params)}"
+    data = None if json_body is None else json.dumps(json_body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with _opener(verify).open(req, timeout=timeout) as response:
+            return Answer(response.status, dict(response.headers), response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return Answer(exc.code, dict(exc.headers), exc.read())
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        raise TransportError(f"{method} {url}: {exc}") from exc
+
+
+class Client:
+    """Requests to one base URL with fixed headers (a token), in the shape the tests use."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+        verify: ssl.SSLContext | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.verify = verify
+        self.default_headers = dict(headers or {})
+        self.timeout = timeout
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing is kept open between requests: each has its own connection."""
+
+    def request(self, method: str, path: str, **kw: Any) -> Answer:
+        headers = {**self.default_headers, **(kw.pop("headers", None) or {})}
+        return request(
+            method,
+            f"{self.base_url}{path}",
+            json_body=kw.pop("json", None),
+            params=kw.pop("params", None),
+            headers=headers,
+            timeout=kw.pop("timeout", self.timeout),
+            verify=self.verify,
+        )
+
+    def get(self, path: str, **kw: Any) -> Answer:
+        return self.request("GET", path, **kw)
+
+    def put(self, path: str, **kw: Any) -> Answer:
+        return self.request("PUT", path, **kw)
+
+    def post(self, path: str, **kw: Any) -> Answer:
+        return self.request("POST", path, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Answer:
+        return self.request("DELETE", path, **kw)
 
 
 def free_port() -> int:
@@ -145,27 +265,21 @@ class RunningAgent:
     log_dir: Path  # replica logs
     process: subprocess.Popen[bytes]
     known_pids: set[int] = field(default_factory=set)
-    verify: ssl.SSLContext | bool = True  # trusts the CA of an https agent
+    verify: ssl.SSLContext | None = None  # trusts the CA of an https agent
 
     def headers(self, token: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token if token is None else token}"}
 
-    def client(self, *, token: str | None = None, timeout: float = 30.0) -> httpx.Client:
-        """An httpx client on the agent, with the token (or ``token``)."""
-        return httpx.Client(
-            base_url=self.base_url,
-            headers=self.headers(token),
-            timeout=timeout,
-            trust_env=False,
-            verify=self.verify,
-        )
+    def client(self, *, token: str | None = None, timeout: float = 30.0) -> Client:
+        """A client of the agent, with the token (or ``token``)."""
+        return Client(self.base_url, headers=self.headers(token), timeout=timeout, verify=self.verify)
 
     def replica(self, replica_id: str) -> dict[str, Any]:
-        response = httpx.get(
+        response = request(
+            "GET",
             f"{self.base_url}/v1/replicas/{replica_id}",
             headers=self.headers(),
             timeout=10,
-            trust_env=False,
             verify=self.verify,
         )
         response.raise_for_status()
@@ -293,7 +407,7 @@ def running_agent(
     tls = "tls_cert_file" in values
     agent = RunningAgent(
         base_url=f"{'https' if tls else 'http'}://{values['listen']}",
-        verify=ssl.create_default_context(cafile=ca_bundle) if tls and ca_bundle else True,
+        verify=ssl.create_default_context(cafile=ca_bundle) if tls and ca_bundle else None,
         token=token,
         node=values["node"],
         directory=directory,
@@ -308,11 +422,11 @@ def running_agent(
     finally:
         with contextlib.suppress(Exception):
             if process.poll() is None:
-                for state in httpx.get(
+                for state in request(
+                    "GET",
                     f"{agent.base_url}/v1/replicas",
                     headers=agent.headers(),
                     timeout=5,
-                    trust_env=False,
                     verify=agent.verify,
                 ).json():
                     if state.get("pid"):
@@ -327,12 +441,9 @@ def _wait_for_healthz(agent: RunningAgent, timeout: float) -> None:
             raise RuntimeError(f"the agent exited with {agent.process.returncode}:\n{agent.output()}")
         try:
             return (
-                httpx.get(
-                    f"{agent.base_url}/healthz", timeout=1, trust_env=False, verify=agent.verify
-                ).status_code
-                == 200
+                request("GET", f"{agent.base_url}/healthz", timeout=1, verify=agent.verify).status_code == 200
             )
-        except httpx.TransportError:
+        except TransportError:
             return False
 
     try:
@@ -384,8 +495,8 @@ def running_standin(
         if process.poll() is not None:
             return True
         try:
-            data = httpx.get(f"{standin.base_url}/v1/models", timeout=1, trust_env=False).json()
-        except (httpx.TransportError, ValueError):
+            data = request("GET", f"{standin.base_url}/v1/models", timeout=1).json()
+        except (TransportError, ValueError):
             return False
         return not wait_ready or any(entry.get("id") == model for entry in data.get("data", []))
 
@@ -471,8 +582,8 @@ def running_fake_agent(directory: Path, *, status: int = 500, delay: float = 0.0
         if process.poll() is not None:
             raise RuntimeError(f"the fake agent exited with {process.returncode}")
         try:
-            return httpx.get(f"{fake.base_url}/healthz", timeout=1, trust_env=False).status_code == 200
-        except httpx.TransportError:
+            return request("GET", f"{fake.base_url}/healthz", timeout=1).status_code == 200
+        except TransportError:
             return False
 
     try:
