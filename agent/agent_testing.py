@@ -27,9 +27,7 @@ import ssl
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,19 +70,6 @@ class Answer:
             raise RuntimeError(f"HTTP {self.status_code}: {self.text[:500]}")
 
 
-# Straight to 127.0.0.1, never through a proxy from the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _opener(verify: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
-    """The proxy-less opener; with ``verify``, https is checked against that context (a test CA)."""
-    if verify is None:
-        return _OPENER
-    return urllib.request.build_opener(
-        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=verify)
-    )
-
-
 def request(
     method: str,
     url: str,
@@ -95,23 +80,35 @@ def request(
     timeout: float = 30.0,
     verify: ssl.SSLContext | None = None,
 ) -> Answer:
-    """One request; an answer whatever its status, TransportError when nothing answers.
+    """One request, straight to the host (never through a proxy from the
+    environment); an answer whatever its status, TransportError when nothing answers.
 
     ``verify`` is the TLS context an https URL is checked with (default: the system's CAs)."""
+    parts = urllib.parse.urlsplit(url)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if params:
-        url = f"{url}?{urllib.parse.urlencode(params)}"
+        target += ("&" if parts.query else "?") + urllib.parse.urlencode(params)
+    host, port = parts.hostname or "127.0.0.1", parts.port
+    connection = (
+        http.client.HTTPSConnection(host, port, timeout=timeout, context=verify)
+        if parts.scheme == "https"
+        else http.client.HTTPConnection(host, port, timeout=timeout)
+    )
     data = None if json_body is None else json.dumps(json_body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    sent = dict(headers or {})
     if data is not None:
-        req.add_header("Content-Type", "application/json")
+        sent["Content-Type"] = "application/json"
     try:
-        with _opener(verify).open(req, timeout=timeout) as response:
-            return Answer(response.status, dict(response.headers), response.read())
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return Answer(exc.code, dict(exc.headers), exc.read())
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        # A server may answer before reading the whole body (413: too large) and
+        # close; its answer is there to read.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            connection.request(method, target, body=data, headers=sent)
+        response = connection.getresponse()
+        return Answer(response.status, dict(response.headers), response.read())
+    except (OSError, http.client.HTTPException) as exc:
         raise TransportError(f"{method} {url}: {exc}") from exc
+    finally:
+        connection.close()
 
 
 class Client:
