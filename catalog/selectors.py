@@ -19,6 +19,10 @@ SHAPE_FIELDS = (
     "sliding_window",
     "sliding_layers",
     "context_length",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "replicated_bytes",
 )
 
 
@@ -62,7 +66,12 @@ def model_spec(model: ServedModel, profiles: list[Profile] | None = None) -> Mod
 
 def gpu_class_specs() -> dict[str, GPUClassSpec]:
     return {
-        c.name: GPUClassSpec(name=c.name, usable_bytes=c.usable_bytes, capability=c.compute_capability)
+        c.name: GPUClassSpec(
+            name=c.name,
+            usable_bytes=c.usable_bytes,
+            capability=c.compute_capability,
+            total_bytes=c.memory_mib * 2**20,
+        )
         for c in GPUClass.objects.all()
     }
 

@@ -16,7 +16,6 @@ from django.test.utils import CaptureQueriesContext
 from catalog.actor import Actor
 from catalog.errors import DomainError
 from catalog.models import AuditEntry, Card, Node, Profile, ServedModel
-from catalog.planning import CardMemory
 from catalog.services.audit import verify_chain
 from catalog.services.resize import model_resize, model_set_context
 from tests import builders as b
@@ -43,19 +42,22 @@ def seeded(db):
 
 def test_mla_cache_is_not_split_when_deepseek_v2_lite_spreads_over_four_a100s(seeded, actor):
     change = model_resize(name="deepseek-v2-lite", gpus=4, dry_run=True)
-    weights = 31_412_968_448 // 4  # the seeded total_size, divisible by 4
+    # The seeded total_size: MLA's down-projections and the MoE router gates
+    # ((27 x 2048 x 576 + 26 x 2048 x 64) x 2 bytes, ReplicatedLinear in vLLM)
+    # stay whole on each card, the rest splits 4 ways.
+    replicated = (27 * 2048 * 576 + 26 * 2048 * 64) * 2
+    weights = -(-(31_412_968_448 - replicated) // 4) + replicated
     kv = 31_104 * 16_384  # MLA: 512+64 latent dims x 27 layers x 2 bytes a token, for --max-model-len 16384
-    overhead = 3 * GIB // 2  # vLLM's 1.5 GiB
-    assert change.memory == CardMemory(
-        cards=4,
-        weights=weights,
-        kv=kv,
-        overhead=overhead,
-        need=weights + kv + overhead,
-        budget=36_860 * MIB,
-        context=16_384,
-    )
-    assert change.per_card == "9.3 GiB a card of 4, of 36 usable"
+    # vLLM's terms at TP 4 (engines.toml): the sampler's peak, 10 copies of
+    # 256 sequences x 102400 vocabulary fp32 logits (above the forward pass of
+    # 2048 batch tokens), outside PyTorch 0.35 GiB, communication buffers 1.8
+    # GiB, CUDA graphs 1 GiB.
+    overhead = 10 * 256 * 102_400 * 4 + round(0.35 * GIB) + round(1.8 * GIB) + GIB
+    m = change.memory
+    assert (m.cards, m.weights, m.kv, m.overhead, m.context) == (4, weights, kv, overhead, 16_384)
+    assert m.need == weights + kv + overhead
+    assert m.budget == 36_860 * MIB  # the class's usable memory is below 0.9 of the card
+    assert change.per_card == "12.0 GiB a card of 4, of 36 usable"
     assert change.memory.fits
 
 
@@ -64,8 +66,13 @@ def test_kv_cache_stops_shrinking_at_one_kv_head_a_card_for_qwen3_on_eight_cards
     change = model_resize(name="qwen3-30b-a3b", gpus=8, dry_run=True)
     kv_total = 98_304 * 32_768  # 2 x 48 layers x 4 KV heads x 128 x 2 bytes a token, --context-length 32768
     assert change.memory.kv == kv_total // 4  # 4 KV heads: a card never holds less than one head's cache
-    assert change.memory.weights == 61_064_245_248 // 8
-    assert change.memory.need == 61_064_245_248 // 8 + kv_total // 4 + 3 * GIB // 2
+    # The MoE router gates (48 layers x 2048 x 128 experts x 2 bytes) stay
+    # whole on every card; the rest splits 8 ways.
+    gates = 48 * 2048 * 128 * 2
+    assert change.memory.weights == -(-(61_064_245_248 - gates) // 8) + gates
+    # SGLang's budget holds weights and KV cache; activations and graphs live
+    # in the rest of the card, outside --mem-fraction-static.
+    assert change.memory.need == change.memory.weights + kv_total // 4
     assert change.room.beside == ("gpu-h8",)
 
 
@@ -93,21 +100,26 @@ def test_a_profile_too_big_for_its_cards_is_refused_with_both_ways_out_and_nothi
     b.node("gpu-l", cards=4, cls=l4)
     p = b.profile(b.llama_8b(), "l4", cls=l4, gpus=2, args=["--max-model-len", "131072"])
     before = serving(p)
-    weights, kv, overhead = 16_060_522_496, 131_072 * 131_072, 3 * GIB // 2
+    weights, kv, overhead = (
+        16_060_522_496,
+        131_072 * 131_072,
+        round(0.35 * GIB) + GIB,
+    )  # TP 1: no comm buffers
     budget = 20_000 * MIB
     assert weights + kv + overhead > budget  # one card is too small ...
-    assert weights // 2 + kv // 2 + overhead <= budget  # ... two are enough
-    longest = (budget - weights - overhead) // 131_072  # the longest context one card holds
+    assert weights // 2 + kv // 2 + overhead + round(1.8 * GIB) <= budget  # ... two are enough
+    # the longest context one card holds, in whole blocks of 16 tokens
+    longest = (budget - weights - overhead) // (131_072 * 16) * 16
 
     with pytest.raises(DomainError) as err:
         model_resize(name="llama-3.1-8b", gpus=1)
 
     e = err.value
     assert (e.code, e.status) == ("memory", 400)
-    assert f"{(weights + kv + overhead) / GIB:.1f} GiB" in e.message  # 32.5: the need
+    assert f"{(weights + kv + overhead) / GIB:.1f} GiB" in e.message  # 32.3: the need
     assert "19.5 GiB usable" in e.message  # the budget
     assert "2 cards would hold it" in e.message and f"at most {longest} tokens" in e.message
-    assert longest == 25_179
+    assert longest == 26_400
     assert e.change["memory"]["need"] == weights + kv + overhead and e.change["memory"]["fits"] is False
     assert serving(p) == before and AuditEntry.objects.count() == 0
 

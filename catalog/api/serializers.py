@@ -91,6 +91,10 @@ SHAPE_FIELDS = [
     "expert_bytes",
     "sliding_window",
     "sliding_layers",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "replicated_bytes",
 ]
 
 

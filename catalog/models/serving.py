@@ -42,6 +42,16 @@ class ServedModel(models.Model):
     sliding_layers = models.PositiveIntegerField(
         default=0, help_text="Layers that keep only the sliding window."
     )
+    # What sizes the engine's activation peak (docs/memory-model.md).
+    hidden_size = models.PositiveIntegerField(null=True, blank=True)
+    intermediate_size = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The MLP's width (for MoE: the experts' times those active)."
+    )
+    vocab_size = models.PositiveIntegerField(null=True, blank=True)
+    replicated_bytes = models.PositiveBigIntegerField(
+        default=0,
+        help_text="Weights every tensor-parallel card holds whole (router gates, MLA down-projections).",
+    )
     declared = models.BooleanField(
         default=False, help_text="Comes from the cluster settings file; read-only here."
     )

@@ -110,6 +110,13 @@ def _check_class(
     return spec.usable_bytes if spec.usable_bytes > 0 else None
 
 
+def _card_of(spec: GPUClassSpec | None) -> dict[str, object]:
+    """The card facts the memory model reads beyond the usable bytes."""
+    if spec is None:
+        return {"total": None, "class_name": ""}
+    return {"total": spec.total_bytes or None, "class_name": spec.name}
+
+
 def _unknown_note(model: ModelSpec, context: int | None, *, heads_checked: bool | None) -> str | None:
     """One sentence naming what is not known and the checks that skips; None
     when nothing was skipped. ``heads_checked`` is None when the head split is
@@ -156,17 +163,20 @@ def _memory_refusal(
     p: ProfileSpec,
     shape: Shape,
     memory: CardMemory,
-    budget: int,
+    budget: int | None,
     next_cards: int | None,
+    card: dict[str, object],
 ) -> str:
     n = memory.cards
+    terms = ", ".join(f"{t.name.replace('_', ' ')} {gib(t.bytes)}" for t in memory.terms if t.inside)
     held = (
         f"On {n} {p.gpu_class} {'card' if n == 1 else 'cards'} each would hold {gib(memory.need)} GiB "
-        f"(weights {gib(memory.weights)}, KV cache {gib(memory.kv)} for {memory.context} tokens, "
-        f"overhead {gib(memory.overhead)}), more than the {gib_short(budget)} GiB usable on each."
+        f"(weights {gib(memory.weights)}, KV cache {gib(memory.kv)} for {memory.context} tokens"
+        f"{', ' + terms if terms else ''}), more than the {gib_short(memory.budget or 0)} GiB "
+        f"usable on each ({memory.budget_how})."
     )
     more = f"more cards ({cards(next_cards)} would hold it)" if next_cards else "more cards"
-    shorter = longest_context_that_fits(eng, shape, n, budget, memory.context)
+    shorter = longest_context_that_fits(eng, shape, n, budget, memory.context, args=p.args, **card)
     context = CONTEXT_CHANGE.format(name=model.name)
     if shorter:
         less = f"a shorter context (at most {shorter} tokens fits on {cards(n)}) through {context}"
@@ -175,7 +185,9 @@ def _memory_refusal(
     return f"{held} Two ways out: {more}, or {less}."
 
 
-def _fewest_cards_that_fit(eng: Engine, shape: Shape, context: int, budget: int, above: int) -> int | None:
+def _fewest_cards_that_fit(
+    eng: Engine, shape: Shape, context: int, budget: int | None, above: int, args, card: dict[str, object]
+) -> int | None:
     """The fewest cards above ``above`` that the engine can spread over and
     whose share fits ``budget``, or None."""
     if eng.spread == "single":
@@ -183,7 +195,7 @@ def _fewest_cards_that_fit(eng: Engine, shape: Shape, context: int, budget: int,
     for n in range(above + 1, MAX_CARDS + 1):
         if eng.spread == "tensor" and not splits_heads(shape.kv_heads, shape.attention_heads, n):
             continue
-        memory = card_memory(eng, shape, n, context, budget)
+        memory = card_memory(eng, shape, n, context, budget, args=args, **card)
         if memory is not None and memory.fits:
             return n
     return None
@@ -200,18 +212,17 @@ def _check_memory(
     change: Change,
     notes: _Notes,
     heads_checked: bool | None,
+    card: dict[str, object],
 ) -> Change:
     note = _unknown_note(model, context, heads_checked=heads_checked)
     if note:
         notes.add(note)
-    memory = card_memory(eng, model.shape, n, context, budget)
+    memory = card_memory(eng, model.shape, n, context, budget, args=p.args, **card)
     if memory is None:
         return change
     change = replace(change, memory=memory, per_card=memory.per_card)
     if not memory.fits:
-        assert (
-            model.shape is not None and budget is not None and context is not None
-        )  # fits is True otherwise
+        assert model.shape is not None and context is not None  # fits is True otherwise
         raise DomainError(
             "memory",
             _memory_refusal(
@@ -221,7 +232,8 @@ def _check_memory(
                 shape=model.shape,
                 memory=memory,
                 budget=budget,
-                next_cards=_fewest_cards_that_fit(eng, model.shape, context, budget, n),
+                next_cards=_fewest_cards_that_fit(eng, model.shape, context, budget, n, p.args, card),
+                card=card,
             ),
             change=_finish(change, notes).as_dict(),
         )
@@ -291,7 +303,8 @@ def plan_resize(
             f"{model.name}'s {p.name} profile already uses {cards(gpus)}.",
             change=change.as_dict(),
         )
-    budget = _check_class(eng, p, classes.get(p.gpu_class or ""), change, notes)
+    spec = classes.get(p.gpu_class or "")
+    budget = _check_class(eng, p, spec, change, notes)
 
     try:
         new = respread(p, gpus, model.shape, eng)
@@ -310,6 +323,7 @@ def plan_resize(
         change=change,
         notes=notes,
         heads_checked=heads_known(model.shape) if eng.spread == "tensor" else None,
+        card=_card_of(spec),
     )
     change = _check_room(nodes, p, gpus, running=running, in_place=in_place, change=change, notes=notes)
     return _finish(change, notes)
@@ -368,7 +382,8 @@ def plan_context(
             f"{model.name}'s {p.name} profile already serves a context of {tokens} tokens.",
             change=change.as_dict(),
         )
-    budget = _check_class(eng, p, classes.get(p.gpu_class or ""), change, notes)
+    spec = classes.get(p.gpu_class or "")
+    budget = _check_class(eng, p, spec, change, notes)
 
     try:
         args = with_context(eng, p.args, tokens)
@@ -392,6 +407,7 @@ def plan_context(
         change=change,
         notes=notes,
         heads_checked=None,
+        card=_card_of(spec),
     )
     change = _check_room(nodes, p, n, running=running, in_place=in_place, change=change, notes=notes)
     return _finish(change, notes)

@@ -36,6 +36,10 @@ class Shape:
     sliding_window: int | None = None
     sliding_layers: int = 0
     context_length: int | None = None
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    replicated_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,11 +84,13 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class GPUClassSpec:
-    """A kind of card: the memory an engine may fill, and its compute capability ("9.0")."""
+    """A kind of card: the memory an engine may fill, its total memory (0:
+    unknown), and its compute capability ("9.0")."""
 
     name: str
     usable_bytes: int
     capability: str
+    total_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,10 +110,40 @@ class NodeRoom:
 
 
 @dataclass(frozen=True)
+class Term:
+    """One part of what a card holds beside its weights and KV cache, in
+    bytes, with the sentence saying how it was worked out and where the
+    engine's figure comes from. ``inside`` is False for a term the engine
+    keeps outside its budget (SGLang's activations, outside
+    ``--mem-fraction-static``): shown, not added to ``need``."""
+
+    name: str
+    bytes: int
+    how: str
+    source: str
+    inside: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "bytes": self.bytes,
+            "how": self.how,
+            "source": self.source,
+            "inside": self.inside,
+        }
+
+
+@dataclass(frozen=True)
 class CardMemory:
     """What each of ``cards`` cards holds, in bytes, for ``context`` tokens.
 
-    ``budget`` is the class's usable memory per card, None when unknown.
+    ``budget`` is what the engine may fill on a card: its own budget (e.g.
+    vLLM's total x ``--gpu-memory-utilization``) capped by the class's usable
+    memory; None when neither is known. ``overhead`` is the sum of ``terms``
+    inside the budget. ``kv_tokens`` is how many tokens the cache the engine
+    allocates in what is left will hold, ``sequences`` how many full-context
+    sequences that is (vLLM's "maximum concurrency"); None when the budget is
+    unknown.
     """
 
     cards: int
@@ -117,6 +153,12 @@ class CardMemory:
     need: int
     budget: int | None
     context: int
+    terms: tuple[Term, ...] = ()
+    engine_budget: int | None = None
+    class_budget: int | None = None
+    budget_how: str = ""
+    kv_tokens: int | None = None
+    sequences: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -141,6 +183,13 @@ class CardMemory:
             "budget": self.budget,
             "context": self.context,
             "fits": self.fits,
+            "terms": [t.as_dict() for t in self.terms],
+            **{t.name: t.bytes for t in self.terms},
+            "engine_budget": self.engine_budget,
+            "class_budget": self.class_budget,
+            "budget_how": self.budget_how,
+            "kv_tokens": self.kv_tokens,
+            "sequences": self.sequences,
         }
 
 

@@ -30,6 +30,10 @@ MODEL_KEYS = {
     "expert_bytes",
     "sliding_window",
     "sliding_layers",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "replicated_bytes",
 }
 PROFILE_KEYS = {"name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env"}
 

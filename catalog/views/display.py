@@ -160,7 +160,16 @@ def profile_memory(model: ServedModel, profiles: list[Profile]) -> list[ProfileM
         if p.gpu_class_id is None:
             out.append(ProfileMemory(p, context, None, "Runs on CPUs: no card memory."))
             continue
-        memory = card_memory(eng, spec.shape, p.cards, context, p.gpu_class.usable_bytes)
+        memory = card_memory(
+            eng,
+            spec.shape,
+            p.cards,
+            context,
+            p.gpu_class.usable_bytes,
+            total=p.gpu_class.memory_mib * 2**20,
+            args=p.args,
+            class_name=p.gpu_class.name,
+        )
         why = "" if memory else f"{model.name}'s weights, KV bytes per token or context are not known."
         out.append(ProfileMemory(p, context, MemoryBar.of(memory), why))
     return out
