@@ -40,6 +40,7 @@ class EngineMemory:
     sampler_copies: float = 0.0
     non_torch_gib: float = 0.0
     comm_buffers_gib: float = 0.0
+    comm_buffers_min_card_gib: float = 0.0
     cuda_graph_gib: float = 0.0
     eager_flags: tuple[str, ...] = ()
     runtime_gib: float = 0.0
@@ -59,6 +60,7 @@ _FLOATS = {
     "sampler_copies": (0.0, 1_000.0),
     "non_torch_gib": (0.0, 1024.0),
     "comm_buffers_gib": (0.0, 1024.0),
+    "comm_buffers_min_card_gib": (0.0, 10_000.0),
     "cuda_graph_gib": (0.0, 1024.0),
     "runtime_gib": (0.0, 1024.0),
 }

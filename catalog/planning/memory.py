@@ -292,12 +292,14 @@ def overhead_terms(
                 mem.sources["non_torch"],
             )
         )
-    if mem.comm_buffers_gib and tp > 1:
+    big_card = total is None or total >= mem.comm_buffers_min_card_gib * GIB
+    if mem.comm_buffers_gib and tp > 1 and big_card:
         terms.append(
             Term(
                 "comm_buffers",
                 round(mem.comm_buffers_gib * GIB),
-                f"at TP {tp}",
+                f"at TP {tp}"
+                + (f" on cards of {mem.comm_buffers_min_card_gib:g} GiB or more" if total else ""),
                 mem.sources["comm_buffers"],
             )
         )
