@@ -223,7 +223,10 @@ def test_the_model_page_shows_shape_profiles_replicas_and_the_card_memory_bar(vi
         'class="seg seg-weights' in page and 'class="seg seg-kv' in page and 'class="seg seg-overhead' in page
     )
     assert "weights 15.0 GiB" in page and "KV cache 4.0 GiB (32768 tokens)" in page
-    assert "20.5 GiB a card of 71.7 GiB usable (29%)" in page
+    # 14.96 + 4.0 + vLLM's terms at TP 1 (outside PyTorch 0.35, CUDA graphs 1), each its own segment
+    assert "20.3 GiB a card of 71.7 GiB usable (28%)" in page
+    assert "outside PyTorch 0.3 GiB" in page and "CUDA graphs 1.0 GiB" in page
+    assert "Budget: 79.65 GiB x --gpu-memory-utilization 0.9, capped by the class" in page
     assert replica.name in page and 'href="/nodes/gpu-1/"' in page
     assert "stale: profile is at 3" in page
 
@@ -307,7 +310,12 @@ def test_a_count_that_fits_previews_before_after_the_bar_and_the_nodes_with_room
     text = response.content.decode()
     assert "<html" not in text
     assert "1 → <strong>4</strong> cards" in text
-    assert "weights 3.7 GiB" in text and "6.2 GiB a card of 71.7 GiB usable" in text
+    # 3.74 + 1.0 + outside PyTorch 0.35 + NVLink buffers 1.8 + CUDA graphs 1
+    assert "weights 3.7 GiB" in text and "7.9 GiB a card of 71.7 GiB usable" in text
+    assert "communication buffers 1.8 GiB" in text
+    # the whole command line the engine gets, the TP width included
+    assert "vllm serve meta-llama/Llama-3.1-8B-Instruct --port {port}" in text
+    assert "--tensor-parallel-size 4 --max-model-len 32768" in text
     assert "<code>--max-model-len 32768</code>" in text
     assert "Room beside the running replicas on <strong>gpu-1, gpu-2</strong>" in text
     assert 'hx-post="/models/llama-3.1-8b/resize/"' in text and "Apply: 4 cards" in text

@@ -7,11 +7,13 @@ worked out so far.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from catalog.errors import DomainError
-from catalog.planning.engines import Engine, engine, parse_capability, refused, with_context
+from catalog.planning.engines import Engine, argv, engine, parse_capability, refused, with_context
 from catalog.planning.memory import card_memory, longest_context_that_fits
+from catalog.planning.placement import LiveReplica, NodeCards, place_restart
 from catalog.planning.room import room_for
 from catalog.planning.rules import MAX_CARDS, context_of, heads_known, pick_profile, respread, splits_heads
 from catalog.planning.types import CardMemory, Change, GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
@@ -20,6 +22,17 @@ from catalog.planning.units import and_list, cards, gib, gib_short
 CONTEXT_CHANGE = (
     "a context change (the model page's context form, POST /api/models/{name}/context/, or manage.py context)"
 )
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What the restart simulation reads: the class's cards on every node,
+    the model's live replicas, and how many steps run at once."""
+
+    cards: tuple[NodeCards, ...]
+    replicas: tuple[LiveReplica, ...]
+    parallel: int = 1
+
 
 # When the model does not say how long its context may be, a ceiling still
 # keeps a typo (an extra zero or ten) out of a profile: 16 Mi tokens is past
@@ -64,6 +77,13 @@ def _with_change(err: DomainError, change: Change, notes: _Notes) -> DomainError
 
 def _finish(change: Change, notes: _Notes) -> Change:
     return replace(change, note=notes.text())
+
+
+def _launch(eng: Engine, model: ModelSpec, p: ProfileSpec) -> tuple[str, ...]:
+    """The engine's whole command line for ``p``, as the node agent will start it."""
+    # The port is each replica's own, chosen when the restart places it.
+    port: Any = "{port}"
+    return tuple(argv(eng, source=model.source, port=port, model=model.name, tp=p.tp, args=p.args))
 
 
 def _refuse_forbidden(eng: Engine, p: ProfileSpec, change: Change, notes: _Notes) -> None:
@@ -249,10 +269,26 @@ def _check_room(
     in_place: bool,
     change: Change,
     notes: _Notes,
+    fleet: Fleet | None,
 ) -> Change:
+    """Where the new replicas go. With ``fleet`` (the class's cards and the
+    model's live replicas), the whole restart is played through and every
+    replica must have a place; without, whether some node has room."""
     assert p.gpu_class is not None  # pick_profile never answers a CPU-only profile
+    simulate = fleet is not None and any(r.restarted for r in fleet.replicas)
     try:
-        room = room_for(nodes, p.gpu_class, n, running=running > 0, in_place=in_place)
+        room = room_for(nodes, p.gpu_class, n, running=running > 0 and not simulate, in_place=in_place)
+        if simulate:
+            assert fleet is not None
+            places = place_restart(
+                fleet.cards,
+                fleet.replicas,
+                n,
+                in_place=in_place,
+                parallel=fleet.parallel,
+                gpu_class=p.gpu_class,
+            )
+            room = replace(room, places=places, in_place=any(pl.in_place for pl in places))
     except DomainError as err:
         raise _with_change(err, change, notes) from None
     return replace(change, room=room, in_place=room.in_place)
@@ -267,6 +303,7 @@ def plan_resize(
     classes: Mapping[str, GPUClassSpec],
     nodes: Iterable[NodeRoom],
     running: int,
+    fleet: Fleet | None = None,
 ) -> Change:
     """The change that spreads ``model``'s profile over ``gpus`` cards of one
     node, after every check of DESIGN.md's "Resize", in its order.
@@ -310,7 +347,7 @@ def plan_resize(
         new = respread(p, gpus, model.shape, eng)
     except DomainError as err:
         raise _with_change(err, change, notes) from None
-    change = replace(change, args=new.args, new_profile=new)
+    change = replace(change, args=new.args, launch=_launch(eng, model, new), new_profile=new)
     _refuse_forbidden(eng, new, change, notes)
 
     change = _check_memory(
@@ -325,7 +362,9 @@ def plan_resize(
         heads_checked=heads_known(model.shape) if eng.spread == "tensor" else None,
         card=_card_of(spec),
     )
-    change = _check_room(nodes, p, gpus, running=running, in_place=in_place, change=change, notes=notes)
+    change = _check_room(
+        nodes, p, gpus, running=running, in_place=in_place, change=change, notes=notes, fleet=fleet
+    )
     return _finish(change, notes)
 
 
@@ -338,6 +377,7 @@ def plan_context(
     classes: Mapping[str, GPUClassSpec],
     nodes: Iterable[NodeRoom],
     running: int,
+    fleet: Fleet | None = None,
 ) -> Change:
     """The change that sets the context of ``model``'s profile to ``tokens``:
     the engine's context flag is written (every other spelling of it, and its
@@ -393,7 +433,7 @@ def plan_context(
     # the profile from saying two things.
     env = tuple((k, v) for k, v in p.env if k not in eng.context_env)
     new = replace(p, args=tuple(args), env=env)
-    change = replace(change, args=new.args, new_profile=new)
+    change = replace(change, args=new.args, launch=_launch(eng, model, new), new_profile=new)
     _refuse_forbidden(eng, new, change, notes)
 
     n = p.cards
@@ -409,5 +449,7 @@ def plan_context(
         heads_checked=None,
         card=_card_of(spec),
     )
-    change = _check_room(nodes, p, n, running=running, in_place=in_place, change=change, notes=notes)
+    change = _check_room(
+        nodes, p, n, running=running, in_place=in_place, change=change, notes=notes, fleet=fleet
+    )
     return _finish(change, notes)

@@ -80,6 +80,7 @@ class ModelSpec:
     declared_in: str | None
     shape: Shape | None
     profiles: tuple[ProfileSpec, ...]
+    source: str = ""  # the checkpoint the engine is given: repo id or path
 
 
 @dataclass(frozen=True)
@@ -197,21 +198,24 @@ class CardMemory:
 class Room:
     """Where the new replicas fit.
 
-    ``in_place`` is True only when they fit nowhere beside the running ones
-    and stopping each first was asked for. ``beside`` lists the nodes with
+    ``in_place`` is True when some replica fits nowhere beside the running
+    ones and stopping it first was asked for. ``beside`` lists the nodes with
     the cards free now; ``in_place_nodes`` those with them free once the
-    model's own replicas stop.
+    model's own replicas stop; ``places`` where the restart will put each
+    replica, in its order (empty when the restart was not simulated).
     """
 
     in_place: bool
     beside: tuple[str, ...] = ()
     in_place_nodes: tuple[str, ...] = ()
+    places: tuple[Any, ...] = ()  # placement.Placement, one a restarted replica, in restart order
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "in_place": self.in_place,
             "beside": list(self.beside),
             "in_place_nodes": list(self.in_place_nodes),
+            "places": [p.as_dict() for p in self.places],
         }
 
 
@@ -221,7 +225,9 @@ class Change:
     ``after`` are card counts) or of a context change (``kind="context"``, they
     are tokens; ``before`` is None when the context was not known).
 
-    ``args`` are the profile's arguments after the change, ``new_profile`` the
+    ``args`` are the profile's arguments after the change, ``launch`` the
+    whole command line the engine will get (the launcher's own flags and the
+    TP width included; ``{port}`` is each replica's own), ``new_profile`` the
     profile to save, ``note`` what could not be checked. ``restarted`` and
     ``operation`` (the restart operation's id) are filled in by the service
     that restarts the replicas.
@@ -235,6 +241,7 @@ class Change:
     after: int
     kind: ChangeKind = "gpus"
     args: tuple[str, ...] = ()
+    launch: tuple[str, ...] = ()
     per_card: str = ""
     memory: CardMemory | None = None
     room: Room | None = None
@@ -255,6 +262,7 @@ class Change:
             "before": self.before,
             "after": self.after,
             "args": list(self.args),
+            "launch": list(self.launch),
             "per_card": self.per_card,
             "restarted": self.restarted,
             "in_place": self.in_place,
