@@ -142,6 +142,8 @@ def _detail_context(
         "on_cards": on_cards,
         "replicas": replicas,
         "stale_live": sum(r.stale and r.is_live for r in replicas),
+        # A profile its cards cannot hold is not offered a restart: the restart would refuse it.
+        "unfit": [m for m in on_cards if m.bar is not None and not m.bar.fits],
         "can_resize": can_resize,
         "can_restart": request.user.has_perm(RESTART),
         "resize_form": resize_form if can_resize else None,
