@@ -541,3 +541,45 @@ def test_page_queries_do_not_grow_with_the_fleet(operator, django_assert_num_que
     operation(m)
     with django_assert_num_queries(small):
         assert operator.get(url).status_code == 200
+
+
+# -- a replica: planned and measured ---------------------------------------------------------------
+
+
+def test_the_replica_page_shows_planned_and_measured_side_by_side(viewer):
+    m = llama_on_h100()
+    replica = m.profiles.get().replicas.get()
+    GIB = 2**30
+    replica.measured_memory = {
+        "weights": round(14.96 * GIB),
+        "non_torch": round(0.30 * GIB),
+        "activation": round(1.26 * GIB),
+        "kv_cache": round(53.29 * GIB),
+        "sequences": 13.0,
+        "kv_tokens": 436_000,
+    }
+    replica.save()
+    page = viewer.get(f"/replicas/{replica.name}/").content.decode()
+    assert "Memory a card: planned and measured" in page
+    assert "its profile as planned now" in page
+    # weights: planned 16060522496 bytes (14.96 GiB) beside the 14.96 logged
+    assert (
+        '<td>weights</td><td class="num planned">14.96 GiB</td><td class="num measured">14.96 GiB</td>'
+        in page
+    )
+    # outside PyTorch: planned 0.35 GiB at TP 1, logged 0.30
+    assert (
+        '<td class="num planned">0.35 GiB</td><td class="num measured">0.30 GiB</td><td class="num">+16.7%</td>'
+        in page
+    )
+    assert "436,000" in page
+    # the model page links to it
+    assert f'href="/replicas/{replica.name}/"' in viewer.get("/models/llama-3.1-8b/").content.decode()
+
+
+def test_a_replica_that_reported_nothing_says_so(viewer):
+    m = llama_on_h100()
+    replica = m.profiles.get().replicas.get()
+    page = viewer.get(f"/replicas/{replica.name}/").content.decode()
+    assert "not reported yet" in page
+    assert viewer.get("/replicas/no-such/").status_code == 404

@@ -151,6 +151,12 @@ class Replica(models.Model):
     port = models.PositiveIntegerField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.STARTING)
     revision = models.PositiveIntegerField(help_text="The profile revision this replica runs.")
+    # What each card was planned to hold when the replica started (the API's
+    # memory answer), and what the engine and the card reported (bytes per
+    # card, from its start-up log and nvidia-smi; see agent/llmgw_agent/memory_lines.py).
+    planned_memory = models.JSONField(default=dict, blank=True)
+    measured_memory = models.JSONField(default=dict, blank=True)
+    measured_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]
