@@ -88,11 +88,20 @@ def test_freetoken_keeps_experts_in_ram_and_counts_sliding_layers_at_their_windo
 
 
 def test_llamacpp_splits_layers_so_weights_and_cache_both_divide(seeded, actor):
+    # The demo's llama.cpp model is planned from the GGUF it made: Mistral-7B's
+    # tensors at Q4_K (144 bytes a 256 values), the output at Q6_K (210), the
+    # norms at F32, and the file's size is the weights.
+    per_layer = (4096 * 4096 * 2 + 1024 * 4096 * 2 + 14336 * 4096 * 3) * 144 // 256 + 2 * 4096 * 4
+    data = 32 * per_layer + 32768 * 4096 * 144 // 256 + 32768 * 4096 * 210 // 256 + 4096 * 4
+    assert data == 4_112_531_456
+    model = ServedModel.objects.get(name="mistral-7b")
+    assert model.source.endswith("Mistral-7B-Instruct-v0.3-Q4_K_M.gguf") and model.dtype == "Q4_K_M"
+    assert 0 < model.weight_bytes - data < 1_000_000  # the header: metadata and 32768 tokens
     change = model_resize(name="mistral-7b", gpus=4, dry_run=True)
-    assert change.memory.weights == 14_496_047_104 // 4
+    assert change.memory.weights == -(-model.weight_bytes // 4)
     assert change.memory.kv == 131_072 * 16_384 // 4
     assert change.memory.overhead == GIB // 2
-    assert change.per_card == "4.4 GiB a card of 4, of 40.5 usable"
+    assert change.per_card == "2.0 GiB a card of 4, of 40.5 usable"
 
 
 def test_a_profile_too_big_for_its_cards_is_refused_with_both_ways_out_and_nothing_saved(actor):
