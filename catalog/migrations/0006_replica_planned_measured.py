@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("catalog", "0004_model_activation_shape"),
+        ("catalog", "0005_model_activation_shape"),
     ]
 
     operations = [

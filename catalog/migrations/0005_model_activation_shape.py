@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("catalog", "0003_restart_operations"),
+        ("catalog", "0004_audit_and_restarts_leave_for_their_apps"),
     ]
 
     operations = [
