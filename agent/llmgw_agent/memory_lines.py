@@ -35,7 +35,13 @@ Standard library only, like the rest of the agent.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import threading
+import time
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 _NUM = r"(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
 
@@ -119,3 +125,50 @@ def parse_nvidia_smi_apps(text: str) -> dict[int, int]:
             continue
         held[int(parts[0])] = held.get(int(parts[0]), 0) + mib * 2**20
     return held
+
+
+_SMI_CACHE: dict[str, Any] = {"at": 0.0, "held": {}}
+_SMI_LOCK = threading.Lock()
+SMI_TTL = 5.0  # seconds an nvidia-smi answer is reused: a status poll must stay cheap
+
+
+def gpu_process_bytes() -> dict[int, int]:
+    """Bytes each process holds on the cards, from nvidia-smi; empty where
+    there is none (no driver, or the stand-in on a machine without a GPU)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {}
+    with _SMI_LOCK:
+        if time.monotonic() - _SMI_CACHE["at"] < SMI_TTL:
+            return dict(_SMI_CACHE["held"])
+        try:
+            out = subprocess.run(
+                [exe, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=3,
+                check=False,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        held = parse_nvidia_smi_apps(out)
+        _SMI_CACHE.update(at=time.monotonic(), held=held)
+        return dict(held)
+
+
+def memory_report(log_path: Path, offset: int, pid: int | None, cards: int) -> dict[str, Any]:
+    """What this run of a replica reported about its memory, per card: its
+    log's memory lines (from ``offset``, the start of this run) and, where
+    nvidia-smi answers, what its process holds (``card_bytes``, over its cards)."""
+    try:
+        with log_path.open("rb") as fh:
+            fh.seek(offset)
+            text = fh.read(1024 * 1024).decode("utf-8", "replace")
+    except OSError:
+        text = ""
+    found: dict[str, Any] = dict(parse_memory_lines(text.splitlines()))
+    if pid is not None:
+        held = gpu_process_bytes().get(pid)
+        if held is not None:
+            found["card_bytes"] = held // max(cards, 1)
+    return found

@@ -81,13 +81,15 @@ def place_restart(
     in_place: bool,
     parallel: int = 1,
     gpu_class: str = "",
+    always_in_place: bool = False,
 ) -> tuple[Placement, ...]:
     """Each restarted replica's place, in restart order (by name), for
     replacements of ``n`` cards; ``in_place`` allows stopping a replica first
     where no node has room beside.
 
-    Refuses (409) ``no_room_beside`` when a replica has no room beside and in
-    place was not asked for, ``no_room`` when it has none either way; both
+    ``always_in_place`` stops every replica first (a restart asked to be in
+    place), room beside or not. Refuses (409) ``no_room_beside`` when a
+    replica has no room beside and in place was not asked for, ``no_room`` when it has none either way; both
     name the replica and say what there is.
     """
     kind = f"{n} {gpu_class} {'card' if n == 1 else 'cards'}" if gpu_class else cards(n)
@@ -106,7 +108,7 @@ def place_restart(
                     free[done.node] = sorted({*free[done.node], *done.cards})
             wave_frees = []
         siblings = {r.node for name, r in live.items() if name != old.name}
-        fits = [name for name, cards_free in free.items() if len(cards_free) >= n]
+        fits = [] if always_in_place else [name for name, cards_free in free.items() if len(cards_free) >= n]
         if fits:
             node = min(fits, key=lambda name: (name in siblings, len(free[name]), name))
             chosen = tuple(free[node][:n])
@@ -117,7 +119,7 @@ def place_restart(
             wave_frees.append(old)
             continue
         most_free = max((len(c) for c in free.values()), default=0)
-        if not in_place:
+        if not in_place and not always_in_place:
             raise DomainError(
                 "no_room_beside",
                 f"{old.name} has no place: no ready node has {kind} free beside the running replicas "
