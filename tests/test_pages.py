@@ -575,8 +575,13 @@ def test_the_replica_page_shows_planned_and_measured_side_by_side(viewer):
         in page
     )
     assert "436,000" in page
-    # the model page links to it
-    assert f'href="/replicas/{replica.name}/"' in viewer.get("/models/llama-3.1-8b/").content.decode()
+    # the model page links to it, with the need planned beside the need measured (the terms logged)
+    model_page = viewer.get("/models/llama-3.1-8b/").content.decode()
+    assert f'href="/replicas/{replica.name}/"' in model_page
+    # over the terms logged: planned weights 14.96 + KV 4 (the profile's 32768 tokens x 128 KiB)
+    # + activation 0 (the shape has no sizes) + outside PyTorch 0.35; measured 14.96 + 53.29 / 13
+    # sequences + 1.26 + 0.30
+    assert "19.31 / 20.62 GiB (-6.4%)" in model_page
 
 
 def test_a_replica_that_reported_nothing_says_so(viewer):

@@ -96,12 +96,23 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
     shards = Prefetch("shards", queryset=Shard.objects.select_related("card__node").order_by("card__index"))
     replicas = list(
         Replica.objects.filter(profile__model=model)
-        .select_related("profile")
+        .select_related("profile__model", "profile__gpu_class")
         .prefetch_related(shards)
         .order_by("profile__name", "name")
     )
+    from catalog.planning.measured import compare
+    from catalog.planning.units import gib
+    from catalog.views.replicas import planned_of
+
     for r in replicas:
         r.stale = r.revision < r.profile.revision
+        r.memory_need = None
+        if r.measured_memory:
+            need = next(
+                (row for row in compare(planned_of(r)[0], r.measured_memory) if row.term == "need"), None
+            )
+            if need is not None and need.planned is not None and need.measured:
+                r.memory_need = (gib(need.planned, 2), gib(need.measured, 2), f"{need.difference:+.1%}")
         nodes: dict[str, list[int]] = {}
         for s in r.shards.all():
             nodes.setdefault(s.card.node.name, []).append(s.card.index)
