@@ -19,6 +19,7 @@ from typing import Any
 
 from catalog.checkpoint import (
     INDEX_NAME,
+    AttentionKind,
     CheckpointShape,
     parse_config_bytes,
     parse_index_bytes,
@@ -184,7 +185,7 @@ def read_gguf(path: str | Path) -> CheckpointShape:
         kv_bytes = layers * kv_heads * (head_dim + value_dim) * KV_CACHE_BYTES
     else:
         notes.append("KV cache per token unknown: the file lacks block_count, head counts or key length")
-    attention = None
+    attention: AttentionKind | None = None
     if kv_heads and heads:
         attention = "mqa" if kv_heads == 1 else "mha" if kv_heads == heads else "gqa"
     sliding_layers = layers if window and layers else 0

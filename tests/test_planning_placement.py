@@ -11,7 +11,9 @@ from catalog.errors import DomainError
 from catalog.planning.placement import LiveReplica, NodeCards, Placement, place_restart
 
 
-def node(name: str, count: int, held: set[int] = frozenset(), *, ready: bool = True) -> NodeCards:
+def node(
+    name: str, count: int, held: frozenset[int] | set[int] = frozenset(), *, ready: bool = True
+) -> NodeCards:
     indices = tuple(range(count))
     return NodeCards(name, ready, indices, tuple(i for i in indices if i not in held))
 

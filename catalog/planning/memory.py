@@ -385,7 +385,7 @@ def longest_context_that_fits(
     engine: Engine,
     shape: Shape,
     n: int,
-    budget: int,
+    budget: int | None,
     below: int,
     *,
     total: int | None = None,

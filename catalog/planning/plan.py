@@ -1,5 +1,5 @@
 """The two planned changes: a model to N cards, and a model to T tokens of
-context. Each runs every check in DESIGN.md's order and answers with the
+context. Each runs every check in docs/design.md's order ("Resize") and answers with the
 ``Change``, or refuses with a ``DomainError`` carrying the part of the change
 worked out so far.
 """
@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from catalog.errors import DomainError
+from catalog.errors import DomainError, declared
+from catalog.notes import Notes
 from catalog.planning.engines import Engine, argv, engine, parse_capability, refused, with_context
 from catalog.planning.memory import card_memory, longest_context_that_fits
 from catalog.planning.placement import LiveReplica, NodeCards, place_restart
@@ -40,20 +41,6 @@ class Fleet:
 MAX_UNKNOWN_CONTEXT = 2**24
 
 
-class _Notes:
-    """What could not be checked, each thing said once, in the order found."""
-
-    def __init__(self) -> None:
-        self._sentences: list[str] = []
-
-    def add(self, sentence: str) -> None:
-        if sentence not in self._sentences:
-            self._sentences.append(sentence)
-
-    def text(self) -> str:
-        return " ".join(self._sentences)
-
-
 def _is_count(value: object) -> bool:
     # bool is an int subclass; True is not a card count.
     return isinstance(value, int) and not isinstance(value, bool)
@@ -61,21 +48,15 @@ def _is_count(value: object) -> bool:
 
 def _refuse_declared(model: ModelSpec) -> None:
     if model.declared:
-        where = f" ({model.declared_in})" if model.declared_in else ""
-        raise DomainError(
-            "declared",
-            f"{model.name} is declared in the cluster's settings file and is read-only here; "
-            f"change it there{where}.",
-            status=409,
-        )
+        raise declared(model.name, model.declared_in or "the cluster's settings file")
 
 
-def _with_change(err: DomainError, change: Change, notes: _Notes) -> DomainError:
+def _with_change(err: DomainError, change: Change, notes: Notes) -> DomainError:
     """``err`` again, carrying the change worked out so far."""
     return DomainError(err.code, err.message, status=err.status, change=_finish(change, notes).as_dict())
 
 
-def _finish(change: Change, notes: _Notes) -> Change:
+def _finish(change: Change, notes: Notes) -> Change:
     return replace(change, note=notes.text())
 
 
@@ -86,7 +67,7 @@ def _launch(eng: Engine, model: ModelSpec, p: ProfileSpec) -> tuple[str, ...]:
     return tuple(argv(eng, source=model.source, port=port, model=model.name, tp=p.tp, args=p.args))
 
 
-def _refuse_forbidden(eng: Engine, p: ProfileSpec, change: Change, notes: _Notes) -> None:
+def _refuse_forbidden(eng: Engine, p: ProfileSpec, change: Change, notes: Notes) -> None:
     """The new profile must pass the registry's refusals, as its save will: a
     dry run never approves what the real change then refuses (the registry may
     have learnt a refusal since the profile was saved)."""
@@ -99,7 +80,7 @@ def _refuse_forbidden(eng: Engine, p: ProfileSpec, change: Change, notes: _Notes
         )
 
 
-def _engine_of(p: ProfileSpec, change: Change, notes: _Notes) -> Engine:
+def _engine_of(p: ProfileSpec, change: Change, notes: Notes) -> Engine:
     try:
         return engine(p.engine)
     except DomainError as err:
@@ -107,7 +88,7 @@ def _engine_of(p: ProfileSpec, change: Change, notes: _Notes) -> Engine:
 
 
 def _check_class(
-    eng: Engine, p: ProfileSpec, spec: GPUClassSpec | None, change: Change, notes: _Notes
+    eng: Engine, p: ProfileSpec, spec: GPUClassSpec | None, change: Change, notes: Notes
 ) -> int | None:
     """The class's usable bytes a card (None: unknown), after refusing a class
     older than the engine needs (400 ``capability``)."""
@@ -130,7 +111,7 @@ def _check_class(
     return spec.usable_bytes if spec.usable_bytes > 0 else None
 
 
-def _card_of(spec: GPUClassSpec | None) -> dict[str, object]:
+def _card_of(spec: GPUClassSpec | None) -> dict[str, Any]:
     """The card facts the memory model reads beyond the usable bytes."""
     if spec is None:
         return {"total": None, "class_name": ""}
@@ -185,7 +166,7 @@ def _memory_refusal(
     memory: CardMemory,
     budget: int | None,
     next_cards: int | None,
-    card: dict[str, object],
+    card: dict[str, Any],
 ) -> str:
     n = memory.cards
     terms = ", ".join(f"{t.name.replace('_', ' ')} {gib(t.bytes)}" for t in memory.terms if t.inside)
@@ -206,7 +187,7 @@ def _memory_refusal(
 
 
 def _fewest_cards_that_fit(
-    eng: Engine, shape: Shape, context: int, budget: int | None, above: int, args, card: dict[str, object]
+    eng: Engine, shape: Shape, context: int, budget: int | None, above: int, args, card: dict[str, Any]
 ) -> int | None:
     """The fewest cards above ``above`` that the engine can spread over and
     whose share fits ``budget``, or None."""
@@ -230,9 +211,9 @@ def _check_memory(
     context: int | None,
     budget: int | None,
     change: Change,
-    notes: _Notes,
+    notes: Notes,
     heads_checked: bool | None,
-    card: dict[str, object],
+    card: dict[str, Any],
 ) -> Change:
     note = _unknown_note(model, context, heads_checked=heads_checked)
     if note:
@@ -268,7 +249,7 @@ def _check_room(
     running: int,
     in_place: bool,
     change: Change,
-    notes: _Notes,
+    notes: Notes,
     fleet: Fleet | None,
 ) -> Change:
     """Where the new replicas go. With ``fleet`` (the class's cards and the
@@ -306,7 +287,7 @@ def plan_resize(
     fleet: Fleet | None = None,
 ) -> Change:
     """The change that spreads ``model``'s profile over ``gpus`` cards of one
-    node, after every check of DESIGN.md's "Resize", in its order.
+    node, after every check of docs/design.md's "Resize", in its order.
 
     Refusals: ``declared`` (409), ``gpus_range``, the profile's
     (``no_profile``, ``cpu_only``, ``ambiguous_profile``), ``unknown_engine``,
@@ -322,7 +303,7 @@ def plan_resize(
         raise DomainError("gpus_range", f"A replica uses 1 to {MAX_CARDS} cards; {gpus!r} was asked for.")
 
     p = pick_profile(model, profile)
-    notes = _Notes()
+    notes = Notes()
     change = Change(
         model=model.name,
         profile=p.name,
@@ -402,7 +383,7 @@ def plan_context(
         )
 
     p = pick_profile(model, profile)
-    notes = _Notes()
+    notes = Notes()
     change = Change(
         model=model.name,
         profile=p.name,

@@ -21,11 +21,12 @@ def profile_memory(profile: Profile, model: ServedModel | None = None) -> CardMe
     except DomainError:
         return None
     model = model or ServedModel.objects.get(pk=profile.model_id)
+    cls = profile.gpu_class
+    assert cls is not None  # gpu_class_id was checked
     from catalog.selectors import model_spec
 
     spec = model_spec(model, [])
     context = context_of(spec, profile_spec(profile), eng)
-    cls = profile.gpu_class
     return card_memory(
         eng,
         shape_of(model),
@@ -50,7 +51,7 @@ def refuse_unless_fits(
     raise DomainError(
         "memory",
         f"{profile.model.name}'s {profile.name} profile does not fit its cards, so it is not {doing}: each of its "
-        f"{profile.cards} {profile.gpu_class.name} card(s) would hold {gib(memory.need)} GiB (weights "
+        f"{profile.cards} {profile.gpu_class.name if profile.gpu_class else ''} card(s) would hold {gib(memory.need)} GiB (weights "
         f"{gib(memory.weights)}, KV cache {gib(memory.kv)} for {memory.context} tokens"
         f"{', ' + terms if terms else ''}), more than the {gib_short(memory.budget or 0)} GiB the "
         f"{profile.engine} engine may fill ({memory.budget_how}). Give it more cards or a shorter context "

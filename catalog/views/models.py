@@ -15,7 +15,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, F, Prefetch, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from catalog.errors import DomainError
 from catalog.forms import CPU, ContextForm, ModelFilterForm, ResizeForm
-from catalog.models import Profile, Replica, ServedModel, Shard
+from catalog.models import Profile, Replica, ServedModel, Shard, live_replicas_q, stale_replicas_q
 from catalog.planning import Change
 from catalog.services.resize import model_resize, model_set_context
 from catalog.views.common import (
@@ -37,8 +37,6 @@ from catalog.views.common import (
 from catalog.views.display import Preview, hue, profile_memory, shape_facts
 from operations import views as operation_views
 
-LIVE = Replica.LIVE_STATES
-
 
 def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedModel]:
     """Models with their cards in use and stale replicas counted in the same query.
@@ -48,13 +46,13 @@ def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedM
     on the profiles, so they never multiply the counts.
     """
     f = filters or {}
-    live = Q(profiles__replicas__state__in=LIVE)
+    live = live_replicas_q("profiles__replicas__")
     qs = ServedModel.objects.annotate(
         cards_in_use=Count("profiles__replicas__shards", filter=live, distinct=True),
         live_replicas=Count("profiles__replicas", filter=live, distinct=True),
         stale_replicas=Count(
             "profiles__replicas",
-            filter=live & Q(profiles__replicas__revision__lt=F("profiles__revision")),
+            filter=live & stale_replicas_q("profiles__replicas__"),
             distinct=True,
         ),
     ).prefetch_related(
@@ -82,8 +80,6 @@ def model_list(request: HttpRequest) -> HttpResponse:
     form = ModelFilterForm.for_catalog(request.GET or None)
     filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
     models = list(models_with_usage(filters))
-    for m in models:
-        m.hue = hue(m.pk)
     return render_page(
         request,
         "catalog/model_list.html",
@@ -93,6 +89,10 @@ def model_list(request: HttpRequest) -> HttpResponse:
 
 
 def _replicas_of(model: ServedModel) -> list[Replica]:
+    from catalog.planning.measured import compare
+    from catalog.planning.units import gib
+    from catalog.views.replicas import planned_of
+
     shards = Prefetch("shards", queryset=Shard.objects.select_related("card__node").order_by("card__index"))
     replicas = list(
         Replica.objects.filter(profile__model=model)
@@ -100,23 +100,24 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
         .prefetch_related(shards)
         .order_by("profile__name", "name")
     )
-    from catalog.planning.measured import compare
-    from catalog.planning.units import gib
-    from catalog.views.replicas import planned_of
-
     for r in replicas:
-        r.stale = r.revision < r.profile.revision
-        r.memory_need = None
+        # The need planned beside the need measured, over the terms the engine logged.
+        r.memory_need = None  # type: ignore[attr-defined]
         if r.measured_memory:
             need = next(
                 (row for row in compare(planned_of(r)[0], r.measured_memory) if row.term == "need"), None
             )
-            if need is not None and need.planned is not None and need.measured:
-                r.memory_need = (gib(need.planned, 2), gib(need.measured, 2), f"{need.difference:+.1%}")
-        nodes: dict[str, list[int]] = {}
-        for s in r.shards.all():
-            nodes.setdefault(s.card.node.name, []).append(s.card.index)
-        r.placement = [(node, indices) for node, indices in nodes.items()]
+            if (
+                need is not None
+                and need.planned is not None
+                and need.measured
+                and need.difference is not None
+            ):
+                r.memory_need = (  # type: ignore[attr-defined]
+                    gib(need.planned, 2),
+                    gib(need.measured, 2),
+                    f"{need.difference:+.1%}",
+                )
     return replicas
 
 
@@ -152,7 +153,7 @@ def _detail_context(
         "memories": memories,
         "on_cards": on_cards,
         "replicas": replicas,
-        "stale_live": sum(r.stale and r.is_live for r in replicas),
+        "stale_live": sum(r.is_stale and r.is_live for r in replicas),
         # A profile its cards cannot hold is not offered a restart: the restart would refuse it.
         "unfit": [m for m in on_cards if m.bar is not None and not m.bar.fits],
         "can_resize": can_resize,

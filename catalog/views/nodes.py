@@ -103,8 +103,6 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
             held.setdefault(t.replica.pk, (t.replica, []))[1].append(t.index)
     replicas = []
     for replica, indices in held.values():
-        replica.stale = replica.revision < replica.profile.revision
-        replica.hue = hue(replica.profile.model_id)
         replicas.append((replica, indices))
     replicas.sort(key=lambda pair: pair[0].name)
     return render_page(

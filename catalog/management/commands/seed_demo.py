@@ -69,19 +69,19 @@ class Command(ActorCommand):
                     from catalog.demo.gguf_file import write_model_gguf
                     from catalog.sources import read_gguf
 
-                    spec = dict(fleet.GGUF_MODELS[demo.name])
-                    path = write_model_gguf(fleet.demo_dir() / spec.pop("file"), **spec)
+                    spec: dict[str, Any] = dict(fleet.GGUF_MODELS[demo.name])
+                    path = write_model_gguf(fleet.demo_dir() / str(spec.pop("file")), **spec)
                     shape = read_gguf(path)
                     source = str(path)
                 else:
                     config = json.loads((fleet.CONFIGS / demo.config).read_text())
-                    index = {"metadata": {"total_size": demo.total_size}, "weight_map": {}}
-                    shape = shape_from_config(config, index=index, source=demo.config)
+                    weights_index = {"metadata": {"total_size": demo.total_size}, "weight_map": {}}
+                    shape = shape_from_config(config, index=weights_index, source=demo.config)
                 services.model_import(
                     name=demo.name, source=source, shape=shape.as_fields(), message="demo fleet"
                 )
                 created += 1
-            for model_name, name, engine, class_name, gpn, tp, args in fleet.PROFILES:
+            for model_name, name, engine, profile_class, gpn, tp, profile_args in fleet.PROFILES:
                 model = ServedModel.objects.get(name=model_name)
                 if Profile.objects.filter(model=model, name=name).exists():
                     continue
@@ -90,10 +90,10 @@ class Command(ActorCommand):
                         model=model,
                         name=name,
                         engine=engine,
-                        gpu_class=classes.get(class_name) if class_name else None,
+                        gpu_class=classes.get(profile_class) if profile_class else None,
                         gpus_per_node=gpn,
                         tp=tp,
-                        args=args,
+                        args=profile_args,
                     )
                 )
                 created += 1

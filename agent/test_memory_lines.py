@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from agent.llmgw_agent.memory_lines import parse_memory_lines, parse_nvidia_smi_apps
+from agent_testing import free_port
+from llmgw_agent.memory_lines import parse_memory_lines, parse_nvidia_smi_apps
 
 GIB = 2**30
 
@@ -87,8 +87,6 @@ def test_the_standin_engine_prints_lines_the_agent_reads_back(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
-
-    from tests.agent_helpers import free_port
 
     env = {
         "STANDIN_MEMORY": "weights=14.96,non_torch=0.35,activation=1.26,kv_cache=53.29,cuda_graph=0.64,"
