@@ -122,11 +122,11 @@ class CheckpointShape:
     expert_bytes: int | None = None
     sliding_window: int | None = None
     sliding_layers: int = 0
-    context_length: int | None = None
     hidden_size: int | None = None
     intermediate_size: int | None = None
     vocab_size: int | None = None
     replicated_bytes: int = 0
+    context_length: int | None = None
     notes: tuple[str, ...] = ()
 
     def as_fields(self) -> dict[str, Any]:

@@ -58,11 +58,11 @@ class Shape:
     expert_bytes: int | None = None
     sliding_window: int | None = None
     sliding_layers: int = 0
-    context_length: int | None = None
     hidden_size: int | None = None
     intermediate_size: int | None = None
     vocab_size: int | None = None
     replicated_bytes: int = 0
+    context_length: int | None = None
 
 
 @dataclass(frozen=True)
