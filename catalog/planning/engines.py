@@ -24,7 +24,8 @@ from llmgw_policy import launch_args as policy_launch_args
 
 from catalog.errors import DomainError
 from catalog.planning.args import drop_where, get_where, parse_int
-from catalog.planning.units import GIB, and_list
+from catalog.planning.enginememory import EngineMemory, parse_memory
+from catalog.planning.units import and_list
 
 DEFAULT_PATH = Path(__file__).with_name("engines.toml")
 SPREADS = ("tensor", "layers", "single")
@@ -46,7 +47,7 @@ class Engine:
     tp_flag: str | None
     context_flags: tuple[str, ...]
     min_capability: str
-    overhead_bytes: int
+    memory: EngineMemory
     experts_on_card: bool
     launch: tuple[str, ...]
     tp_env: tuple[str, ...] = ()
@@ -57,7 +58,7 @@ class Engine:
 
 # -- loading -----------------------------------------------------------------
 
-_REQUIRED = {"spread", "min_capability", "overhead_gib", "experts_on_card"}
+_REQUIRED = {"spread", "min_capability", "memory", "experts_on_card"}
 _OPTIONAL: set[str] = set()
 
 
@@ -115,9 +116,7 @@ def _engine(
     if not isinstance(capability, str) or parse_capability(capability) is None:
         raise fail("min_capability", f'must be a string like "8.0", not {capability!r}')
 
-    overhead = table["overhead_gib"]
-    if isinstance(overhead, bool) or not isinstance(overhead, int | float) or not 0 <= overhead < 1024:
-        raise fail("overhead_gib", f"must be a number of GiB from 0 to 1024, not {overhead!r}")
+    memory = parse_memory(table["memory"], fail)
 
     experts = table["experts_on_card"]
     if not isinstance(experts, bool):
@@ -130,7 +129,7 @@ def _engine(
         tp_flag=launch.tp_flag,
         context_flags=launch.context_flags,
         min_capability=capability,
-        overhead_bytes=round(overhead * GIB),
+        memory=memory,
         experts_on_card=experts,
         launch=launch.launch,
         tp_env=launch.tp_env,

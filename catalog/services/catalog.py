@@ -361,6 +361,11 @@ def profile_save(
         validate_profile_spec(
             obj, before=before, context_from_operation=context_from_operation or from_settings
         )
+        # What is saved is what the planner approves: a profile its cards
+        # cannot hold is refused on every path (admin, API, settings file).
+        from catalog.services.fit import refuse_unless_fits
+
+        refuse_unless_fits(obj, doing="saved", model=model)
         if before is not None:
             proposed = snapshot(obj)
             if any(before.get(f) != proposed.get(f) for f in SERVING_FIELDS):
