@@ -110,7 +110,13 @@ def test_a_resize_answers_the_change_with_the_api_keys():
     assert body["args"] == ["--max-model-len", "8192", "--enable-prefix-caching"]
     assert body["per_card"] == "5.5 GiB a card of 4, of 72 usable"
     assert body["memory"]["need"] == 16060522496 // 4 + 131072 * 8192 // 4 + int(1.5 * GIB)
-    assert body["room"] == {"in_place": False, "beside": ["n1"], "in_place_nodes": ["n1"]}
+    assert body["room"] == {
+        "in_place": False,
+        "beside": ["n1"],
+        "beside_count": 1,
+        "in_place_nodes": ["n1"],
+        "in_place_count": 1,
+    }
     assert (body["restarted"], body["in_place"], body["note"]) == (0, False, "")
     new = change.new_profile
     assert (new.tp, new.gpus_per_node, new.nodes, new.pp, new.cards) == (4, 4, 1, 0, 4)

@@ -120,7 +120,13 @@ def test_a_resize_answers_the_change_with_the_design_keys_and_writes_one_audit_e
         "kind": "gpus",
     }
     assert body["per_card"] == "11.0 GiB a card of 2, of 71.7 usable"
-    assert body["room"] == {"in_place": False, "beside": ["gpu-1"], "in_place_nodes": ["gpu-1"]}
+    assert body["room"] == {
+        "in_place": False,
+        "beside": ["gpu-1"],
+        "beside_count": 1,
+        "in_place_nodes": ["gpu-1"],
+        "in_place_count": 1,
+    }
 
     p.refresh_from_db()
     assert (p.tp, p.gpus_per_node, p.revision) == (2, 2, 2)

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.db.models import Count, F, Prefetch, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
@@ -38,6 +39,7 @@ from catalog.views.common import (
 from catalog.views.display import Preview, hue, profile_memory, shape_facts
 
 LIVE = Replica.LIVE_STATES
+PAGE_SIZE = 50  # models on a page of the list: it pages and filters, whatever the catalog's size
 
 
 def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedModel]:
@@ -81,13 +83,23 @@ def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedM
 def model_list(request: HttpRequest) -> HttpResponse:
     form = ModelFilterForm.for_catalog(request.GET or None)
     filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
-    models = list(models_with_usage(filters))
+    page = Paginator(models_with_usage(filters), PAGE_SIZE).get_page(request.GET.get("page"))
+    models = list(page.object_list)
     for m in models:
         m.hue = hue(m.pk)
+    query = request.GET.copy()
+    query.pop("page", None)
     return render_page(
         request,
         "catalog/model_list.html",
-        {"section": "models", "form": form, "models": models, "filtered": bool(filters)},
+        {
+            "section": "models",
+            "form": form,
+            "page": page,
+            "models": models,
+            "filtered": any(v not in (None, "", False) for v in filters.values()),
+            "query": query.urlencode(),
+        },
         partial="results",
     )
 
