@@ -5,7 +5,7 @@ UV ?= $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 PY := .venv/bin/python
 export DJANGO_SETTINGS_MODULE := llmgw_web.settings
 
-.PHONY: run test lint install demo-db browser-deps screenshots bench
+.PHONY: run test lint install demo-db browser-deps screenshots bench bench-dry-run serve
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -46,6 +46,23 @@ lint: install
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 
-# How long the live form's dry run takes at 10 to 5000 nodes (docs/benchmarks.md).
+# The app as in production: static files collected (whitenoise serves them, compressed), gunicorn
+# with WEB_WORKERS processes on ADDR. Needs the production settings in the environment
+# (DJANGO_SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL; README, "Settings") and a migrated database.
+WEB_WORKERS ?= 2
+ADDR ?= 127.0.0.1:8000
+serve: install
+	$(PY) manage.py collectstatic --no-input --verbosity 0
+	exec .venv/bin/gunicorn llmgw_web.wsgi --workers $(WEB_WORKERS) --bind $(ADDR) \
+		--access-logfile - --graceful-timeout 10 --keep-alive 5
+
+# The benchmark (docs/benchmarks.md): the generated 1,000-node fleet on PostgreSQL, served by
+# make serve, every page against the floor; then the restart fan-out against its ideal.
+# BENCH_DATABASE_URL names the database (its own: the generator refuses a real catalog).
 bench: install
+	$(PY) bench/pages.py
+	$(PY) bench/fanout.py
+
+# How long the live form's dry run takes at 10 to 5000 nodes, in-process (docs/benchmarks.md).
+bench-dry-run: install
 	$(PY) bench/resize_dry_run.py

@@ -123,38 +123,29 @@ HOLDERS_NAMED = 8  # models named per class in the summary; the rest are counted
 
 def fleet_summary() -> dict[str, Any]:
     """Cards by class (in all, free, held by which models) and nodes by state, grouped in the
-    database: three queries, and rows that grow with classes and models, not with cards."""
-    classes = {
-        r["gpu_class__name"]: {
-            "name": r["gpu_class__name"],
-            "cards": r["cards"],
-            "free": r["free"],
-            "held": r["cards"] - r["free"],
-            "holders": [],
-            "others": 0,
-            "others_cards": 0,
-        }
-        for r in Card.objects.values("gpu_class__name")
-        .annotate(cards=Count("id"), free=Count("id", filter=Q(shard__isnull=True)))
-        .order_by("gpu_class__name")
-    }
-    holders = (
-        Card.objects.filter(shard__isnull=False)
-        .values(
-            "gpu_class__name", "shard__replica__profile__model_id", "shard__replica__profile__model__name"
-        )
+    database: two queries, and rows that grow with classes and models, not with cards."""
+    classes: dict[str, dict[str, Any]] = {}
+    rows = (
+        Card.objects.values("gpu_class__name", "shard__replica__profile__model__name")
         .annotate(n=Count("id"))
         .order_by("gpu_class__name", "-n", "shard__replica__profile__model__name")
     )
-    for r in holders:
-        c = classes[r["gpu_class__name"]]
+    for r in rows:
+        name, model, n = r["gpu_class__name"], r["shard__replica__profile__model__name"], r["n"]
+        c = classes.setdefault(
+            name,
+            {"name": name, "cards": 0, "free": 0, "held": 0, "holders": [], "others": 0, "others_cards": 0},
+        )
+        c["cards"] += n
+        if model is None:
+            c["free"] += n
+            continue
+        c["held"] += n
         if len(c["holders"]) < HOLDERS_NAMED:
-            c["holders"].append(
-                (r["shard__replica__profile__model_id"], r["shard__replica__profile__model__name"], r["n"])
-            )
+            c["holders"].append((model, n))
         else:
             c["others"] += 1
-            c["others_cards"] += r["n"]
+            c["others_cards"] += n
     states = dict(Node.objects.values_list("state").annotate(n=Count("id")).order_by("state"))
     return {
         "classes": list(classes.values()),
@@ -166,12 +157,10 @@ def fleet_summary() -> dict[str, Any]:
 
 
 def nodes_matching(filters: dict[str, Any] | None = None) -> QuerySet[Node]:
-    """Nodes by name with their card and free-card counts, narrowed by the nodes page's filters
+    """Nodes by name, narrowed by the nodes page's filters
     (class, state, at least so many free cards, holding cards of a model, part of the name)."""
     f = filters or {}
-    qs = Node.objects.annotate(
-        card_count=Count("cards"), free_count=Count("cards", filter=Q(cards__shard__isnull=True))
-    )
+    qs = Node.objects.all()
     if name := f.get("name"):
         qs = qs.filter(name__icontains=name)
     if state := f.get("state"):
@@ -181,7 +170,10 @@ def nodes_matching(filters: dict[str, Any] | None = None) -> QuerySet[Node]:
     if model := f.get("model"):
         qs = qs.filter(pk__in=Card.objects.filter(shard__replica__profile__model__name=model).values("node"))
     if f.get("free") is not None:
-        qs = qs.filter(free_count__gte=f["free"])
+        # Counted only when asked: the count joins every card, and the page reads its own anyway.
+        qs = qs.annotate(free_count=Count("cards", filter=Q(cards__shard__isnull=True))).filter(
+            free_count__gte=f["free"]
+        )
     return qs.order_by("name")
 
 

@@ -42,26 +42,26 @@ LIVE = Replica.LIVE_STATES
 PAGE_SIZE = 50  # models on a page of the list: it pages and filters, whatever the catalog's size
 
 
-def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedModel]:
-    """Models with their cards in use and stale replicas counted in the same query.
-
-    Cards in use are those held by live replicas; a replica is stale when it
-    runs an older revision than its profile's. Filters go through subqueries
-    on the profiles, so they never multiply the counts.
-    """
-    f = filters or {}
+def _usage() -> dict[str, Count]:
+    """Cards in use, live and stale replicas: cards in use are those held by live replicas; a
+    replica is stale when it runs an older revision than its profile's."""
     live = Q(profiles__replicas__state__in=LIVE)
-    qs = ServedModel.objects.annotate(
-        cards_in_use=Count("profiles__replicas__shards", filter=live, distinct=True),
-        live_replicas=Count("profiles__replicas", filter=live, distinct=True),
-        stale_replicas=Count(
+    return {
+        "cards_in_use": Count("profiles__replicas__shards", filter=live, distinct=True),
+        "live_replicas": Count("profiles__replicas", filter=live, distinct=True),
+        "stale_replicas": Count(
             "profiles__replicas",
             filter=live & Q(profiles__replicas__revision__lt=F("profiles__revision")),
             distinct=True,
         ),
-    ).prefetch_related(
-        Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class").order_by("name"))
-    )
+    }
+
+
+def models_matching(filters: dict[str, Any] | None = None) -> QuerySet[ServedModel]:
+    """The models the list's filters let through, by name. Filters go through subqueries on the
+    profiles, so they never multiply rows; only the stale filter needs the counts."""
+    f = filters or {}
+    qs = ServedModel.objects.all()
     if q := f.get("q"):
         qs = qs.filter(Q(name__icontains=q) | Q(source__icontains=q))
     if eng := f.get("engine"):
@@ -74,8 +74,22 @@ def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedM
     elif f.get("state") == "editable":
         qs = qs.filter(declared=False)
     if f.get("stale"):
-        qs = qs.filter(stale_replicas__gt=0)
+        qs = qs.annotate(stale_replicas=_usage()["stale_replicas"]).filter(stale_replicas__gt=0)
     return qs.order_by("name")
+
+
+def models_with_usage(models: list[ServedModel]) -> list[ServedModel]:
+    """These models (a page of them) with their usage counted and their profiles: two queries,
+    and the counts join only their rows, not the whole catalog's."""
+    qs = (
+        ServedModel.objects.filter(pk__in=[m.pk for m in models])
+        .annotate(**_usage())
+        .prefetch_related(
+            Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class").order_by("name"))
+        )
+        .order_by("name")
+    )
+    return list(qs)
 
 
 @login_required
@@ -83,8 +97,8 @@ def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedM
 def model_list(request: HttpRequest) -> HttpResponse:
     form = ModelFilterForm.for_catalog(request.GET or None)
     filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
-    page = Paginator(models_with_usage(filters), PAGE_SIZE).get_page(request.GET.get("page"))
-    models = list(page.object_list)
+    page = Paginator(models_matching(filters).only("pk"), PAGE_SIZE).get_page(request.GET.get("page"))
+    models = models_with_usage(list(page.object_list))
     for m in models:
         m.hue = hue(m.pk)
     query = request.GET.copy()
