@@ -357,10 +357,8 @@ def table(rows: list[dict], meta: dict) -> str:
 def _machine() -> str:
     cores = os.cpu_count()
     try:
-        mem = (
-            int(next(line for line in open("/proc/meminfo") if line.startswith("MemTotal")).split()[1])
-            // 2**20
-        )
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        mem = int(next(x for x in meminfo if x.startswith("MemTotal")).split()[1]) // 2**20
     except (OSError, StopIteration):
         mem = 0
     return f"{cores} cores, {mem} GiB, load {os.getloadavg()[0]:.1f} at the end"
