@@ -5,7 +5,7 @@ UV ?= $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 PY := .venv/bin/python
 export DJANGO_SETTINGS_MODULE := llmgw_web.settings
 
-.PHONY: run test lint install demo-db browser-deps screenshots bench bench-dry-run serve
+.PHONY: run test lint install demo-db browser-deps screenshots bench bench-dry-run serve scale-out
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -57,11 +57,16 @@ serve: install
 		--access-logfile - --graceful-timeout 10 --keep-alive 5
 
 # The benchmark (docs/benchmarks.md): the generated 1,000-node fleet on PostgreSQL, served by
-# make serve, every page against the floor; then the restart fan-out against its ideal.
-# BENCH_DATABASE_URL names the database (its own: the generator refuses a real catalog).
+# make serve, every page against the floor; the restart fan-out against its ideal; and two web
+# processes and two workers sharing a fan-out, one worker killed. Each on a database of its own
+# (BENCH_DATABASE_URL, BENCH_FANOUT_DATABASE_URL, BENCH_SCALE_DATABASE_URL).
 bench: install
 	$(PY) bench/pages.py
 	$(PY) bench/fanout.py
+	$(PY) bench/scale_out.py
+
+scale-out: install
+	$(PY) bench/scale_out.py
 
 # How long the live form's dry run takes at 10 to 5000 nodes, in-process (docs/benchmarks.md).
 bench-dry-run: install
