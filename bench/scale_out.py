@@ -52,7 +52,8 @@ def main() -> int:
 
     sys.path.insert(0, str(ROOT))
     from bench.localfleet import local_fleet, process, scratch_database, worker
-    from bench.pages import free_port, sign_in
+    from bench.pages import sign_in
+    from tests.agent_helpers import free_port
 
     env = scratch_database(args.database_url)
     import httpx
