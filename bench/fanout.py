@@ -46,10 +46,11 @@ def main() -> None:
     from bench.localfleet import local_fleet, scratch_database, worker
 
     env = scratch_database(args.database_url)
-    from catalog.actor import Actor, acting_as
-    from catalog.models import Profile, RestartOperation
+    from audit.actor import Actor, acting_as
+    from catalog.models import Profile
     from catalog.services import catalog as services
-    from catalog.services.restart import restart_start
+    from operations.models import RestartOperation
+    from operations.services.start import restart_start
 
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-fanout-"))
     actor = Actor(via="cli", name="bench")

@@ -68,10 +68,10 @@ def local_fleet(
     """``nodes`` agents of ``cards`` cards; each model of ``models`` with a one-card vLLM profile
     (the stand-in, loading in ``load_seconds``) and that many ready replicas, spread over the
     nodes on their first cards, so that as many cards stay free for the replacements."""
-    from catalog.actor import acting_as
+    from audit.actor import acting_as
     from catalog.models import Card, Node, Profile
     from catalog.services import catalog as services
-    from catalog.services.restart import profile_spec
+    from operations.services.specs import replica_spec
     from tests import builders as b
     from tests.agent_helpers import free_port, running_agent, standin_command
 
@@ -125,7 +125,7 @@ def local_fleet(
 
         def start(item: tuple[Any, str, int]) -> None:
             replica, node, card = item
-            spec = profile_spec(
+            spec = replica_spec(
                 Profile.objects.select_related("model").get(pk=replica.profile_id),
                 port=replica.port,
                 cards=[card],

@@ -59,9 +59,10 @@ def main() -> int:
     import httpx
     from django.contrib.auth import get_user_model
 
-    from catalog.actor import Actor, acting_as
-    from catalog.models import Profile, RestartOperation, RestartStep
+    from audit.actor import Actor, acting_as
+    from catalog.models import Profile
     from catalog.services import catalog as services
+    from operations.models import RestartOperation, RestartStep
 
     actor = Actor(via="cli", name="bench")
     get_user_model().objects.create_superuser("bench", password=PASSWORD)

@@ -12,18 +12,7 @@ from django.shortcuts import render
 from django.urls import path, reverse
 
 from catalog.errors import DomainError
-from catalog.models import (
-    AuditEntry,
-    Card,
-    GPUClass,
-    Node,
-    Profile,
-    Replica,
-    RestartOperation,
-    RestartStep,
-    ServedModel,
-    Shard,
-)
+from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 from catalog.services import catalog as services
 
 SAVE = {
@@ -329,78 +318,3 @@ class ReplicaAdmin(ServiceAdminMixin, admin.ModelAdmin):
     @admin.display(description="stale", boolean=True)
     def is_stale(self, obj: Replica) -> bool:
         return obj.revision < obj.profile.revision
-
-
-@admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
-    """Read-only: the audit log is append-only, whoever is asking."""
-
-    list_display = ["at", "actor", "via", "action", "object_type", "object_key", "request_id"]
-    list_filter = ["via", "action", "object_type"]
-    search_fields = ["actor", "object_key", "object_repr", "message", "request_id"]
-    date_hierarchy = "at"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Shown, never edited here: operations change through their services only."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class RestartStepInline(admin.TabularInline):
-    model = RestartStep
-    extra = 0
-    fields = [
-        "old_replica",
-        "new_replica",
-        "node",
-        "cards",
-        "in_place",
-        "state",
-        "reason",
-        "started_at",
-        "finished_at",
-    ]
-    readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-@admin.register(RestartOperation)
-class RestartOperationAdmin(ReadOnlyAdmin):
-    inlines = [RestartStepInline]
-    list_display = [
-        "id",
-        "model",
-        "profile",
-        "state",
-        "in_place",
-        "requested_by_name",
-        "via",
-        "created_at",
-        "finished_at",
-        "worker",
-    ]
-    list_filter = ["state", "via", "in_place"]
-    search_fields = ["model__name", "requested_by_name", "reason"]
-    list_select_related = ["model", "profile__model"]

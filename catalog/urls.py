@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from catalog.views import models, nodes, operations
+from catalog.views import models, nodes
 
 urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
@@ -15,10 +15,6 @@ urlpatterns = [
     path("models/<str:name>/resize/", models.resize_apply, name="model-resize"),
     path("models/<str:name>/context/preview/", models.context_preview, name="model-context-preview"),
     path("models/<str:name>/context/", models.context_apply, name="model-context"),
-    path("models/<str:name>/restart/", operations.model_restart, name="model-restart"),
     path("nodes/", nodes.node_list, name="node-list"),
     path("nodes/<str:name>/", nodes.node_detail, name="node-detail"),
-    path("operations/", operations.operation_list, name="operation-list"),
-    path("operations/<int:pk>/", operations.operation_detail, name="operation-detail"),
-    path("operations/<int:pk>/cancel/", operations.operation_cancel, name="operation-cancel"),
 ]

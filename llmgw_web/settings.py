@@ -53,7 +53,9 @@ INSTALLED_APPS = [
     "template_partials",
     "django_tasks",
     "django_tasks_db",
+    "audit",
     "catalog",
+    "operations",
 ]
 
 MIDDLEWARE = [
@@ -68,7 +70,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "catalog.middleware.ActorMiddleware",
+    "audit.middleware.ActorMiddleware",
 ]
 
 ROOT_URLCONF = "llmgw_web.urls"
@@ -181,7 +183,7 @@ TASKS = {
     }
 }
 
-# Restart operations and the node agents (catalog/tasks.py says how they fit).
+# Restart operations and the node agents (operations/services/lease.py says how they fit).
 # A worker's operation counts as abandoned when its heartbeat is older than
 # STALE; the sweep then has another worker take it over.
 LLMGW_OPERATION_STALE_SECONDS = env_int("LLMGW_OPERATION_STALE_SECONDS", 60, minimum=2)

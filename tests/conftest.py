@@ -1,9 +1,16 @@
+"""Fixtures every test module may use, by name (pytest finds them here)."""
+
 from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib import import_module
+from typing import Any
 
 import pytest
 from django.db import connection
 
-from catalog.actor import Actor, acting_as
+from audit.actor import Actor, acting_as
+from tests.restart_support import port_block
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -24,3 +31,32 @@ def actor(db):
     """Acting as a named test command, as a management command would."""
     with acting_as(Actor(via="cli", name="pytest")) as a:
         yield a
+
+
+@pytest.fixture
+def fast_restarts(settings: Any) -> Any:
+    """Short polls and heartbeats, and replica ports nothing else on this host is likely to use."""
+    settings.LLMGW_OPERATION_POLL_SECONDS = 0.1
+    settings.LLMGW_OPERATION_HEARTBEAT_SECONDS = 0.5
+    settings.LLMGW_OPERATION_STALE_SECONDS = 5
+    settings.LLMGW_OPERATION_SWEEP_SECONDS = 1
+    settings.LLMGW_AGENT_TIMEOUT_SECONDS = 5.0
+    settings.LLMGW_REPLICA_PORT_BASE = port_block()
+    return settings
+
+
+@pytest.fixture
+def audit_flushable(transactional_db: None) -> Iterator[None]:
+    """On SQLite, the teardown flush of a transactional test DELETEs every row,
+    which the audit log's append-only triggers refuse (PostgreSQL's TRUNCATE
+    does not fire them). Empty the log with the triggers lifted, then put them back."""
+    yield
+    if connection.vendor != "sqlite":
+        return
+    migration = import_module("catalog.migrations.0002_audit_append_only")
+    with connection.cursor() as cursor:
+        for sql in migration.SQLITE_DOWN:
+            cursor.execute(sql)
+        cursor.execute("DELETE FROM catalog_auditentry")
+        for sql in migration.SQLITE_UP:
+            cursor.execute(sql)

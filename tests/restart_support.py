@@ -1,7 +1,7 @@
 """What the restart and worker tests share: a fleet of real agents recorded in the catalog.
 
-Not collected as tests (no ``test_`` prefix); the fixtures are imported by
-``tests/test_restart_*.py`` and ``tests/test_worker.py``.
+Not collected as tests (no ``test_`` prefix); its fixtures (``fast_restarts``,
+``audit_flushable``) are in ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from django.conf import settings
 from django.db import connection
 
-from catalog.actor import Actor, acting_as
-from catalog.models import Card, GPUClass, Node, Profile, Replica, RestartOperation, ServedModel, Shard
+from audit.actor import Actor, acting_as
+from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 from catalog.services import catalog as services
-from catalog.services.restart import profile_spec
+from operations.models import RestartOperation
+from operations.services.specs import replica_spec
 from tests import builders as b
 from tests.agent_helpers import REPO_ROOT, RunningAgent, running_agent, standin_command, wait_until
 
@@ -50,37 +50,6 @@ def port_block(size: int = 80) -> int:
     raise RuntimeError("no block of free ports below 32700")
 
 
-@pytest.fixture
-def fast_restarts(settings):  # type: ignore[no-untyped-def]
-    """Short polls and heartbeats, and replica ports nothing else on this host is likely to use."""
-    settings.LLMGW_OPERATION_POLL_SECONDS = 0.1
-    settings.LLMGW_OPERATION_HEARTBEAT_SECONDS = 0.5
-    settings.LLMGW_OPERATION_STALE_SECONDS = 5
-    settings.LLMGW_OPERATION_SWEEP_SECONDS = 1
-    settings.LLMGW_AGENT_TIMEOUT_SECONDS = 5.0
-    settings.LLMGW_REPLICA_PORT_BASE = port_block()
-    return settings
-
-
-@pytest.fixture
-def audit_flushable(transactional_db):  # type: ignore[no-untyped-def]
-    """On SQLite, the teardown flush of a transactional test DELETEs every row,
-    which the audit log's append-only triggers refuse (PostgreSQL's TRUNCATE
-    does not fire them). Empty the log with the triggers lifted, then put them back."""
-    yield
-    if connection.vendor != "sqlite":
-        return
-    from importlib import import_module
-
-    migration = import_module("catalog.migrations.0002_audit_append_only")
-    with connection.cursor() as cursor:
-        for sql in migration.SQLITE_DOWN:
-            cursor.execute(sql)
-        cursor.execute("DELETE FROM catalog_auditentry")
-        for sql in migration.SQLITE_UP:
-            cursor.execute(sql)
-
-
 @dataclass
 class Fleet:
     agents: dict[str, RunningAgent]
@@ -98,7 +67,7 @@ class Fleet:
         """A replica of the profile recorded ready, and really started (and ready) on its agent."""
         port = port or settings.LLMGW_REPLICA_PORT_BASE - 30 + len(self.replicas)
         replica = b.replica(self.profile, self.nodes[node], cards, name=name, port=port)
-        spec = profile_spec(
+        spec = replica_spec(
             Profile.objects.select_related("model").get(pk=self.profile.pk), port=port, cards=cards
         )
         with self.agents[node].client() as http:

@@ -8,7 +8,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from catalog.models import AuditEntry, GPUClass, ServedModel
+from audit.models import AuditEntry
+from catalog.models import GPUClass, ServedModel
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,8 @@ import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from catalog.models import AuditEntry, GPUClass, ServedModel
+from audit.models import AuditEntry
+from catalog.models import GPUClass, ServedModel
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db

@@ -6,12 +6,12 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.db.models.deletion import ProtectedError
 
-from catalog.actor import Actor, acting_as
+from audit.actor import Actor, acting_as
+from audit.models import AuditEntry, AuditLogIsAppendOnly
+from audit.services import GENESIS_HASH, audit_record, verify_chain
 from catalog.errors import DomainError
-from catalog.models import AuditEntry, GPUClass, Node, ServedModel
-from catalog.models.audit import AuditLogIsAppendOnly
+from catalog.models import GPUClass, Node, ServedModel
 from catalog.services import catalog as services
-from catalog.services.audit import GENESIS_HASH, audit_record, verify_chain
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db

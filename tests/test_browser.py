@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from catalog.actor import Actor, acting_as
-from catalog.models import AuditEntry, Card, Profile, Replica, RestartOperation, RestartStep, Shard
+from audit.actor import Actor, acting_as
+from audit.models import AuditEntry
+from catalog.models import Card, Profile, Replica, Shard
+from operations.models import RestartOperation, RestartStep
 from tests import builders as b
-from tests.restart_support import audit_flushable  # noqa: F401  (a fixture: the teardown flush on SQLite)
 
 # Playwright's sync API runs an event loop in this thread; the ORM calls the
 # tests make between page actions are plain synchronous ones.

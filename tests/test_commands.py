@@ -11,8 +11,9 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from catalog.models import AuditEntry, Card, GPUClass, Node, Profile, Replica, ServedModel
-from catalog.services.audit import verify_chain
+from audit.models import AuditEntry
+from audit.services import verify_chain
+from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db

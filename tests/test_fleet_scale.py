@@ -16,9 +16,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from audit.services import verify_chain
 from catalog.demo.scale import BENCH_USER, Sizes, audit_model, generate
 from catalog.models import Node, ServedModel
-from catalog.services.audit import verify_chain
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from catalog.models import AuditEntry, Profile, RestartOperation, RestartStep, ServedModel
+from audit.models import AuditEntry
+from catalog.models import Profile, ServedModel
+from operations.models import RestartOperation, RestartStep
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db
@@ -139,7 +141,7 @@ def test_the_layout_carries_htmx_the_csrf_header_and_the_navigation(viewer):
     for href in (
         'href="/nodes/"',
         'href="/operations/"',
-        'href="/admin/catalog/auditentry/"',
+        'href="/admin/audit/auditentry/"',
         'href="/admin/"',
         'href="/api/docs/"',
     ):

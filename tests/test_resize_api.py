@@ -15,7 +15,8 @@ from django.contrib.auth.models import Group, Permission
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from catalog.models import AuditEntry, Profile
+from audit.models import AuditEntry
+from catalog.models import Profile
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db
@@ -191,7 +192,7 @@ def test_in_place_resize_answers_in_place_when_only_the_models_own_cards_make_ro
     assert response.status_code == 200, response.content
     assert response.json()["in_place"] is True
     assert response.json()["restarted"] == 1
-    from catalog.models import RestartOperation
+    from operations.models import RestartOperation
 
     assert RestartOperation.objects.get(pk=response.json()["operation"]).in_place is True
 

@@ -13,7 +13,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from catalog.models import AuditEntry, Profile
+from audit.models import AuditEntry
+from catalog.models import Profile
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db

@@ -17,10 +17,11 @@ from django.contrib.auth.models import Permission
 from django.db import connection, transaction
 from rest_framework.test import APIClient
 
-from catalog.actor import Actor
+from audit.actor import Actor
+from audit.models import AuditEntry
+from audit.services import verify_chain
 from catalog.errors import DomainError
-from catalog.models import AuditEntry, Profile, ServedModel
-from catalog.services.audit import verify_chain
+from catalog.models import Profile, ServedModel
 from catalog.services.resize import model_resize, model_set_context
 from tests import builders as b
 

@@ -13,11 +13,12 @@ from django.core.management import call_command
 from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
-from catalog.actor import Actor
+from audit.actor import Actor
+from audit.models import AuditEntry
+from audit.services import verify_chain
 from catalog.errors import DomainError
-from catalog.models import AuditEntry, Card, Node, Profile, ServedModel
+from catalog.models import Card, Node, Profile, ServedModel
 from catalog.planning import CardMemory
-from catalog.services.audit import verify_chain
 from catalog.services.resize import model_resize, model_set_context
 from tests import builders as b
 
@@ -243,7 +244,7 @@ def test_only_live_replicas_left_on_the_old_revision_are_restarted(actor):
     b.replica(p, n, [1], state="stopped")  # not live: not restarted
     change = model_resize(name="llama-3.1-8b", gpus=2)
     assert change.restarted == 1
-    from catalog.models import RestartOperation
+    from operations.models import RestartOperation
 
     op = RestartOperation.objects.get(pk=change.operation)
     assert list(op.steps.values_list("old_replica", flat=True)) == [live.pk]
@@ -364,8 +365,8 @@ def test_a_database_failure_that_is_not_a_lock_is_not_passed_off_as_busy(actor, 
 
 
 def test_a_resize_starts_the_restart_of_the_replicas_it_made_stale_in_the_same_transaction(actor):
-    from catalog.models import RestartOperation
     from catalog.services.resize import model_resize
+    from operations.models import RestartOperation
 
     n = b.node("gpu-1", cards=8)
     p = b.profile(b.llama_8b(), "h100", gpus=1)
@@ -383,8 +384,8 @@ def test_a_resize_starts_the_restart_of_the_replicas_it_made_stale_in_the_same_t
 
 
 def test_a_change_while_a_restart_runs_is_refused_as_busy_before_and_at_apply(actor):
-    from catalog.models import RestartOperation
     from catalog.services.resize import model_resize
+    from operations.models import RestartOperation
 
     n = b.node("gpu-1", cards=8)
     p = b.profile(b.llama_8b(), "h100", gpus=1)

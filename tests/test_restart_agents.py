@@ -11,16 +11,15 @@ import contextlib
 
 import pytest
 
-from catalog.agents import AgentClient, AgentError
 from catalog.models import Node, Replica
-from catalog.services.restart import restart_start, run_operation
+from operations.agents import AgentClient, AgentError
+from operations.services.runner import run_operation
+from operations.services.start import restart_start
 from tests.agent_helpers import free_port, running_fake_agent
-from tests.restart_support import (  # noqa: F401 - fixtures
+from tests.restart_support import (
     MODEL,
     answers,
     assert_nothing_half_done,
-    audit_flushable,
-    fast_restarts,
     fleet_of,
     record_node,
 )

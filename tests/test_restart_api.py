@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from catalog.models import AuditEntry, RestartOperation
+from audit.models import AuditEntry
+from operations.models import RestartOperation
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db

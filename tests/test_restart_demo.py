@@ -11,7 +11,7 @@ import pytest
 from catalog.management.commands.demo import agent_config, port_clashes
 from catalog.models import Profile
 from catalog.planning import engines
-from catalog.services.restart import profile_spec
+from operations.services.specs import replica_spec
 from tests import builders as b
 from tests.agent_helpers import AGENT_DIR, REPO_ROOT, free_port, wait_until
 
@@ -54,7 +54,7 @@ def test_the_demo_agent_has_the_nodes_cards_and_runs_every_engine_as_the_stand_i
             args=["--max-seq-len-override", "32768"],
             env={"STANDIN_LOAD_SECONDS": "0.2"},
         )
-        spec = profile_spec(profile, port=free_port(), cards=[1])
+        spec = replica_spec(profile, port=free_port(), cards=[1])
         assert http.put("/v1/replicas/gpt-1", json=spec).status_code == 201
         wait_until(
             lambda: http.get("/v1/replicas/gpt-1").json()["state"] == "ready",

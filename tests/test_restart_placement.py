@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.services.restart import _best_fit
+from operations.services.placement import best_fit
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db
@@ -16,7 +16,7 @@ def test_best_fit_packs_onto_the_node_with_the_fewest_free_cards_that_still_fit(
     filler = b.profile(b.llama_8b("filler"), gpus=6)
     b.replica(filler, tight, [0, 1, 2, 3, 4, 5], name="filler-1")
     p = b.profile(b.llama_8b(), gpus=2)
-    node, cards = _best_fit(p)
+    node, cards = best_fit(p)
     assert (node, [c.index for c in cards]) == (tight, [6, 7])
 
 
@@ -27,7 +27,7 @@ def test_a_replacement_avoids_the_nodes_that_hold_the_models_other_replicas():
     b.replica(p, other, [0], name="llama-2", port=8002)
     # gpu-b has fewer free cards, but llama-2 runs there: one node down would take both.
     b.replica(b.profile(b.llama_8b("filler")), other, [1, 2, 3], name="filler-1")
-    node, _ = _best_fit(p, replacing=old)
+    node, _ = best_fit(p, replacing=old)
     assert node == a
 
 
@@ -36,7 +36,7 @@ def test_it_still_doubles_up_when_no_other_node_has_room():
     p = b.profile(b.llama_8b(), gpus=1)
     old = b.replica(p, a, [0], name="llama-1", port=8001)
     b.replica(p, other, [0], name="llama-2", port=8002)
-    node, cards = _best_fit(p, replacing=old)
+    node, cards = best_fit(p, replacing=old)
     assert node == other and cards[0].index == 1
 
 
@@ -44,4 +44,4 @@ def test_no_room_anywhere_is_none():
     a = b.node("gpu-a", cards=2)
     p = b.profile(b.llama_8b(), gpus=2)
     b.replica(p, a, [0, 1])
-    assert _best_fit(p) is None
+    assert best_fit(p) is None

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.models import AuditEntry, Replica, RestartOperation, RestartStep, Shard
-from catalog.services.audit import verify_chain
-from catalog.services.restart import restart_start, run_operation
+from audit.models import AuditEntry
+from audit.services import verify_chain
+from catalog.models import Replica, Shard
+from operations.models import RestartOperation, RestartStep
+from operations.services.runner import run_operation
+from operations.services.start import restart_start
 from tests import builders as b
-from tests.restart_support import (  # noqa: F401 - fixtures
+from tests.restart_support import (
     MODEL,
     answers,
     assert_nothing_half_done,
-    audit_flushable,
-    fast_restarts,
     fleet_of,
     sampling_ready,
 )
@@ -236,7 +237,7 @@ def test_an_old_replica_whose_agent_is_gone_fails_its_step_and_what_succeeded_st
 
 
 def test_a_stale_replica_is_restarted_with_the_spec_of_its_revision_known_from_the_audit_log(tmp_path, actor):
-    from catalog.services.restart import running_spec
+    from operations.services.specs import running_spec
 
     with fleet_of(tmp_path) as fleet:
         fleet.change_profile(args=["--max-num-seqs", "4"])
@@ -247,8 +248,9 @@ def test_a_stale_replica_is_restarted_with_the_spec_of_its_revision_known_from_t
 
 
 def test_a_cancel_lets_the_step_in_flight_finish_and_starts_no_other(tmp_path, actor):
-    from catalog.services.restart import _Run, operation_cancel
-    from catalog.tasks import Lease, claim
+    from operations.services.lease import Lease, claim
+    from operations.services.runner import OperationRun
+    from operations.services.start import operation_cancel
 
     with fleet_of(tmp_path) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
@@ -257,7 +259,7 @@ def test_a_cancel_lets_the_step_in_flight_finish_and_starts_no_other(tmp_path, a
         op = restart_start(model_name=MODEL, ready_timeout=30)
         # A worker has the first step in flight when the operator cancels.
         claimed = claim(op.pk, "worker:first-1")
-        run = _Run(claimed, Lease(op.pk, "worker:first-1"), actor)
+        run = OperationRun(claimed, Lease(op.pk, "worker:first-1"), actor)
         step = run._step(steps_of(op)[0].pk)
         assert run._place_beside(step, None)
         operation_cancel(operation_id=op.pk)

@@ -13,9 +13,11 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django_tasks_db.models import DBTaskResult
 
+from audit.models import AuditEntry
 from catalog.errors import DomainError
-from catalog.models import AuditEntry, Profile, RestartOperation
-from catalog.services.restart import restart_start
+from catalog.models import Profile
+from operations.models import RestartOperation
+from operations.services.start import restart_start
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db
@@ -153,7 +155,7 @@ def test_the_command_exits_1_when_the_restart_is_refused(llama):
 
 def test_the_command_shows_the_end_of_a_restart_and_exits_1_unless_it_succeeded(llama, actor, monkeypatch):
     """The watch loop on a restart a worker already ended (PostgreSQL's test_worker.py waits for a real one)."""
-    from catalog.management.commands import restart as command
+    from operations.management.commands import restart as command
 
     make_stale(llama, "llama-1")
     real_start = command.restart_start

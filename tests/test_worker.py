@@ -20,17 +20,19 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from catalog.models import AuditEntry, Replica, RestartOperation, RestartStep
-from catalog.services.restart import _Run, operation_cancel, restart_start, run_operation
-from catalog.tasks import Lease, OperationLost, claim, enqueue_restart, operations_sweep, run_restart
+from audit.models import AuditEntry
+from catalog.models import Replica
+from operations.models import RestartOperation, RestartStep
+from operations.services.lease import Lease, OperationLost, claim
+from operations.services.runner import OperationRun, run_operation
+from operations.services.start import operation_cancel, restart_start
+from operations.tasks import enqueue_restart, operations_sweep, run_restart
 from tests.agent_helpers import wait_until
-from tests.restart_support import (  # noqa: F401 - fixtures
+from tests.restart_support import (
     MODEL,
     answers,
     assert_nothing_half_done,
-    audit_flushable,
     db_worker,
-    fast_restarts,
     fleet_of,
     wait_for_operation,
 )
@@ -100,11 +102,13 @@ def test_the_sweep_enqueues_a_run_only_for_operations_no_live_worker_holds(
     op.refresh_from_db()
     task = DBTaskResult.objects.get(id=op.task_id)
     assert (task.task_path, task.args_kwargs["args"], task.status) == (
-        "catalog.tasks.run_restart",
+        "operations.tasks.run_restart",
         [op.pk],
         "READY",
     )
-    assert DBTaskResult.objects.filter(task_path="catalog.tasks.sweep_restarts", status="READY").count() == 1
+    assert (
+        DBTaskResult.objects.filter(task_path="operations.tasks.sweep_restarts", status="READY").count() == 1
+    )
 
     assert operations_sweep() == []  # queued, and its run waits for a worker
     RestartOperation.objects.filter(pk=op.pk).update(
@@ -129,7 +133,7 @@ def test_a_step_left_waiting_by_a_dead_worker_is_resumed_without_starting_its_re
         op = restart_start(model_name=MODEL, ready_timeout=30)
         # A first worker placed and started the replacement, then died before it was ready.
         first = claim(op.pk, "worker:dead-1")
-        run = _Run(first, Lease(op.pk, "worker:dead-1"), actor)
+        run = OperationRun(first, Lease(op.pk, "worker:dead-1"), actor)
         step = run._step(op.steps.get().pk)
         assert run._place_beside(step, None)
         fleet.agents[step.node].client().put(f"/v1/replicas/{step.new_replica.name}", json=step.spec)
@@ -157,7 +161,7 @@ def test_an_operation_taken_over_too_often_is_failed_with_its_steps_in_flight_ro
         fleet.change_profile(args=["--max-num-seqs", "8"])
         op = restart_start(model_name=MODEL, ready_timeout=30)
         first = claim(op.pk, "worker:dead-1")
-        run = _Run(first, Lease(op.pk, "worker:dead-1"), actor)
+        run = OperationRun(first, Lease(op.pk, "worker:dead-1"), actor)
         step = run._step(op.steps.get().pk)
         assert run._place_beside(step, None)
         fleet.agents[step.node].client().put(f"/v1/replicas/{step.new_replica.name}", json=step.spec)

@@ -14,8 +14,8 @@ from . import __version__
 from .cards import discover_cards
 from .config import ConfigError, load_config
 from .registry import RegistryError, RegistryFile
-from .replicas import Supervisor
 from .server import AgentServer
+from .supervisor import Supervisor
 
 log = logging.getLogger("llmgw_agent")
 

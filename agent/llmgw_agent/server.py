@@ -19,8 +19,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from . import __version__
 from .config import AgentConfig
-from .replicas import Supervisor
 from .spec import AgentError, check_replica_id
+from .supervisor import Supervisor
 
 log = logging.getLogger("llmgw_agent")
 

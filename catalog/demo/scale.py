@@ -21,17 +21,8 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from catalog.models import (
-    Card,
-    GPUClass,
-    Node,
-    Profile,
-    Replica,
-    RestartOperation,
-    RestartStep,
-    ServedModel,
-    Shard,
-)
+from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from operations.models import RestartOperation, RestartStep
 
 PREFIX = "gen-"
 BATCH = 5000

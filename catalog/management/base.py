@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from catalog.actor import Actor, acting_as
+from audit.actor import Actor, acting_as
 from catalog.errors import DomainError
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
@@ -72,6 +74,11 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def agent_host(self) -> str:
+        """The host its agent runs on, lower-case: nodes whose agents share a host share its ports."""
+        return (urlsplit(self.agent_url).hostname or self.agent_url).lower()
 
 
 class Card(models.Model):

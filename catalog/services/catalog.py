@@ -14,10 +14,10 @@ from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models.deletion import ProtectedError
 
-from catalog.actor import Actor
+from audit.actor import Actor
+from audit.services import audit_record, changed_fields, snapshot
 from catalog.errors import DomainError, conflict
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
-from catalog.services.audit import audit_record, changed_fields, snapshot
 
 M = TypeVar("M", bound=models.Model)
 

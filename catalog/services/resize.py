@@ -13,13 +13,14 @@ from typing import Any
 
 from django.db import OperationalError, connection, transaction
 
+from audit.actor import Actor
 from catalog import selectors
-from catalog.actor import Actor
 from catalog.errors import DomainError, conflict, not_found
-from catalog.models import Profile, RestartOperation, ServedModel
+from catalog.models import Profile, ServedModel
 from catalog.planning import Change, plan_context, plan_resize
 from catalog.services.catalog import profile_save
-from catalog.services.restart import restart_start
+from operations.models import RestartOperation
+from operations.services.start import restart_start
 
 
 def _busy(name: str) -> DomainError:

@@ -27,7 +27,6 @@ from catalog.forms import CPU, ContextForm, ModelFilterForm, ResizeForm
 from catalog.models import Profile, Replica, ServedModel, Shard
 from catalog.planning import Change
 from catalog.services.resize import model_resize, model_set_context
-from catalog.views import operations as operation_views
 from catalog.views.common import (
     RESIZE,
     RESTART,
@@ -37,6 +36,7 @@ from catalog.views.common import (
     wants_partial,
 )
 from catalog.views.display import Preview, hue, profile_memory, shape_facts
+from operations import views as operation_views
 
 LIVE = Replica.LIVE_STATES
 PAGE_SIZE = 50  # models on a page of the list: it pages and filters, whatever the catalog's size

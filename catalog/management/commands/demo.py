@@ -28,13 +28,14 @@ import httpx
 from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
-from catalog.agents import AgentClient, AgentError
 from catalog.management.base import ActorCommand
 from catalog.models import Node, Replica, Shard
 from catalog.planning import engines
 from catalog.services import catalog as services
-from catalog.services.restart import replica_placement, running_spec
-from catalog.tasks import operations_sweep
+from operations.agents import AgentClient, AgentError
+from operations.services.placement import replica_placement
+from operations.services.specs import running_spec
+from operations.tasks import operations_sweep
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 AGENT_DIR = Path(settings.BASE_DIR) / "agent"
@@ -86,10 +87,6 @@ def agent_config(node: Node, directory: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _host(node: Node) -> str:
-    return (urlsplit(node.agent_url).hostname or "").lower()
-
-
 def port_clashes() -> list[tuple[Replica, int]]:
     """Live replicas that share a port with another on the same host (nodes
     whose agents share a machine, as the demo's do), each with a free port."""
@@ -99,8 +96,8 @@ def port_clashes() -> list[tuple[Replica, int]]:
     for replica in Replica.objects.filter(state__in=Replica.LIVE_STATES).order_by("name"):
         node, _ = replica_placement(replica)
         if node is not None:
-            rows.append((replica, _host(node)))
-            taken[_host(node)].add(replica.port)
+            rows.append((replica, node.agent_host))
+            taken[node.agent_host].add(replica.port)
     moves = []
     for replica, host in rows:
         if replica.port in seen[host]:
@@ -165,7 +162,7 @@ class Command(ActorCommand):
         return child
 
     def _run(self, root: Path, options: dict[str, Any]) -> None:
-        nodes = [n for n in Node.objects.order_by("name") if _host(n) in LOCAL_HOSTS]
+        nodes = [n for n in Node.objects.order_by("name") if n.agent_host in LOCAL_HOSTS]
         skipped = Node.objects.exclude(pk__in=[n.pk for n in nodes]).values_list("name", flat=True)
         if not nodes:
             raise CommandError(

@@ -115,7 +115,9 @@ class Command(ActorCommand):
 
     def _users(self) -> None:
         User = get_user_model()
-        view = Permission.objects.filter(content_type__app_label="catalog", codename__startswith="view_")
+        view = Permission.objects.filter(
+            content_type__app_label__in=["catalog", "operations", "audit"], codename__startswith="view_"
+        )
         lines = []
         for username, superuser, perms in fleet.USERS:
             user = User.objects.filter(username=username).first() or User(username=username)

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from catalog.tasks import operations_sweep
+from operations.tasks import operations_sweep
 
 
 class Command(BaseCommand):

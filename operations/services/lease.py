@@ -1,4 +1,4 @@
-"""The worker's tasks: run a restart operation, and sweep for abandoned ones.
+"""The worker's hold on a restart operation: claiming it, its heartbeat, and takeover.
 
 Workers are django-tasks-db's ``python manage.py db_worker`` processes; any
 number of them may run, on any host, against the same database.
@@ -56,25 +56,30 @@ import os
 import socket
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
-from django_tasks import TaskResultStatus, task
+from django_tasks import TaskResultStatus
+from django_tasks_db.models import DBTaskResult
 
-from catalog.actor import Actor
-from catalog.models import RestartOperation
-from catalog.services.audit import audit_record
-from catalog.services.restart import OperationLost, run_operation
+from audit.actor import Actor
+from audit.services import audit_record
+from llmgw_web.db import hold_lock
+from operations.models import RestartOperation
 
-log = logging.getLogger("catalog.restart")
+log = logging.getLogger("operations.restart")
 
-Op = RestartOperation
 _SWEEPER_LOCK_KEY = 0x6C6C7377  # "llsw": one sweeper chain
 # An operation queued this recently may still be waiting for its transaction's on_commit enqueue.
 ENQUEUE_GRACE_SECONDS = 5
+
+
+class OperationLost(Exception):
+    """Another worker holds the operation now: this one stops without touching anything more."""
 
 
 def worker_name() -> str:
@@ -85,20 +90,21 @@ def worker_name() -> str:
 # --- claiming and the heartbeat -----------------------------------------------------------------
 
 
-def _stale_before() -> timezone.datetime:
+def _stale_before() -> datetime:
     return timezone.now() - timedelta(seconds=settings.LLMGW_OPERATION_STALE_SECONDS)
 
 
 def _claimable() -> Q:
-    return Q(state=Op.State.QUEUED) | (
-        Q(state=Op.State.RUNNING) & (Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=_stale_before()))
+    running = RestartOperation.State.RUNNING
+    return Q(state=RestartOperation.State.QUEUED) | (
+        Q(state=running) & (Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=_stale_before()))
     )
 
 
 def claim(operation_id: int, worker: str) -> RestartOperation | None:
     """Take the operation for ``worker``: the operation, or None when it is not claimable."""
     with transaction.atomic():
-        qs = Op.objects.filter(_claimable(), pk=operation_id)
+        qs = RestartOperation.objects.filter(_claimable(), pk=operation_id)
         if connection.vendor == "postgresql":
             qs = qs.select_for_update(skip_locked=True, of=("self",))
         op = qs.select_related("model").first()
@@ -106,7 +112,7 @@ def claim(operation_id: int, worker: str) -> RestartOperation | None:
             return None
         previous, last_beat = op.worker, op.heartbeat_at
         now = timezone.now()
-        op.state, op.worker, op.heartbeat_at = Op.State.RUNNING, worker, now
+        op.state, op.worker, op.heartbeat_at = RestartOperation.State.RUNNING, worker, now
         op.attempts += 1
         op.started_at = op.started_at or now
         op.save(update_fields=["state", "worker", "heartbeat_at", "attempts", "started_at"])
@@ -153,9 +159,9 @@ class Lease:
 
     def _beat(self) -> None:
         try:
-            held = Op.objects.filter(pk=self.operation_id, worker=self.worker, state=Op.State.RUNNING).update(
-                heartbeat_at=timezone.now()
-            )
+            held = RestartOperation.objects.filter(
+                pk=self.operation_id, worker=self.worker, state=RestartOperation.State.RUNNING
+            ).update(heartbeat_at=timezone.now())
         except OperationalError:  # a busy database: the next tick tries again, well before the threshold
             log.warning("restart #%s: heartbeat not written", self.operation_id, exc_info=True)
             return
@@ -168,86 +174,49 @@ class Lease:
             raise OperationLost()
 
 
-# --- the tasks ----------------------------------------------------------------------------------
+# --- the queue ----------------------------------------------------------------------------------
 
 
-@task()
-def run_restart(operation_id: int) -> str:
-    """Run (or take over) one restart operation; returns its final state."""
-    ensure_sweeper()
-    return run_operation(operation_id)
+def record_task(operation_id: int, task_id: str) -> None:
+    """Remember the latest task enqueued for the operation (the sweep reads it)."""
+    RestartOperation.objects.filter(pk=operation_id).update(task_id=task_id)
 
 
-@task()
-def sweep_restarts() -> list[int]:
-    """Enqueue a run for abandoned operations; come back while any is active."""
-    enqueued = operations_sweep()
-    if Op.objects.filter(state__in=Op.ACTIVE_STATES).exists():
-        ensure_sweeper()
-    return enqueued
+def sweep_is_waiting(sweep_task_path: str) -> bool:
+    """Whether a sweep waits in the queue. Holds the sweeper's lock until the
+    transaction ends, so that two callers do not both enqueue one."""
+    hold_lock(_SWEEPER_LOCK_KEY)
+    return DBTaskResult.objects.filter(task_path=sweep_task_path, status=TaskResultStatus.READY).exists()
 
 
-def _uses_database_backend() -> bool:
-    from django_tasks import task_backends
-    from django_tasks_db.backend import DatabaseBackend
-
-    return isinstance(task_backends[run_restart.backend], DatabaseBackend)
+def any_active() -> bool:
+    return RestartOperation.objects.filter(state__in=RestartOperation.ACTIVE_STATES).exists()
 
 
-def enqueue_restart(operation_id: int) -> str:
-    """Enqueue a run of the operation and remember the task's id on it."""
-    result = run_restart.enqueue(operation_id)
-    Op.objects.filter(pk=operation_id).update(task_id=str(result.id))
-    if _uses_database_backend():
-        ensure_sweeper()
-    return str(result.id)
-
-
-def ensure_sweeper() -> None:
-    """Make sure a sweep is waiting in the queue (at most one, give or take a race)."""
-    if not _uses_database_backend():
-        return  # with another backend (immediate, dummy) there is no queue to sweep
-    from django_tasks_db.models import DBTaskResult
-
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_SWEEPER_LOCK_KEY])
-        waiting = DBTaskResult.objects.filter(
-            task_path=sweep_restarts.module_path, status=TaskResultStatus.READY
-        ).exists()
-        if not waiting:
-            due = timezone.now() + timedelta(seconds=settings.LLMGW_OPERATION_SWEEP_SECONDS)
-            sweep_restarts.using(run_after=due).enqueue()
-
-
-def _task_state(task_id: str) -> tuple[str, timezone.datetime | None] | None:
-    if not task_id or not _uses_database_backend():
+def _task_state(task_id: str, *, queued_in_database: bool) -> tuple[str, datetime | None] | None:
+    if not task_id or not queued_in_database:
         return None
-    from django.core.exceptions import ValidationError
-    from django_tasks_db.models import DBTaskResult
-
     try:
-        row = DBTaskResult.objects.filter(id=task_id).values_list("status", "started_at").first()
+        return DBTaskResult.objects.filter(id=task_id).values_list("status", "started_at").first()
     except (ValidationError, ValueError):
         return None
-    return row
 
 
-def operations_sweep() -> list[int]:
-    """Enqueue a run for every operation no live worker holds; the ids enqueued.
+def abandoned(*, queued_in_database: bool) -> list[int]:
+    """The operations no live worker holds, which need a run enqueued.
 
     Running with a stale heartbeat, unless a run for it already waits; queued
     with no task waiting or running for it (the enqueue was lost, or the worker
-    that took the task died before claiming).
+    that took the task died before claiming). ``queued_in_database``: tasks go
+    through django-tasks-db, whose rows say what is waiting.
     """
     stale = _stale_before()
     grace = timezone.now() - timedelta(seconds=ENQUEUE_GRACE_SECONDS)
-    enqueued = []
-    for op in Op.objects.filter(state__in=Op.ACTIVE_STATES).order_by("id"):
-        task_state = _task_state(op.task_id)
+    found = []
+    for op in RestartOperation.objects.filter(state__in=RestartOperation.ACTIVE_STATES).order_by("id"):
+        task_state = _task_state(op.task_id, queued_in_database=queued_in_database)
         status, task_started = task_state if task_state else (None, None)
-        if op.state == Op.State.RUNNING:
+        if op.state == RestartOperation.State.RUNNING:
             if op.heartbeat_at is not None and op.heartbeat_at >= stale:
                 continue  # alive
             if status == TaskResultStatus.READY:
@@ -259,7 +228,6 @@ def operations_sweep() -> list[int]:
                 continue  # a worker is about to claim it
             if task_state is None and op.created_at >= grace:
                 continue
-        log.info("restart #%s (%s) has no live worker: enqueueing a run", op.pk, op.state)
-        enqueue_restart(op.pk)
-        enqueued.append(op.pk)
-    return enqueued
+        log.info("restart #%s (%s) has no live worker", op.pk, op.state)
+        found.append(op.pk)
+    return found

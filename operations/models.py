@@ -1,7 +1,8 @@
 """Restarts: an operation kept in the database, one step per replica, run by a worker.
 
 How an operation is claimed, kept alive and taken over is explained in
-``catalog/tasks.py``; what a step does, in ``catalog/services/restart.py``.
+``operations/services/lease.py``; what a step does, in
+``operations/services/runner.py``; the whole story in docs/design.md, "Restarts".
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from catalog.models.serving import Profile, Replica, ServedModel
+from audit.models import Via
+from catalog.models import Profile, Replica, ServedModel
 
 
 class RestartOperation(models.Model):
@@ -24,13 +26,6 @@ class RestartOperation(models.Model):
         CANCELLED = "cancelled"
 
     ACTIVE_STATES = ("queued", "running")
-
-    class Via(models.TextChoices):
-        UI = "ui", "pages"
-        API = "api", "API"
-        ADMIN = "admin", "admin"
-        CLI = "cli", "command"
-        WORKER = "worker", "worker"
 
     model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="restarts")
     profile = models.ForeignKey(Profile, on_delete=models.CASCADE, related_name="restarts")
@@ -68,6 +63,8 @@ class RestartOperation(models.Model):
     )
 
     class Meta:
+        # The tables kept their names when restarts left the catalog app (operations/migrations/0001).
+        db_table = "catalog_restartoperation"
         ordering = ["-id"]
         verbose_name = "restart operation"
         constraints = [
@@ -142,6 +139,7 @@ class RestartStep(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        db_table = "catalog_restartstep"
         ordering = ["operation_id", "id"]
         constraints = [
             models.CheckConstraint(

@@ -23,14 +23,22 @@ class AuditQuerySet(models.QuerySet):
         raise AuditLogIsAppendOnly("audit entries are never deleted")
 
 
-class AuditEntry(models.Model):
-    class Via(models.TextChoices):
-        UI = "ui", "pages"
-        API = "api", "API"
-        ADMIN = "admin", "admin"
-        CLI = "cli", "command"
-        WORKER = "worker", "worker"
+class Via(models.TextChoices):
+    """Through which door a change came: the one list the audit log, restarts and the actor share."""
 
+    UI = "ui", "pages"
+    API = "api", "API"
+    ADMIN = "admin", "admin"
+    CLI = "cli", "command"
+    WORKER = "worker", "worker"
+
+
+def via_is_valid(name: str) -> models.CheckConstraint:
+    """The database's own check that a ``via`` column holds one of ``Via``."""
+    return models.CheckConstraint(condition=Q(via__in=Via.values), name=name)
+
+
+class AuditEntry(models.Model):
     at = models.DateTimeField(db_index=True)
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -58,13 +66,11 @@ class AuditEntry(models.Model):
     objects = AuditQuerySet.as_manager()
 
     class Meta:
+        # The table kept its name when the audit log left the catalog app (audit/migrations/0001).
+        db_table = "catalog_auditentry"
         ordering = ["-id"]
         verbose_name_plural = "audit entries"
-        constraints = [
-            models.CheckConstraint(
-                condition=Q(via__in=["ui", "api", "admin", "cli", "worker"]), name="audit_via_valid"
-            ),
-        ]
+        constraints = [via_is_valid("audit_via_valid")]
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_type} {self.object_key}"

@@ -16,335 +16,37 @@ for the engine), and marks the others failed.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import logging
 import os
-import re
 import signal
-import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from .config import AgentConfig, CardConfig
+from .probe import probe
+from .process import (
+    AdoptedProcess,
+    ChildProcess,
+    describe_exit,
+    group_alive,
+    port_free,
+    proc_stat,
+    redacted,
+    signal_group,
+)
+from .record import FAILED, LOADING, READY, STARTING, STOPPED, Replica, now_iso
 from .registry import EngineRules, RegistryError, RegistryFile, refusal
 from .spec import AgentError, Spec, parse_spec
 
-
-def port_free(port: int) -> bool:
-    """Whether an engine could listen on ``port`` on every address of this host.
-
-    Another program holding it would make the engine fail to bind after it
-    had loaded for nothing; asked first, the control plane picks another.
-    SO_REUSEADDR, as servers set it, so a port left in TIME_WAIT counts free.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
 log = logging.getLogger("llmgw_agent")
 
-STARTING, LOADING, READY, FAILED, STOPPED = "starting", "loading", "ready", "failed", "stopped"
-LIVE_STATES = frozenset({STARTING, LOADING, READY})
-LOG_TAIL_LINES = 20
 MAX_FINISHED_RECORDS = 500
-PROBE_TIMEOUT = 2.0
 KILL_WAIT = 5.0
-
-# Readiness probes go straight to 127.0.0.1, never through a proxy from the
-# agent's environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-# --- processes ---------------------------------------------------------------
-
-
-class ProcessHandle(Protocol):
-    pid: int
-
-    def exited(self) -> bool: ...
-
-    def exit_code(self) -> int | None: ...
-
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; True once the process is gone."""
-        ...
-
-
-class ChildProcess:
-    """A process this agent started: it can be waited for and has an exit code."""
-
-    def __init__(self, popen: subprocess.Popen[bytes]):
-        self.popen = popen
-        self.pid = popen.pid
-
-    def exited(self) -> bool:
-        return self.popen.poll() is not None
-
-    def exit_code(self) -> int | None:
-        return self.popen.returncode
-
-    def wait(self, timeout: float) -> bool:
-        try:
-            self.popen.wait(timeout=max(timeout, 0))
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-
-
-class AdoptedProcess:
-    """An engine started by an earlier run of the agent. It is not our child,
-    so its exit code is unknown; it is gone when its pid no longer names a
-    live process with the start time recorded when it was started."""
-
-    def __init__(self, pid: int, starttime: int):
-        self.pid = pid
-        self.starttime = starttime
-
-    def exited(self) -> bool:
-        stat = proc_stat(self.pid)
-        return stat is None or stat[1] != self.starttime or stat[0] in "ZX"
-
-    def exit_code(self) -> int | None:
-        return None
-
-    def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not self.exited():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(0.05, left))
-        return True
-
-
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks) of ``pid`` from /proc, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces.
-    fields = raw[raw.rfind(")") + 2 :].split()
-    try:
-        return fields[0], int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-_SECRET_FLAG = re.compile(r"^--?[\w-]*(key|token|secret|password)[\w-]*$", re.IGNORECASE)
-
-
-def redacted(argv: list[str]) -> list[str]:
-    """``argv`` for a log line: the value of any flag named like a secret
-    (``--api-key KEY``, ``--hf-token=...``) replaced by ``***``."""
-    out: list[str] = []
-    hide_next = False
-    for token in argv:
-        name, eq, _ = token.partition("=")
-        if hide_next and not token.startswith("-"):
-            out.append("***")
-        elif _SECRET_FLAG.match(name) and eq:
-            out.append(f"{name}=***")
-        else:
-            out.append(token)
-        hide_next = bool(_SECRET_FLAG.match(token))
-    return out
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "exit code unknown"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"killed by {name}"
-    return f"exit code {code}"
-
-
-# --- readiness ---------------------------------------------------------------
-
-
-def probe(port: int, model: str, timeout: float = PROBE_TIMEOUT) -> tuple[str, str]:
-    """The state an engine on 127.0.0.1:``port`` is in, and why.
-
-    starting: /health does not answer. loading: /health answers but not 200,
-    or says it is loading (a JSON body whose ``status`` is "loading" or
-    "starting"), or /v1/models does not list ``model`` yet. ready: otherwise.
-    """
-    base = f"http://127.0.0.1:{port}"
-    try:
-        status, body = _get(f"{base}/health", timeout)
-    except (OSError, http.client.HTTPException):
-        return STARTING, "/health is not answering yet"
-    if status != 200:
-        return LOADING, f"/health answered {status}"
-    said = _json_status(body)
-    if said in {"loading", "starting"}:
-        return LOADING, f"/health says {said}"
-    try:
-        status, body = _get(f"{base}/v1/models", timeout)
-    except (OSError, http.client.HTTPException):
-        return LOADING, "/v1/models is not answering yet"
-    if status != 200:
-        return LOADING, f"/v1/models answered {status}"
-    if model not in _model_ids(body):
-        return LOADING, f"/v1/models does not list {model} yet"
-    return READY, "ready"
-
-
-def _get(url: str, timeout: float) -> tuple[int, bytes]:
-    try:
-        with _OPENER.open(url, timeout=timeout) as response:
-            return response.status, response.read(1 << 20)
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, exc.read(1 << 20)
-
-
-def _json_status(body: bytes) -> str:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return ""
-    status = data.get("status") if isinstance(data, dict) else None
-    return status.strip().lower() if isinstance(status, str) else ""
-
-
-def _model_ids(body: bytes) -> set[str]:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return set()
-    entries = data.get("data") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        return set()
-    return {entry["id"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)}
-
-
-# --- the replica table ---------------------------------------------------------
-
-
-@dataclass(eq=False)
-class Replica:
-    id: str
-    spec: Spec
-    state: str
-    log_path: Path
-    log_offset: int
-    started_at: str
-    ready_deadline: float  # epoch seconds
-    pid: int | None = None
-    starttime: int | None = None
-    ready_at: str | None = None
-    finished_at: str | None = None
-    exit_code: int | None = None
-    reason: str = ""
-    adopted: bool = False
-    handle: ProcessHandle | None = field(default=None, repr=False)
-    stopping: bool = False
-    stop_reason: str = ""
-    timed_out: bool = False
-    killed_after_grace: float | None = None
-    done: threading.Event = field(default_factory=threading.Event, repr=False)
-
-    @property
-    def live(self) -> bool:
-        return self.state in LIVE_STATES
-
-    @property
-    def holds_resources(self) -> bool:
-        """Its cards and port are taken: it is live, or its process is still
-        being stopped."""
-        return self.live or (self.handle is not None and not self.done.is_set())
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "engine": self.spec.engine,
-            "model": self.spec.model,
-            "cards": list(self.spec.cards),
-            "port": self.spec.port,
-            "pid": self.pid,
-            "state": self.state,
-            "started_at": self.started_at,
-            "ready_at": self.ready_at,
-            "finished_at": self.finished_at,
-            "exit_code": self.exit_code,
-            "log_tail": self.log_tail() if self.state == FAILED else [],
-            "reason": self.reason,
-            "args": redacted(list(self.spec.args)),
-            "adopted": self.adopted,
-            "log_file": str(self.log_path),
-        }
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
-        """The last ``lines`` lines this run wrote to its log."""
-        try:
-            with self.log_path.open("rb") as fh:
-                size = fh.seek(0, os.SEEK_END)
-                start = max(self.log_offset, size - 64 * 1024)
-                fh.seek(start)
-                chunk = fh.read()
-        except OSError:
-            return []
-        text = chunk.decode("utf-8", "replace")
-        tail = text.splitlines()
-        if start > self.log_offset and tail:
-            tail = tail[1:]  # the first line was cut in the middle
-        return [line[:2000] for line in tail[-lines:]]
-
-    def as_state(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "spec": self.spec.as_dict(),
-            "state": self.state,
-            "log_path": str(self.log_path),
-            "log_offset": self.log_offset,
-            "started_at": self.started_at,
-            "ready_deadline": self.ready_deadline,
-            "pid": self.pid,
-            "starttime": self.starttime,
-            "ready_at": self.ready_at,
-            "finished_at": self.finished_at,
-            "exit_code": self.exit_code,
-            "reason": self.reason,
-        }
 
 
 class Supervisor:

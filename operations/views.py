@@ -21,10 +21,11 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from catalog.errors import DomainError
-from catalog.models import RestartOperation, RestartStep, ServedModel
-from catalog.services.restart import operation_cancel as cancel_operation
-from catalog.services.restart import restart_start
+from catalog.models import ServedModel
 from catalog.views.common import RESTART, redirect_or_location, render_page, require_perm, wants_partial
+from operations.models import RestartOperation, RestartStep
+from operations.services.start import operation_cancel as cancel_operation
+from operations.services.start import restart_start
 
 PAGE_SIZE = 50
 
@@ -83,7 +84,9 @@ def operation_list(request: HttpRequest) -> HttpResponse:
         qs = qs.filter(model__name=model)
     page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
     return render_page(
-        request, "catalog/operation_list.html", {"section": "operations", "page": page, "model_name": model}
+        request,
+        "operations/operation_list.html",
+        {"section": "operations", "page": page, "model_name": model},
     )
 
 
@@ -92,7 +95,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
 def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     operation = get_object_or_404(_with_steps(RestartOperation.objects.all()), pk=pk)
     context = {"section": "operations", **progress_context(request, operation)}
-    return render_page(request, "catalog/operation_detail.html", context, partial="progress")
+    return render_page(request, "operations/operation_detail.html", context, partial="progress")
 
 
 @login_required
@@ -109,7 +112,7 @@ def operation_cancel(request: HttpRequest, pk: int) -> HttpResponse:
         operation = _with_steps(RestartOperation.objects.all()).get(pk=pk)
         return render_page(
             request,
-            "catalog/operation_detail.html",
+            "operations/operation_detail.html",
             progress_context(request, operation, cancel_error=error),
             partial="progress",
         )

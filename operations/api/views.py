@@ -13,11 +13,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from catalog.api.operations import OperationInput, StrictIntegerField
 from catalog.api.permissions import CanRestart
+from catalog.api.resize import OperationInput, StrictIntegerField
 from catalog.api.serializers import ErrorSerializer
-from catalog.models import RestartOperation, RestartStep
-from catalog.services.restart import MAX_PARALLEL, MAX_READY_TIMEOUT, operation_cancel, restart_start
+from operations.models import RestartOperation, RestartStep
+from operations.services.start import MAX_PARALLEL, MAX_READY_TIMEOUT, operation_cancel, restart_start
 
 
 class StrictNumberField(serializers.FloatField):

@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from catalog.models import AuditEntry
-from catalog.services.audit import verify_chain
+from audit.models import AuditEntry
+from audit.services import verify_chain
 
 
 class Command(BaseCommand):

@@ -14,10 +14,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from audit.models import Via
+
 if TYPE_CHECKING:
     from django.http import HttpRequest
-
-VIAS = ("ui", "api", "admin", "cli", "worker")
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,8 @@ class Actor:
     request: HttpRequest | None = None
 
     def __post_init__(self) -> None:
-        if self.via not in VIAS:
-            raise ValueError(f"via must be one of {', '.join(VIAS)}, not {self.via!r}")
+        if self.via not in Via.values:
+            raise ValueError(f"via must be one of {', '.join(Via.values)}, not {self.via!r}")
 
     @property
     def resolved_user(self) -> Any:
@@ -63,7 +63,7 @@ def current_actor() -> Actor:
     actor = _current.get()
     if actor is None:
         raise RuntimeError(
-            "no actor is set: wrap the change in catalog.actor.acting_as(...) "
+            "no actor is set: wrap the change in audit.actor.acting_as(...) "
             "(middleware, commands and the worker do this)"
         )
     return actor

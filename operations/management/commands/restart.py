@@ -11,8 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from catalog.management.base import ActorCommand
-from catalog.models import RestartOperation, RestartStep
-from catalog.services.restart import MAX_PARALLEL, restart_start
+from operations.models import RestartOperation, RestartStep
+from operations.services.start import MAX_PARALLEL, restart_start
 
 POLL_SECONDS = 0.5
 # A restart still queued after this long probably has no worker to run it.

@@ -9,8 +9,8 @@ from typing import Any
 from django.db import connection, models
 from django.utils import timezone
 
-from catalog.actor import Actor, current_actor
-from catalog.models import AuditEntry
+from audit.actor import Actor, current_actor
+from audit.models import AuditEntry
 
 GENESIS_HASH = "0" * 64
 # One lock for the chain: each entry must see the hash of the one committed before it.

@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class AuditConfig(AppConfig):
+    """The append-only, hash-chained audit log and who is acting (docs/design.md, "The audit log")."""
+
+    name = "audit"
+    verbose_name = "Audit log"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,104 @@
+"""Where a replacement runs: its node, its cards and its port.
+
+Rolling, the replacement goes on free cards beside the replica it replaces
+(best fit, on a node that holds none of the model's other live replicas
+first); in place, on the old replica's cards once it is stopped. Ports are
+the highest in use on the node's host + 1, from ``LLMGW_REPLICA_PORT_BASE``.
+Placements are made one at a time (``lock_placement``), so two steps never
+pick the same cards or port.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db.models import Max
+
+from catalog.models import Card, Node, Profile, Replica, ServedModel, Shard
+from llmgw_web.db import hold_lock
+from operations.models import RestartStep
+
+_PLACEMENT_LOCK_KEY = 0x6C6C7270  # "llrp"
+
+
+def lock_placement() -> None:
+    """One placement at a time, until the transaction ends."""
+    hold_lock(_PLACEMENT_LOCK_KEY)
+
+
+def replica_placement(replica: Replica) -> tuple[Node | None, list[int]]:
+    """The node a replica runs on and its card indices there (None, [] when it holds no cards)."""
+    shards = list(Shard.objects.filter(replica=replica).select_related("card__node").order_by("card__index"))
+    if not shards:
+        return None, []
+    node = shards[0].card.node
+    return node, [s.card.index for s in shards if s.card.node_id == node.pk]
+
+
+def free_port(node: Node, *, after: int | None = None) -> int:
+    """The highest port live replicas use on the node's host, + 1 (from the base),
+    and above ``after`` when given (a port found taken by another program).
+
+    Nodes whose agents share a host (the demo, the tests) share its ports.
+    """
+    same_host = [n.pk for n in Node.objects.all() if n.agent_host == node.agent_host]
+    highest = Replica.objects.filter(
+        state__in=Replica.LIVE_STATES, shards__card__node__in=same_host
+    ).aggregate(top=Max("port"))["top"]
+    base = settings.LLMGW_REPLICA_PORT_BASE
+    port = base if highest is None or highest < base else highest + 1
+    return port if after is None else max(port, after + 1)
+
+
+def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Node, list[Card]] | None:
+    """Free cards of the profile's class for one replica: on the ready node
+    with the fewest free cards that still has enough (ties by name), but first
+    on a node that holds none of the model's other live replicas, so that one
+    node going down does not take every replica of a model with it."""
+    need = profile.cards
+    siblings = set(
+        Shard.objects.filter(
+            replica__profile__model_id=profile.model_id, replica__state__in=Replica.LIVE_STATES
+        )
+        .exclude(replica=replacing)
+        .values_list("card__node_id", flat=True)
+    )
+    free: dict[int, list[Card]] = {}
+    for card in (
+        Card.objects.filter(
+            gpu_class_id=profile.gpu_class_id, node__state=Node.State.READY, shard__isnull=True
+        )
+        .select_related("node")
+        .order_by("node__name", "index")
+    ):
+        free.setdefault(card.node_id, []).append(card)
+    fits = [cards for cards in free.values() if len(cards) >= need]
+    if not fits:
+        return None
+    best = min(fits, key=lambda cards: (cards[0].node_id in siblings, len(cards), cards[0].node.name))
+    return best[0].node, best[:need]
+
+
+def replica_name(model: ServedModel, step: RestartStep) -> str:
+    suffix = f"-r{step.pk}"
+    name = model.name[: 128 - len(suffix) - 3] + suffix
+    n = 1
+    candidate = name
+    while Replica.objects.filter(name=candidate).exists():
+        n += 1
+        candidate = f"{name}-{n}"
+    return candidate
+
+
+def in_place_cards(profile: Profile, old: Replica, node: Node) -> list[int] | str:
+    """The cards of ``old``'s node the replacement will use once ``old`` is
+    stopped: its own cards first, then free ones; a sentence when too few."""
+    need = profile.cards
+    usable = Card.objects.filter(node=node, gpu_class_id=profile.gpu_class_id).order_by("index")
+    own = list(usable.filter(shard__replica=old).values_list("index", flat=True))
+    free = list(usable.filter(shard__isnull=True).values_list("index", flat=True))
+    if len(own) + len(free) < need:
+        return (
+            f"In place needs {need} card(s) of class {profile.gpu_class} on {node.name}, and it has only "
+            f"{len(own) + len(free)} with {old.name}'s freed; no node has room beside either."
+        )
+    return sorted((own + free)[:need])

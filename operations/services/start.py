@@ -1,0 +1,249 @@
+"""Starting and cancelling restarts: what the edges call (pages, API, command, the resize).
+
+``restart_start`` records the operation and one step per replica, audits it,
+and enqueues the worker's task when the transaction commits;
+``operation_cancel`` asks it to stop. The worker's side is
+``operations/services/runner.py``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from audit.actor import Actor, current_actor
+from audit.services import audit_record
+from catalog.errors import DomainError, conflict, not_found
+from catalog.models import Profile, Replica, ServedModel
+from catalog.models.serving import stale_replicas_q
+from catalog.planning import engines
+from operations.models import RestartOperation, RestartStep
+from operations.tasks import enqueue_restart
+
+MAX_PARALLEL = 32
+MAX_READY_TIMEOUT = 24 * 3600.0
+
+
+def _operation_after(op: RestartOperation, names: list[str]) -> dict[str, Any]:
+    return {
+        "model": op.model.name,
+        "profile": op.profile.name,
+        "state": op.state,
+        "mode": op.mode,
+        "in_place": op.in_place,
+        "max_parallel": op.max_parallel,
+        "ready_timeout": op.ready_timeout,
+        "requested_by": op.requested_by_name,
+        "via": op.via,
+        "replicas": names,
+    }
+
+
+def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replica]:
+    live = Replica.objects.filter(profile__model=model, state__in=Replica.LIVE_STATES).select_related(
+        "profile"
+    )
+    if names:
+        chosen = []
+        for name in dict.fromkeys(names):
+            replica = Replica.objects.select_related("profile__model").filter(name=name).first()
+            if replica is None:
+                raise not_found(f"No replica {name!r} in the catalog.")
+            if replica.profile.model_id != model.pk:
+                raise DomainError(
+                    "other_model", f"Replica {name} serves {replica.profile.model.name}, not {model.name}."
+                )
+            if not replica.is_live:
+                raise conflict(
+                    "not_live",
+                    f"Replica {name} is {replica.state}: only starting, loading or ready "
+                    "replicas are restarted.",
+                )
+            chosen.append(replica)
+        return chosen
+    chosen = list(live.filter(stale_replicas_q()).order_by("name"))
+    if not chosen:
+        count = live.count()
+        raise conflict(
+            "nothing_to_restart",
+            f"{model.name} has no live replica to restart."
+            if not count
+            else f"All {count} live replica(s) of {model.name} run their profile's current revision: name the ones "
+            'to restart anyway (--replica NAME, or "replicas" in the API).',
+        )
+    return chosen
+
+
+def _check_restartable(model: ServedModel, profile: Profile) -> None:
+    engines.engine(profile.engine)  # unknown_engine, with the known ones
+    if profile.gpu_class_id is None:
+        raise DomainError(
+            "cpu_only",
+            f"{model.name}'s {profile.name} profile runs on CPUs: restarts go through a "
+            "node's agent and need cards; give the profile a GPU class first.",
+        )
+    if max(profile.nodes, 1) > 1 or max(profile.pp, 1) > 1:
+        raise DomainError(
+            "multi_node",
+            f"{model.name}'s {profile.name} profile spreads a replica over several "
+            "nodes or pipeline stages, which restarts do not handle yet.",
+        )
+
+
+def _busy(op: RestartOperation) -> DomainError:
+    return conflict(
+        "busy",
+        f"Restart #{op.pk} of {op.model.name} is {op.state.replace('_', ' ')}: wait until it "
+        "ends, or cancel it, then try again.",
+    )
+
+
+def restart_start(
+    *,
+    model_name: str,
+    replicas: list[str] | None = None,
+    in_place: bool | None = None,
+    max_parallel: int = 1,
+    ready_timeout: float = 600,
+    actor: Actor | None = None,
+) -> RestartOperation:
+    """Start restarting ``model_name``'s stale replicas (or the live ones named).
+
+    ``in_place``: True stops each replica before its replacement starts; False
+    restarts rolling only (a step without room beside fails); None rolls where
+    there is room and goes in place where not. Creates the operation and its
+    steps and audits it; the worker's task is enqueued when the transaction
+    commits, so this may run inside a caller's transaction (the resize's).
+    Refusals: not_found, other_model, not_live, nothing_to_restart, busy,
+    cpu_only, multi_node, several_profiles, unknown_engine, invalid.
+    """
+    if (
+        isinstance(max_parallel, bool)
+        or not isinstance(max_parallel, int)
+        or not 1 <= max_parallel <= MAX_PARALLEL
+    ):
+        raise DomainError(
+            "invalid", f"max_parallel must be a whole number from 1 to {MAX_PARALLEL}, not {max_parallel!r}."
+        )
+    if (
+        isinstance(ready_timeout, bool)
+        or not isinstance(ready_timeout, int | float)
+        or not 0 < ready_timeout <= MAX_READY_TIMEOUT
+    ):
+        raise DomainError(
+            "invalid",
+            f"ready_timeout must be a number of seconds above 0 and at most "
+            f"{MAX_READY_TIMEOUT:g}, not {ready_timeout!r}.",
+        )
+    actor = actor or current_actor()
+    with transaction.atomic():
+        # Held until commit: a second restart of the model waits here, then sees this one and is refused.
+        model = ServedModel.objects.select_for_update().filter(name=model_name).first()
+        if model is None:
+            raise not_found(f"No model {model_name!r} in the catalog.")
+        active = (
+            RestartOperation.objects.filter(model=model, state__in=RestartOperation.ACTIVE_STATES)
+            .select_related("model")
+            .first()
+        )
+        if active is not None:
+            raise _busy(active)
+        chosen = _chosen_replicas(model, replicas)
+        profile_ids = {r.profile_id for r in chosen}
+        if len(profile_ids) > 1:
+            raise DomainError(
+                "several_profiles",
+                f"The replicas named run {len(profile_ids)} different profiles "
+                f"of {model.name}: restart one profile's replicas at a time.",
+            )
+        profile = Profile.objects.select_related("model", "gpu_class").get(pk=profile_ids.pop())
+        _check_restartable(model, profile)
+        op = RestartOperation(
+            model=model,
+            profile=profile,
+            in_place=in_place,
+            max_parallel=max_parallel,
+            ready_timeout=float(ready_timeout),
+            requested_by=actor.resolved_user,
+            requested_by_name=actor.display_name[:150],
+            via=actor.via,
+        )
+        try:
+            with transaction.atomic():
+                op.save()
+        except IntegrityError:  # the one-active-restart constraint, should a writer slip past the lock
+            raise _busy(
+                RestartOperation.objects.filter(model=model, state__in=RestartOperation.ACTIVE_STATES).first()
+                or op
+            ) from None
+        RestartStep.objects.bulk_create(RestartStep(operation=op, old_replica=r) for r in chosen)
+        names = [r.name for r in chosen]
+        audit_record(
+            action="restart_start",
+            object_type="restartoperation",
+            object_key=str(op.pk),
+            object_repr=str(op),
+            after=_operation_after(op, names),
+            actor=actor,
+            message=f"restart #{op.pk} of {model.name} asked by {op.requested_by_name}: {len(names)} replica(s) "
+            f"({', '.join(names)}), {op.mode}, {max_parallel} at a time, {ready_timeout:g} s to be ready",
+        )
+        # robust: should the enqueue fail, the restart stays queued and the sweep enqueues it.
+        transaction.on_commit(partial(enqueue_restart, op.pk), robust=True)
+    return op
+
+
+def operation_cancel(*, operation_id: int, actor: Actor | None = None) -> RestartOperation:
+    """Ask a restart to stop: the steps in flight finish, the others are cancelled.
+
+    A queued operation (no worker has it yet) is cancelled at once. Asking
+    twice is harmless. Refusals: not_found, finished.
+    """
+    actor = actor or current_actor()
+    with transaction.atomic():
+        op = (
+            RestartOperation.objects.select_for_update()
+            .select_related("model", "profile")
+            .filter(pk=operation_id)
+            .first()
+        )
+        if op is None:
+            raise not_found(f"No restart operation #{operation_id}.")
+        if not op.is_active:
+            raise conflict(
+                "finished",
+                f"Restart #{op.pk} of {op.model.name} has already ended "
+                f"({op.state.replace('_', ' ')}): there is nothing to cancel.",
+            )
+        if op.cancel_requested:
+            return op
+        before = {"state": op.state, "cancel_requested": False}
+        op.cancel_requested = True
+        now = timezone.now()
+        if op.state == RestartOperation.State.QUEUED:
+            op.state, op.finished_at = RestartOperation.State.CANCELLED, now
+            op.reason = f"Cancelled by {actor.display_name} before a worker started it."
+            op.steps.filter(state=RestartStep.State.PENDING).update(
+                state=RestartStep.State.CANCELLED, finished_at=now, reason="cancelled before it started"
+            )
+        op.save(update_fields=["cancel_requested", "state", "finished_at", "reason"])
+        audit_record(
+            action="restart_cancel",
+            object_type="restartoperation",
+            object_key=str(op.pk),
+            object_repr=str(op),
+            before=before,
+            after={"state": op.state, "cancel_requested": True},
+            actor=actor,
+            message=f"restart #{op.pk} of {op.model.name} (asked by {op.requested_by_name}) cancelled by "
+            f"{actor.display_name}"
+            + (
+                ""
+                if op.state == RestartOperation.State.CANCELLED
+                else ": the steps in flight finish, no new one starts"
+            ),
+        )
+    return op
