@@ -195,6 +195,11 @@ if LLMGW_OPERATION_HEARTBEAT_SECONDS * 2 > LLMGW_OPERATION_STALE_SECONDS:
     )
 LLMGW_OPERATION_SWEEP_SECONDS = env_float("LLMGW_OPERATION_SWEEP_SECONDS", 30.0, minimum=0.5)
 LLMGW_OPERATION_POLL_SECONDS = env_float("LLMGW_OPERATION_POLL_SECONDS", 1.0, minimum=0.05)
+# How long a restart asks an agent to hold its answer until a replacement's state changes (a long
+# poll; the agent bounds it at 30 s). 0: plain polling every LLMGW_OPERATION_POLL_SECONDS.
+LLMGW_AGENT_WAIT_SECONDS = env_float("LLMGW_AGENT_WAIT_SECONDS", 5.0, minimum=0.0)
+if LLMGW_AGENT_WAIT_SECONDS > 30:
+    raise ImproperlyConfigured("LLMGW_AGENT_WAIT_SECONDS must be at most 30: the agent waits no longer")
 LLMGW_OPERATION_MAX_ATTEMPTS = env_int("LLMGW_OPERATION_MAX_ATTEMPTS", 3, minimum=1)
 LLMGW_AGENT_TIMEOUT_SECONDS = env_float("LLMGW_AGENT_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 LLMGW_REPLICA_PORT_BASE = env_int("LLMGW_REPLICA_PORT_BASE", 8100, minimum=1024)

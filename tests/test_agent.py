@@ -609,6 +609,51 @@ def test_a_bad_grace_is_refused(agent, http):
 # --- the agent's own life -------------------------------------------------------------
 
 
+# --- waiting for a change (the long poll) ----------------------------------------------------------
+
+
+def test_a_wait_answers_as_soon_as_the_replica_leaves_the_state_last_seen(agent, http):
+    assert (
+        http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), load_seconds=1.0)).status_code == 201
+    )
+    seen = agent.wait_for_state("r1", "loading")["state"]
+    began = time.monotonic()
+    state = http.get("/v1/replicas/r1", params={"wait": "10", "state": seen}).json()
+    took = time.monotonic() - began
+    assert state["state"] == "ready"
+    assert took < 5  # answered when it was ready (about a second of loading), not after the 10 s asked
+    ready_at = time.monotonic()
+    # Already in another state than the one named: at once.
+    assert http.get("/v1/replicas/r1", params={"wait": "10", "state": "loading"}).json()["state"] == "ready"
+    assert time.monotonic() - ready_at < 2
+
+
+def test_a_wait_with_no_change_answers_after_the_wait_with_the_state_then(agent, http):
+    spec = standin_spec(port=free_port(), env={"STANDIN_NEVER_READY": "1"})
+    assert http.put("/v1/replicas/r1", json=spec).status_code == 201
+    agent.wait_for_state("r1", "loading")
+    began = time.monotonic()
+    state = http.get("/v1/replicas/r1", params={"wait": "0.8", "state": "loading"}).json()
+    assert state["state"] == "loading"
+    assert 0.7 <= time.monotonic() - began < 5
+
+
+@pytest.mark.parametrize(
+    ("params", "code"),
+    [
+        ({"wait": "ages", "state": "loading"}, "invalid_wait"),
+        ({"wait": "31", "state": "loading"}, "invalid_wait"),
+        ({"wait": "1", "state": "asleep"}, "invalid_state"),
+        ({"wait": "1"}, "invalid_state"),
+    ],
+)
+def test_a_bad_wait_is_refused(agent, http, params, code):
+    assert http.put("/v1/replicas/r1", json=standin_spec(port=free_port())).status_code == 201
+    response = http.get("/v1/replicas/r1", params=params)
+    assert response.status_code == 400 and response.json()["code"] == code
+    assert response.json()["detail"]
+
+
 def test_replicas_outlive_an_agent_restart_and_are_adopted(tmp_path):
     port = free_port()
     with running_agent(tmp_path, port=port, stop_children_on_exit=False) as first, first.client() as http:
