@@ -98,3 +98,8 @@ def test_database_connections_are_kept_and_checked_by_default():
     assert closed.stdout.split() == ["0"]
     bad = manage("check", DJANGO_DEBUG="1", DATABASE_CONN_MAX_AGE="-1")
     assert bad.returncode != 0 and "DATABASE_CONN_MAX_AGE=-1 is below the minimum of 0" in bad.stderr
+
+
+def test_a_long_poll_longer_than_the_agent_waits_is_refused():
+    bad = manage("check", DJANGO_DEBUG="1", LLMGW_AGENT_WAIT_SECONDS="31")
+    assert bad.returncode != 0 and "LLMGW_AGENT_WAIT_SECONDS must be at most 30" in bad.stderr
