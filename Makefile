@@ -35,16 +35,25 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browser-deps:
 	@test -x $(CHROMIUM) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 
+# The control plane's tests (pytest), then the node agent's with the standard library alone
+# (-I -S: no site packages, no environment), as the agent runs on a node.
 test: install browser-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+	cd agent && ../$(PY) -I -S -m unittest
 
 # The README's screenshots, taken by the browser tests at a laptop's width (1366 px).
 screenshots: install browser-deps
 	SCREENSHOTS_DIR=docs/screenshots $(PY) -m pytest -q -m browser tests/test_browser.py
 
+# What the style guide promises, checked: ruff (lint and format), types (mypy with the Django and DRF
+# stubs), no import cycle, no model change without its migration, and an OpenAPI schema without a warning.
 lint: install
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	DJANGO_DEBUG=1 .venv/bin/mypy
+	$(PY) tools/import_cycles.py
+	DJANGO_DEBUG=1 DATABASE_URL=sqlite://:memory: $(PY) manage.py makemigrations --check --dry-run
+	DJANGO_DEBUG=1 DATABASE_URL=sqlite://:memory: $(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
 
 # The app as in production: static files collected (whitenoise serves them, compressed), gunicorn
 # with WEB_WORKERS processes on ADDR. Needs the production settings in the environment

@@ -30,7 +30,6 @@ class ActorMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         given = request.headers.get("X-Request-ID", "")
         request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
-        request.request_id = request_id  # type: ignore[attr-defined]
         with acting_as(Actor(via=via_for_path(request.path), request_id=request_id, request=request)):
             response = self.get_response(request)
         response["X-Request-ID"] = request_id

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from audit.actor import Actor, current_actor
 from audit.models import AuditEntry
+from llmgw_web.db import hold_lock
 
 GENESIS_HASH = "0" * 64
 # One lock for the chain: each entry must see the hash of the one committed before it.
@@ -42,13 +43,6 @@ def snapshot(instance: models.Model) -> dict[str, Any]:
     return jsonable(out)
 
 
-def _lock_chain() -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
-    # SQLite runs write transactions one at a time (IMMEDIATE), which is the lock.
-
-
 def audit_record(
     *,
     action: str,
@@ -64,7 +58,7 @@ def audit_record(
     if not connection.in_atomic_block:
         raise RuntimeError("audit_record must run inside the transaction of the change it records")
     actor = actor or current_actor()
-    _lock_chain()
+    hold_lock(_CHAIN_LOCK_KEY)
     prev = AuditEntry.objects.order_by("-id").values_list("hash", flat=True).first() or GENESIS_HASH
     entry = AuditEntry(
         at=timezone.now(),

@@ -65,7 +65,7 @@ def main() -> None:
         # With --compare-poll each parallelism runs twice, back to back: the worker waiting on the
         # agent (the default) and polling it every second (LLMGW_AGENT_WAIT_SECONDS=0, as before),
         # so that the two meet the same load on a shared machine.
-        modes = [("long poll", {})]
+        modes: list[tuple[str, dict[str, str]]] = [("long poll", {})]
         if args.compare_poll:
             modes.append(("1 s poll", {"LLMGW_AGENT_WAIT_SECONDS": "0"}))
         run = 0
@@ -118,6 +118,7 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor) -> dict:
             break
         time.sleep(0.2)
     wall = time.monotonic() - asked
+    assert op.finished_at is not None and op.started_at is not None, op.state
     took = (op.finished_at - op.started_at).total_seconds()
     ideal = math.ceil(REPLICAS / p) * load_seconds
     return {

@@ -31,6 +31,7 @@ def scratch_database(url: str) -> dict[str, str]:
     }
     os.environ.update(env)
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "agent"))  # agent_testing: real agents, as the tests start them
     from bench.pages import _create_database
 
     _create_database(url)
@@ -68,12 +69,13 @@ def local_fleet(
     """``nodes`` agents of ``cards`` cards; each model of ``models`` with a one-card vLLM profile
     (the stand-in, loading in ``load_seconds``) and that many ready replicas, spread over the
     nodes on their first cards, so that as many cards stay free for the replacements."""
+    from agent_testing import free_port, running_agent, standin_command
+
     from audit.actor import acting_as
     from catalog.models import Card, Node, Profile
     from catalog.services import catalog as services
     from operations.services.specs import replica_spec
     from tests import builders as b
-    from tests.agent_helpers import free_port, running_agent, standin_command
 
     spec_cards = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(cards)]
     with contextlib.ExitStack() as stack:

@@ -143,7 +143,9 @@ def serve(env: dict[str, str], port: int) -> subprocess.Popen:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"make serve exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
+            raise SystemExit(
+                f"make serve exited {proc.returncode}: {(proc.stderr.read() if proc.stderr else '')[-2000:]}"
+            )
         try:
             httpx.get(f"http://127.0.0.1:{port}/accounts/login/", timeout=2)
             return proc
@@ -243,7 +245,7 @@ def count_in_process(target: Target, username: str) -> tuple[int, int]:
     return len(ctx.captured_queries), len(r.content)
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 

@@ -51,9 +51,11 @@ def main() -> int:
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "agent"))
+    from agent_testing import free_port
+
     from bench.localfleet import local_fleet, process, scratch_database, worker
     from bench.pages import sign_in
-    from tests.agent_helpers import free_port
 
     env = scratch_database(args.database_url)
     import httpx
@@ -181,13 +183,13 @@ def main() -> int:
             problems.append(f"{replaced} of {len(MODELS) * PER_MODEL} replicas replaced")
         if not killed:
             problems.append("no worker was killed: the two never held an operation each at once")
-        elif "worker-b" not in held[victim_op][1:]:
+        elif victim_op is not None and "worker-b" not in held[victim_op][1:]:
             problems.append(f"operation {victim_op} was not taken over by worker-b ({held[victim_op]})")
         workers_used = {w for ws in held.values() for w in ws}
         if workers_used != {"worker-a", "worker-b"}:
             problems.append(f"the operations were not shared: only {sorted(workers_used)} ran them")
-    for p in problems:
-        print("PROBLEM:", p)
+    for problem in problems:
+        print("PROBLEM:", problem)
     print("scale-out: " + ("all checks hold" if not problems else f"{len(problems)} problem(s)"))
     return 1 if problems else 0
 

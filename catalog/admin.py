@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count, F, Q, QuerySet
+from django.db import models
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import path, reverse
 
 from catalog.errors import DomainError
-from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from catalog.models import (
+    Card,
+    GPUClass,
+    Node,
+    Profile,
+    Replica,
+    ServedModel,
+    Shard,
+    live_replicas_q,
+    stale_replicas_q,
+)
 from catalog.services import catalog as services
 
-SAVE = {
+SAVE: dict[type[models.Model], Callable[..., Any]] = {
     GPUClass: services.gpu_class_save,
     Node: services.node_save,
     Card: services.card_save,
@@ -24,7 +36,7 @@ SAVE = {
     Replica: services.replica_save,
     Shard: services.shard_save,
 }
-DELETE = {
+DELETE: dict[type[models.Model], Callable[..., Any]] = {
     GPUClass: services.gpu_class_delete,
     Node: services.node_delete,
     Card: services.card_delete,
@@ -35,7 +47,7 @@ DELETE = {
 }
 
 
-class ServiceAdminMixin:
+class ServiceAdmin(admin.ModelAdmin):
     """Routes the admin's writes through the services, which audit them.
 
     A refusal (a declared model, a card in use) is shown as an error message;
@@ -62,28 +74,28 @@ class ServiceAdminMixin:
 
     def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         try:
-            return super().changeform_view(request, *args, **kwargs)  # type: ignore[misc]
+            return super().changeform_view(request, *args, **kwargs)
         except DomainError as exc:
-            self.message_user(request, exc.message, messages.ERROR)  # type: ignore[attr-defined]
+            self.message_user(request, exc.message, messages.ERROR)
             return HttpResponseRedirect(request.get_full_path())
 
     def delete_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         try:
-            return super().delete_view(request, *args, **kwargs)  # type: ignore[misc]
+            return super().delete_view(request, *args, **kwargs)
         except DomainError as exc:
-            self.message_user(request, exc.message, messages.ERROR)  # type: ignore[attr-defined]
+            self.message_user(request, exc.message, messages.ERROR)
             return HttpResponseRedirect(request.get_full_path())
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         try:
-            return super().changelist_view(request, extra_context)  # type: ignore[misc]
+            return super().changelist_view(request, extra_context)
         except DomainError as exc:
-            self.message_user(request, exc.message, messages.ERROR)  # type: ignore[attr-defined]
+            self.message_user(request, exc.message, messages.ERROR)
             return HttpResponseRedirect(request.get_full_path())
 
 
 @admin.register(GPUClass)
-class GPUClassAdmin(ServiceAdminMixin, admin.ModelAdmin):
+class GPUClassAdmin(ServiceAdmin):
     list_display = ["name", "memory_mib", "usable_mib", "compute_capability", "card_count"]
     search_fields = ["name"]
     list_filter = ["compute_capability"]
@@ -93,7 +105,7 @@ class GPUClassAdmin(ServiceAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="cards", ordering="_cards")
     def card_count(self, obj: GPUClass) -> int:
-        return obj._cards  # type: ignore[attr-defined]
+        return obj._cards  # type: ignore[attr-defined]  # annotated by get_queryset
 
 
 class CardInline(admin.TabularInline):
@@ -123,7 +135,7 @@ class NodeAdminForm(forms.ModelForm):
 
 
 @admin.register(Node)
-class NodeAdmin(ServiceAdminMixin, admin.ModelAdmin):
+class NodeAdmin(ServiceAdmin):
     form = NodeAdminForm
     inlines = [CardInline]
     list_display = ["name", "state", "agent_url", "cards_total", "free_cards"]
@@ -172,7 +184,7 @@ class ImportConfigForm(forms.Form):
 
 
 @admin.register(ServedModel)
-class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
+class ServedModelAdmin(ServiceAdmin):
     inlines = [ProfileInline]
     list_display = [
         "name",
@@ -188,7 +200,7 @@ class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
     change_list_template = "admin/catalog/servedmodel/change_list.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        live = Q(profiles__replicas__state__in=Replica.LIVE_STATES)
+        live = live_replicas_q("profiles__replicas__")
         return (
             super()
             .get_queryset(request)
@@ -196,7 +208,7 @@ class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
                 _replicas=Count("profiles__replicas", filter=live, distinct=True),
                 _stale=Count(
                     "profiles__replicas",
-                    filter=live & Q(profiles__replicas__revision__lt=F("profiles__revision")),
+                    filter=live & stale_replicas_q("profiles__replicas__"),
                     distinct=True,
                 ),
             )
@@ -204,11 +216,11 @@ class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="replicas", ordering="_replicas")
     def replica_count(self, obj: ServedModel) -> int:
-        return obj._replicas  # type: ignore[attr-defined]
+        return obj._replicas  # type: ignore[attr-defined]  # annotated by get_queryset
 
     @admin.display(description="stale")
     def stale_count(self, obj: ServedModel) -> int:
-        return obj._stale  # type: ignore[attr-defined]
+        return obj._stale  # type: ignore[attr-defined]  # annotated by get_queryset
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         if obj is not None and obj.declared:
@@ -275,7 +287,7 @@ class ServedModelAdmin(ServiceAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Profile)
-class ProfileAdmin(ServiceAdminMixin, admin.ModelAdmin):
+class ProfileAdmin(ServiceAdmin):
     list_display = ["__str__", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "revision"]
     list_filter = ["engine", "gpu_class"]
     search_fields = ["name", "model__name"]
@@ -296,7 +308,7 @@ class ShardInline(admin.TabularInline):
 
 
 @admin.register(Card)
-class CardAdmin(ServiceAdminMixin, admin.ModelAdmin):
+class CardAdmin(ServiceAdmin):
     list_display = ["__str__", "gpu_class", "node"]
     list_filter = ["gpu_class", "node"]
     search_fields = ["node__name"]
@@ -304,7 +316,7 @@ class CardAdmin(ServiceAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Replica)
-class ReplicaAdmin(ServiceAdminMixin, admin.ModelAdmin):
+class ReplicaAdmin(ServiceAdmin):
     inlines = [ShardInline]
     list_display = ["name", "model_name", "profile", "state", "revision", "is_stale", "port"]
     list_filter = ["state", "profile__engine", "profile__model"]
@@ -317,4 +329,4 @@ class ReplicaAdmin(ServiceAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="stale", boolean=True)
     def is_stale(self, obj: Replica) -> bool:
-        return obj.revision < obj.profile.revision
+        return obj.is_stale

@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
 from catalog.errors import DomainError
+from catalog.notes import Notes
+from catalog.planning.types import SHAPE_FIELDS
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -124,8 +126,8 @@ class CheckpointShape:
     notes: tuple[str, ...] = ()
 
     def as_fields(self) -> dict[str, Any]:
-        """Every field but ``notes``, by the model's field names."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "notes"}
+        """The shape and the context length, by the model's field names."""
+        return {name: getattr(self, name) for name in (*SHAPE_FIELDS, "context_length")}
 
 
 def _bad(message: str) -> DomainError:
@@ -167,20 +169,6 @@ def _whole(value: Any, *, file: str, field: str, minimum: int) -> int:
             f"Correct {field} in {file} (compare it with the model's published config.json)."
         )
     return number
-
-
-class _Notes:
-    """Notes in the order they were made, each kept once."""
-
-    def __init__(self) -> None:
-        self._items: list[str] = []
-
-    def add(self, note: str) -> None:
-        if note not in self._items:
-            self._items.append(note)
-
-    def as_tuple(self) -> tuple[str, ...]:
-        return tuple(self._items)
 
 
 class _Config:
@@ -265,7 +253,7 @@ def shape_from_config(
     if not isinstance(config, dict):
         raise _bad(f"{source} is {_json_type(config)}, expected a JSON object of the model's settings.")
     cfg = _Config(config, source)
-    notes = _Notes()
+    notes = Notes()
 
     layers = cfg.count(*LAYER_NAMES)
     heads = cfg.count(*HEAD_NAMES)
@@ -370,7 +358,7 @@ def _mla_dims(cfg: _Config) -> tuple[int, int] | None:
 
 
 def _head_dim(
-    cfg: _Config, hidden: int | None, heads: int | None, mla: tuple[int, int] | None, notes: _Notes
+    cfg: _Config, hidden: int | None, heads: int | None, mla: tuple[int, int] | None, notes: Notes
 ) -> int | None:
     explicit = cfg.count("head_dim")
     if explicit is not None:
@@ -394,7 +382,7 @@ def _head_dim(
     return hidden // heads
 
 
-def _dtype(cfg: _Config, notes: _Notes) -> tuple[str | None, Fraction]:
+def _dtype(cfg: _Config, notes: Notes) -> tuple[str | None, Fraction]:
     """The checkpoint's dtype name and bytes a weight, assuming 2 when unknown."""
     # Newer transformers write "dtype"; older ones "torch_dtype".
     found = cfg.find("dtype") or cfg.find("torch_dtype")
@@ -446,7 +434,7 @@ def _kv_bytes_per_token(
     return 2 * layers * kv_heads * head_dim * KV_CACHE_BYTES  # 2: one K and one V
 
 
-def _sliding(cfg: _Config, layers: int | None, notes: _Notes) -> tuple[int | None, int]:
+def _sliding(cfg: _Config, layers: int | None, notes: Notes) -> tuple[int | None, int]:
     """The sliding window and how many layers keep only it."""
     window = cfg.count("sliding_window")
     if cfg.flag("use_sliding_window") is False:
@@ -539,13 +527,12 @@ def _header_sums(header: Any, name: str) -> tuple[int, int]:
 
 def _data_offsets(tensor: str, entry: Any, name: str) -> tuple[int, int]:
     offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-    valid = (
+    if not (
         isinstance(offsets, list)
         and len(offsets) == 2
         and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
         and offsets[0] <= offsets[1]
-    )
-    if not valid:
+    ):
         raise _bad(
             f"{name}: tensor {tensor!r} has data_offsets {_show(offsets)}, expected [start, end] with "
             f"0 <= start <= end. The file is damaged; download it again."
@@ -558,7 +545,7 @@ def _derived_expert_bytes(
     layers: int | None,
     hidden: int | None,
     dtype_bytes: Fraction,
-    notes: _Notes,
+    notes: Notes,
 ) -> int | None:
     """Routed-expert bytes worked out from the config; None for a dense model or when it cannot be."""
     experts = cfg.count(*EXPERT_NAMES, minimum=0)

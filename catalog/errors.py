@@ -41,3 +41,12 @@ def not_found(message: str) -> DomainError:
 
 def conflict(code: str, message: str, **kw: Any) -> DomainError:
     return DomainError(code, message, status=409, **kw)
+
+
+def declared(model: str, settings_file: str) -> DomainError:
+    """The refusal of any change to a model the cluster's settings file declares, wherever it is asked."""
+    return conflict(
+        "declared",
+        f"Model {model} is declared in the cluster's settings ({settings_file}) and is read-only here: "
+        "change it in that file, then run `python manage.py sync_cluster_settings`.",
+    )

@@ -19,6 +19,14 @@ STATE_CHOICES = [("", "any"), ("editable", "editable"), ("declared", "declared")
 CPU = "cpu"
 
 
+def choice_field(form: forms.BaseForm, name: str) -> forms.ChoiceField:
+    """The form's choice field ``name``, to set its choices."""
+    field = form.fields[name]
+    if not isinstance(field, forms.ChoiceField):
+        raise TypeError(f"{name} is a {type(field).__name__}, not a choice field")
+    return field
+
+
 class ModelFilterForm(forms.Form):
     """The models list's search and filters; every field optional."""
 
@@ -34,8 +42,12 @@ class ModelFilterForm(forms.Form):
 
     def __init__(self, *args: Any, engines: list[str], gpu_classes: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["engine"].choices = [("", "any"), *((e, e) for e in engines)]
-        self.fields["gpu_class"].choices = [("", "any"), *((c, c) for c in gpu_classes), (CPU, "CPU only")]
+        choice_field(self, "engine").choices = [("", "any"), *((e, e) for e in engines)]
+        choice_field(self, "gpu_class").choices = [
+            ("", "any"),
+            *((c, c) for c in gpu_classes),
+            (CPU, "CPU only"),
+        ]
 
     @classmethod
     def for_catalog(cls, data: Any) -> ModelFilterForm:
@@ -62,7 +74,7 @@ class _ChangeForm(forms.Form):
         self.model = model
         self.fields["in_place"].widget.attrs["aria-describedby"] = f"{self.prefix_id}_in_place_help"
         on_cards = [p.name for p in profiles if p.gpu_class_id]
-        field = self.fields["profile"]
+        field = choice_field(self, "profile")
         field.choices = [(name, name) for name in on_cards]
         if len(on_cards) == 1:
             # One profile on cards: nothing to choose, the form still says which.
@@ -130,7 +142,9 @@ class NodeFilterForm(forms.Form):
 
     def __init__(self, *args: Any, gpu_classes: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["gpu_class"].choices = [("", "any"), *((c, c) for c in gpu_classes)]
+        field = self.fields["gpu_class"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [("", "any"), *((c, c) for c in gpu_classes)]
 
     @classmethod
     def for_fleet(cls, data: Any) -> NodeFilterForm:

@@ -7,32 +7,23 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
-from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel
+from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, live_replicas_q
 from catalog.planning import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
-
-SHAPE_FIELDS = (
-    "layers",
-    "attention_heads",
-    "kv_heads",
-    "head_dim",
-    "kv_bytes_per_token",
-    "weight_bytes",
-    "expert_bytes",
-    "sliding_window",
-    "sliding_layers",
-    "context_length",
-)
+from catalog.planning.types import SHAPE_FIELDS
 
 
 def shape_of(model: ServedModel) -> Shape:
-    return Shape(attention=model.attention or None, **{f: getattr(model, f) for f in SHAPE_FIELDS})
+    values = {f: getattr(model, f) for f in SHAPE_FIELDS}
+    # The model keeps an unknown text as "", the planner as None.
+    values.update(dtype=model.dtype or None, attention=model.attention or None)
+    return Shape(context_length=model.context_length, **values)
 
 
 def profile_spec(profile: Profile) -> ProfileSpec:
     return ProfileSpec(
         name=profile.name,
         engine=profile.engine,
-        gpu_class=profile.gpu_class.name if profile.gpu_class_id else None,
+        gpu_class=profile.gpu_class.name if profile.gpu_class is not None else None,
         gpus_per_node=profile.gpus_per_node,
         tp=profile.tp,
         nodes=profile.nodes,
@@ -51,12 +42,7 @@ def model_spec(model: ServedModel, profiles: list[Profile] | None = None) -> Mod
         context_length=model.context_length,
         declared=model.declared,
         # Where a declared model is changed: the file it was read from, else the settings file.
-        declared_in=(
-            f"{model.declared_in or settings.LLMGW_CLUSTER_SETTINGS}, "
-            "then python manage.py sync_cluster_settings"
-            if model.declared
-            else None
-        ),
+        declared_in=(model.declared_in or settings.LLMGW_CLUSTER_SETTINGS) if model.declared else None,
         shape=shape_of(model),
         profiles=tuple(profile_spec(p) for p in profiles),
     )
@@ -77,7 +63,7 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
     theirs). One query, whatever the size of the fleet.
     """
     own = (
-        Q(shard__replica__profile=profile, shard__replica__state__in=Replica.LIVE_STATES)
+        Q(shard__replica__profile=profile) & live_replicas_q("shard__replica__")
         if profile is not None
         else Q(pk__in=[])
     )
@@ -102,7 +88,7 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
 
 
 def live_replicas(profile: Profile) -> QuerySet[Replica]:
-    return Replica.objects.filter(profile=profile, state__in=Replica.LIVE_STATES)
+    return Replica.objects.filter(live_replicas_q(), profile=profile)
 
 
 # -- the nodes page: a summary of the whole fleet, and one page of nodes with their cards ---------------

@@ -26,7 +26,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class RestartStepInline(admin.TabularInline):
     model = RestartStep
     extra = 0
-    fields = [
+    fields = readonly_fields = (
         "old_replica",
         "new_replica",
         "node",
@@ -36,8 +36,7 @@ class RestartStepInline(admin.TabularInline):
         "reason",
         "started_at",
         "finished_at",
-    ]
-    readonly_fields = fields
+    )
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -1,6 +1,6 @@
 """The control plane's side of the node agent API (docs/agent-api.md).
 
-Every failure becomes an ``AgentError`` whose message is a plain sentence an
+Every failure becomes an ``AgentCallFailed`` whose message is a plain sentence an
 operator can act on (the agent is down, refused the token, failed, was too
 slow, refused the spec), naming the node; a restart step records it as its
 reason. Nothing here touches the database.
@@ -23,7 +23,7 @@ STOP_MARGIN_SECONDS = 15.0
 DEFAULT_STOP_GRACE_SECONDS = 10.0
 
 
-class AgentError(Exception):
+class AgentCallFailed(Exception):
     """The agent could not be used, or refused. ``code``: agent_down,
     agent_slow, agent_token, agent_failed, agent_refused, not_found, agent_bad_answer."""
 
@@ -93,7 +93,7 @@ class AgentClient:
                 what=f"stopping replica {replica_id}",
                 timeout=max(self.timeout, wait),
             )
-        except AgentError as exc:
+        except AgentCallFailed as exc:
             if exc.code == "not_found":
                 return {"id": replica_id, "state": "stopped", "reason": "the agent does not know it"}
             raise
@@ -129,24 +129,26 @@ class AgentClient:
                     headers={"Authorization": f"Bearer {self.token}"},
                 )
         except httpx.ConnectTimeout:
-            raise AgentError(
+            raise AgentCallFailed(
                 "agent_down",
                 f"{who} could not be reached within {min(timeout, 5.0):g} s while {what}: is the node up?",
             ) from None
         except httpx.TimeoutException:
-            raise AgentError(
+            raise AgentCallFailed(
                 "agent_slow", f"{who} did not answer within {timeout:g} s while {what}."
             ) from None
         except httpx.ConnectError as exc:
             refused = "refused" in str(exc).lower()
-            raise AgentError(
+            raise AgentCallFailed(
                 "agent_down",
                 f"{who} refused the connection while {what}: is the agent running?"
                 if refused
                 else f"{who} could not be reached while {what}: {exc}.",
             ) from None
         except httpx.TransportError as exc:
-            raise AgentError("agent_down", f"{who} broke off the connection while {what}: {exc}.") from None
+            raise AgentCallFailed(
+                "agent_down", f"{who} broke off the connection while {what}: {exc}."
+            ) from None
 
         body: Any
         try:
@@ -157,7 +159,7 @@ class AgentClient:
         if isinstance(body, dict):
             detail, code = str(body.get("detail", "")), str(body.get("code", ""))
         if response.status_code == 401:
-            raise AgentError(
+            raise AgentCallFailed(
                 "agent_token",
                 f"{who} refused the token while {what}: the node's agent token in the "
                 "catalog is not the one the agent expects.",
@@ -165,12 +167,12 @@ class AgentClient:
                 agent_code=code,
             )
         if response.status_code == 404 and code == "not_found":
-            raise AgentError(
+            raise AgentCallFailed(
                 "not_found", f"{who} does not know it ({what}): {detail}", status=404, agent_code=code
             )
         if response.status_code >= 500:
             said = detail or response.text.strip()[:200] or "no explanation"
-            raise AgentError(
+            raise AgentCallFailed(
                 "agent_failed",
                 f"{who} failed while {what} (HTTP {response.status_code}): {said}",
                 status=response.status_code,
@@ -178,14 +180,14 @@ class AgentClient:
             )
         if response.status_code >= 400:
             said = detail or response.text.strip()[:200] or "no explanation"
-            raise AgentError(
+            raise AgentCallFailed(
                 "agent_refused",
                 f"{who} refused {what} (HTTP {response.status_code}{', ' + code if code else ''}): {said}",
                 status=response.status_code,
                 agent_code=code,
             )
         if body is None:
-            raise AgentError(
+            raise AgentCallFailed(
                 "agent_bad_answer",
                 f"{who} answered {what} with something that is not JSON "
                 f"(HTTP {response.status_code}): is that URL really a node agent?",

@@ -159,7 +159,7 @@ class RestartStep(models.Model):
         ]
 
     def __str__(self) -> str:
-        old = self.old_replica.name if self.old_replica_id else "?"
+        old = self.old_replica.name if self.old_replica is not None else "?"
         return f"restart #{self.operation_id}: {old} ({self.state})"
 
     @property

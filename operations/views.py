@@ -14,7 +14,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -24,22 +24,16 @@ from catalog.errors import DomainError
 from catalog.models import ServedModel
 from catalog.views.common import RESTART, redirect_or_location, render_page, require_perm, wants_partial
 from operations.models import RestartOperation, RestartStep
+from operations.selectors import operations_with_steps
 from operations.services.start import operation_cancel as cancel_operation
 from operations.services.start import restart_start
 
 PAGE_SIZE = 50
 
 
-def _with_steps(qs: Any) -> Any:
-    steps = Prefetch(
-        "steps", queryset=RestartStep.objects.select_related("old_replica", "new_replica").order_by("id")
-    )
-    return qs.select_related("model", "profile").prefetch_related(steps)
-
-
 def latest_for(model: ServedModel) -> RestartOperation | None:
     """The model's most recent restart, with its steps (two queries)."""
-    return _with_steps(RestartOperation.objects.filter(model=model)).order_by("-id").first()
+    return operations_with_steps().filter(model=model).order_by("-id").first()
 
 
 def operation_of(change: Any) -> RestartOperation | None:
@@ -93,7 +87,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    operation = get_object_or_404(_with_steps(RestartOperation.objects.all()), pk=pk)
+    operation = get_object_or_404(operations_with_steps(), pk=pk)
     context = {"section": "operations", **progress_context(request, operation)}
     return render_page(request, "operations/operation_detail.html", context, partial="progress")
 
@@ -109,7 +103,7 @@ def operation_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     except DomainError as err:
         error = err.message
     if wants_partial(request):
-        operation = _with_steps(RestartOperation.objects.all()).get(pk=pk)
+        operation = operations_with_steps().get(pk=pk)
         return render_page(
             request,
             "operations/operation_detail.html",

@@ -20,6 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from agent_testing import (
+    REPO_ROOT,
+    RunningAgent,
+    TransportError,
+    running_agent,
+    standin_command,
+    wait_until,
+)
 from django.conf import settings
 from django.db import connection
 
@@ -29,7 +37,6 @@ from catalog.services import catalog as services
 from operations.models import RestartOperation
 from operations.services.specs import replica_spec
 from tests import builders as b
-from tests.agent_helpers import REPO_ROOT, RunningAgent, running_agent, standin_command, wait_until
 
 MODEL = "llama"
 
@@ -159,7 +166,7 @@ def sampling_ready(fleet: Fleet, interval: float = 0.05) -> Iterator[list[int]]:
 
     def sample() -> None:
         while not done.is_set():
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(TransportError):
                 samples.append(
                     sum(
                         sum(r["state"] == "ready" for r in http.get("/v1/replicas").json())

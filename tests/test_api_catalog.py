@@ -190,7 +190,7 @@ def test_removing_a_model_removes_its_stopped_replicas_each_audited():
     assert not ServedModel.objects.exists()
     assert list(AuditEntry.objects.order_by("id").values_list("action", "object_type", "object_key")) == [
         ("delete", "replica", "old-1"),
-        ("delete", "servedmodel", "llama-3.1-8b"),
+        ("delete", "model", "llama-3.1-8b"),
     ]
 
 

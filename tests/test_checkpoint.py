@@ -303,7 +303,7 @@ def test_a_shape_is_frozen() -> None:
     shape = CheckpointShape(layers=32)
 
     with pytest.raises(AttributeError):
-        shape.layers = 4  # type: ignore[misc]
+        shape.layers = 4  # type: ignore[misc]  # the assignment a frozen shape refuses
 
 
 def test_derived_expert_bytes_say_so_and_dense_models_have_none() -> None:
@@ -676,7 +676,7 @@ def test_other_malformed_fields_are_refused_by_name(field: str, value: Any) -> N
 
 def test_config_that_is_not_an_object_is_refused() -> None:
     with pytest.raises(DomainError) as excinfo:
-        shape_from_config([1, 2], source="x/config.json")  # type: ignore[arg-type]
+        shape_from_config([1, 2], source="x/config.json")  # type: ignore[arg-type]  # the bad input under test
 
     assert refusal(excinfo).startswith("x/config.json is a list")
 

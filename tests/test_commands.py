@@ -94,7 +94,7 @@ def test_sync_cluster_settings_declares_models_and_is_audited(tmp_path, settings
     p = m.profiles.get()
     assert (p.engine, p.tp, p.args) == ("vllm", 2, ["--max-model-len", "32768"])
     assert list(AuditEntry.objects.order_by("id").values_list("object_type", "actor", "via")) == [
-        ("servedmodel", "deployer", "cli"),
+        ("model", "deployer", "cli"),
         ("profile", "deployer", "cli"),
     ]
     # Running it again changes nothing and records nothing.

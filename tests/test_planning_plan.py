@@ -1,4 +1,4 @@
-"""Planning a resize and a context change: every check, in DESIGN.md's order."""
+"""Planning a resize and a context change: every check, in docs/design.md's order."""
 
 from __future__ import annotations
 

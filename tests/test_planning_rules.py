@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from catalog.checkpoint import shape_from_config
 from catalog.errors import DomainError
 from catalog.planning.engines import engine
 from catalog.planning.rules import card_count, context_of, pick_profile, respread, splits_heads
 from catalog.planning.types import ModelSpec, ProfileSpec, Shape
+
+HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf-configs"
 
 
 def profile(
@@ -109,9 +115,28 @@ def test_splits_heads(kv, attention, n, ok):
     assert splits_heads(kv, attention, n) is ok
 
 
-@given(st.integers(1, 256), st.integers(1, 256), st.integers(1, 64))
-def test_the_head_rule_is_its_definition(kv, attention, n):
-    assert splits_heads(kv, attention, n) == ((kv % n == 0 or n % kv == 0) and attention % n == 0)
+# Real checkpoints (tests/fixtures/hf-configs), read as the importer reads them, and the card
+# counts vLLM's tensor parallelism takes or refuses for them: TP must divide the attention heads,
+# and the KV heads must split evenly over the cards or be replicated a whole number of times.
+REAL_SPLITS = [
+    (
+        "meta-llama__Llama-3.1-8B-Instruct",
+        {1: True, 2: True, 4: True, 8: True, 16: True, 3: False, 64: False},
+    ),
+    ("Qwen__Qwen2.5-7B", {1: True, 2: True, 4: True, 7: False, 8: False, 14: False}),
+    ("Qwen__Qwen3-30B-A3B", {4: True, 8: True, 32: True, 6: False, 64: False}),
+    ("google__gemma-3-27b-it", {2: True, 16: True, 32: True, 12: False}),
+    ("microsoft__Phi-3-mini-4k-instruct", {1: True, 8: True, 32: True, 3: False, 64: False}),
+    ("openai__gpt-oss-20b", {8: True, 16: True, 64: True, 3: False, 12: False}),
+]
+
+
+@pytest.mark.parametrize(("config", "cards"), REAL_SPLITS, ids=[c for c, _ in REAL_SPLITS])
+def test_the_head_split_of_real_checkpoints(config, cards):
+    raw = json.loads((HF_CONFIGS / f"{config}.json").read_text())
+    shape = shape_from_config(raw, source=f"{config}/config.json")
+    said = {n: splits_heads(shape.kv_heads, shape.attention_heads, n) for n in cards}
+    assert said == cards
 
 
 # -- respread --------------------------------------------------------------------

@@ -82,8 +82,11 @@ def assert_no_lost_update(p: Profile, applied: int) -> list[AuditEntry]:
     entries = list(AuditEntry.objects.filter(object_type="profile").order_by("id"))
     assert len(entries) == applied
     for earlier, later in zip(entries, entries[1:], strict=False):
+        assert later.before is not None and earlier.after is not None
         assert {f: later.before[f] for f in SERVING} == {f: earlier.after[f] for f in SERVING}
-    assert serving(p) == {f: entries[-1].after[f] for f in SERVING}
+    last = entries[-1].after
+    assert last is not None
+    assert serving(p) == {f: last[f] for f in SERVING}
     assert serving(p)["revision"] == 1 + applied
     assert verify_chain() == []
     return entries

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from agent_testing import free_port, running_fake_agent
 
 from catalog.models import Node, Replica
-from operations.agents import AgentClient, AgentError
+from operations.agents import AgentCallFailed, AgentClient
 from operations.services.runner import run_operation
 from operations.services.start import restart_start
-from tests.agent_helpers import free_port, running_fake_agent
 from tests.restart_support import (
     MODEL,
     answers,
@@ -81,7 +81,7 @@ def test_an_agent_in_trouble_fails_the_step_with_a_reason_and_nothing_is_left_ha
 
 def test_the_agent_client_says_what_went_wrong_in_a_sentence(tmp_path, settings):
     node = Node(name="gpu-z", agent_url=f"http://127.0.0.1:{free_port()}", agent_token="x")
-    with pytest.raises(AgentError) as down:
+    with pytest.raises(AgentCallFailed) as down:
         AgentClient.for_node(node, timeout=1).get("r1")
     assert down.value.code == "agent_down"
     assert str(down.value).startswith("The agent of node gpu-z (http://127.0.0.1:")
@@ -90,7 +90,7 @@ def test_the_agent_client_says_what_went_wrong_in_a_sentence(tmp_path, settings)
     )
 
     with running_fake_agent(tmp_path, status=200, delay=2) as slow:
-        with pytest.raises(AgentError) as late:
+        with pytest.raises(AgentCallFailed) as late:
             AgentClient(node="gpu-z", url=slow.base_url, token="x", timeout=0.5).start("r1", {})
         assert late.value.code == "agent_slow"
         assert "did not answer within 0.5 s while starting replica r1" in str(late.value)
@@ -100,7 +100,7 @@ def test_a_stop_of_a_replica_the_agent_does_not_know_counts_as_stopped(tmp_path,
     with fleet_of(tmp_path, nodes=("gpu-a",), cards=1) as fleet:
         client = AgentClient.for_node(fleet.nodes["gpu-a"])
         assert client.stop("never-started")["state"] == "stopped"
-        with pytest.raises(AgentError) as err:
+        with pytest.raises(AgentCallFailed) as err:
             client.get("never-started")
         assert err.value.code == "not_found"
         assert not Replica.objects.exists()

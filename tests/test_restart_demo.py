@@ -7,13 +7,13 @@ import sys
 
 import httpx
 import pytest
+from agent_testing import AGENT_DIR, REPO_ROOT, free_port, wait_until
 
 from catalog.management.commands.demo import agent_config, port_clashes
 from catalog.models import Profile
 from catalog.planning import engines
 from operations.services.specs import replica_spec
 from tests import builders as b
-from tests.agent_helpers import AGENT_DIR, REPO_ROOT, free_port, wait_until
 
 pytestmark = pytest.mark.django_db
 

@@ -53,7 +53,7 @@ def test_the_stale_replicas_are_restarted_by_default_with_one_step_each(llama, a
     assert (entry.actor, entry.via, entry.object_type, entry.object_key) == (
         "pytest",
         "cli",
-        "restartoperation",
+        "restart",
         str(op.pk),
     )
     assert entry.after["replicas"] == ["llama-1", "llama-3"]

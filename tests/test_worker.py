@@ -15,6 +15,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from agent_testing import wait_until
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
@@ -27,9 +28,9 @@ from operations.services.lease import Lease, OperationLost, claim
 from operations.services.runner import OperationRun, run_operation
 from operations.services.start import operation_cancel, restart_start
 from operations.tasks import enqueue_restart, operations_sweep, run_restart
-from tests.agent_helpers import wait_until
 from tests.restart_support import (
     MODEL,
+    Fleet,
     answers,
     assert_nothing_half_done,
     db_worker,
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.usefixtures("fast_restarts")
 Op = RestartOperation
 
 
-def launches(fleet, name: str) -> int:  # type: ignore[no-untyped-def]
+def launches(fleet: Fleet, name: str) -> int:
     """How many times the agents started a process for replica ``name`` (their log's header lines)."""
     count = 0
     for agent in fleet.agents.values():

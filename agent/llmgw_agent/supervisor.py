@@ -445,6 +445,7 @@ class Supervisor:
                     stat = proc_stat(record.pid) if record.pid else None
                     if (
                         stat
+                        and record.pid is not None
                         and record.starttime is not None
                         and stat[1] == record.starttime
                         and stat[0] not in "ZX"

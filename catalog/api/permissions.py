@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rest_framework import permissions
+
+if TYPE_CHECKING:  # DRF's settings import this module while rest_framework.views loads
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
 
 
 class ModelPermissionsWithRead(permissions.DjangoModelPermissions):
@@ -14,7 +20,7 @@ class ModelPermissionsWithRead(permissions.DjangoModelPermissions):
         "HEAD": [],
     }
 
-    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+    def has_permission(self, request: Request, view: APIView) -> bool:
         if not (request.user and request.user.is_authenticated):
             return False
         if getattr(view, "queryset", None) is None and not hasattr(view, "get_queryset"):
@@ -25,7 +31,7 @@ class ModelPermissionsWithRead(permissions.DjangoModelPermissions):
 class CanResize(permissions.BasePermission):
     message = "You need the 'resize model' permission to resize a model or change its context."
 
-    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+    def has_permission(self, request: Request, view: APIView) -> bool:
         return bool(
             request.user and request.user.is_authenticated and request.user.has_perm("catalog.resize_model")
         )
@@ -34,7 +40,7 @@ class CanResize(permissions.BasePermission):
 class CanRestart(permissions.BasePermission):
     message = "You need the 'restart model' permission to restart a model's replicas."
 
-    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+    def has_permission(self, request: Request, view: APIView) -> bool:
         return bool(
             request.user and request.user.is_authenticated and request.user.has_perm("catalog.restart_model")
         )

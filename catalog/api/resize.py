@@ -1,8 +1,6 @@
-"""The operations on a model: resize, context (and restart). Each calls its service."""
+"""Resize and context over the API: each a view with its input and output serializers, calling its service."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -10,38 +8,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from catalog.api.inputs import StrictInput, StrictIntegerField
 from catalog.api.permissions import CanResize
 from catalog.planning.types import ROOM_NODES_NAMED
 from catalog.services.resize import model_resize, model_set_context
 
 
-class StrictIntegerField(serializers.IntegerField):
-    """A JSON number that is a whole number: "4", 4.0 and true are refused, not coerced."""
-
-    default_error_messages = {"invalid": "must be a whole number (a JSON number such as 4), not {kind}."}
-
-    def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            kind = "true/false" if isinstance(data, bool) else f"{type(data).__name__} {data!r}"[:60]
-            self.fail("invalid", kind=kind)
-        return data
-
-
-class OperationInput(serializers.Serializer):
-    """Refuses fields it does not know, so a misspelt option is not silently ignored."""
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = (
-            sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
-        )
-        if unknown:
-            raise serializers.ValidationError(
-                f"unknown field(s) {', '.join(unknown)}; this operation takes {', '.join(self.fields)}."
-            )
-        return attrs
-
-
-class ResizeInput(OperationInput):
+class ResizeInput(StrictInput):
     gpus = StrictIntegerField(help_text="Cards one replica is to use, 1 to 64.")
     profile = serializers.CharField(
         required=False,
@@ -61,7 +34,7 @@ class ResizeInput(OperationInput):
     )
 
 
-class ContextInput(OperationInput):
+class ContextInput(StrictInput):
     tokens = StrictIntegerField(help_text="Context length in tokens, 1 to the model's.")
     profile = serializers.CharField(required=False, allow_blank=True, default="")
     in_place = serializers.BooleanField(required=False, default=False)
@@ -75,7 +48,9 @@ class MemorySerializer(serializers.Serializer):
     overhead = serializers.IntegerField(help_text="The engine's overhead on each card, bytes.")
     need = serializers.IntegerField()
     budget = serializers.IntegerField(allow_null=True, help_text="The class's usable memory per card, bytes.")
-    context = serializers.IntegerField()
+    # DRF's metaclass moves declared fields off the class, so this field does not shadow
+    # Serializer.context at run time; the stubs cannot know that, and the API's key is "context".
+    context = serializers.IntegerField()  # type: ignore[assignment]
     fits = serializers.BooleanField()
 
 

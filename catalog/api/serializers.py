@@ -8,6 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel
+from catalog.planning.types import SHAPE_FIELDS
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -22,7 +23,9 @@ class GPUClassSerializer(serializers.ModelSerializer):
 
 
 class CardSerializer(serializers.ModelSerializer):
-    gpu_class = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    gpu_class: serializers.SlugRelatedField[GPUClass] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     replica = serializers.SerializerMethodField()
 
     class Meta:
@@ -79,21 +82,6 @@ class ProfileInModelSerializer(ProfileSerializer):
         fields = [f for f in ProfileSerializer.Meta.fields if f != "model"]
 
 
-SHAPE_FIELDS = [
-    "layers",
-    "attention_heads",
-    "kv_heads",
-    "head_dim",
-    "dtype",
-    "attention",
-    "kv_bytes_per_token",
-    "weight_bytes",
-    "expert_bytes",
-    "sliding_window",
-    "sliding_layers",
-]
-
-
 class ServedModelSerializer(serializers.ModelSerializer):
     profiles = ProfileInModelSerializer(many=True, read_only=True)
 
@@ -129,7 +117,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
         read_only_fields = ["state", "revision"]
 
     def get_stale(self, replica: Replica) -> bool:
-        return replica.revision < replica.profile.revision
+        return replica.is_stale
 
     @extend_schema_field(ShardSerializer(many=True))
     def get_shards(self, replica: Replica) -> list[dict[str, Any]]:

@@ -157,7 +157,9 @@ def generate(sizes: Sizes, *, say: Callable[[str], None] = print) -> dict[str, i
             for i in range(sizes.models)
         }
 
-        have = set(Profile.objects.filter(model__name__startswith=PREFIX).values_list("model__name", "name"))
+        have_profiles = set(
+            Profile.objects.filter(model__name__startswith=PREFIX).values_list("model__name", "name")
+        )
         layouts = [("one", 1, "vllm"), ("two", 2, "vllm"), ("four", 4, "sglang")]
         new_profiles = [
             Profile(
@@ -171,7 +173,7 @@ def generate(sizes: Sizes, *, say: Callable[[str], None] = print) -> dict[str, i
             )
             for name in model_class
             for pname, n, engine in layouts
-            if (name, pname) not in have
+            if (name, pname) not in have_profiles
         ]
         _bulk(Profile, new_profiles)
         step("profiles", len(new_profiles))

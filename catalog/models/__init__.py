@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from catalog.models.fleet import Card, GPUClass, Node
-from catalog.models.serving import Profile, Replica, ServedModel, Shard
+from catalog.models.serving import Profile, Replica, ServedModel, Shard, live_replicas_q, stale_replicas_q
 
 __all__ = [
     "Card",
@@ -11,4 +11,6 @@ __all__ = [
     "Replica",
     "ServedModel",
     "Shard",
+    "live_replicas_q",
+    "stale_replicas_q",
 ]

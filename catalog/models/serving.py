@@ -156,6 +156,19 @@ class Replica(models.Model):
     def is_live(self) -> bool:
         return self.state in self.LIVE_STATES
 
+    @property
+    def is_stale(self) -> bool:
+        """It runs an older revision than its profile's (``stale_replicas_q`` in a query)."""
+        return self.revision < self.profile.revision
+
+    @property
+    def placement(self) -> list[tuple[str, list[int]]]:
+        """Each node it holds cards on, with their indices (prefetch ``shards__card__node``)."""
+        nodes: dict[str, list[int]] = {}
+        for shard in self.shards.all():
+            nodes.setdefault(shard.card.node.name, []).append(shard.card.index)
+        return list(nodes.items())
+
 
 class Shard(models.Model):
     """One card a replica holds. A card is held by at most one replica."""
@@ -170,6 +183,12 @@ class Shard(models.Model):
         return f"{self.replica.name} on {self.card}"
 
 
-def stale_replicas_q() -> Q:
-    """Replicas running an older revision than their profile's."""
-    return Q(revision__lt=F("profile__revision"))
+def live_replicas_q(through: str = "") -> Q:
+    """Replicas that run or are coming up (``Replica.is_live``); ``through`` is
+    the path to them from another model, e.g. ``"profiles__replicas__"``."""
+    return Q(**{f"{through}state__in": Replica.LIVE_STATES})
+
+
+def stale_replicas_q(through: str = "") -> Q:
+    """Replicas running an older revision than their profile's (``Replica.is_stale``)."""
+    return Q(**{f"{through}revision__lt": F(f"{through}profile__revision")})

@@ -97,7 +97,7 @@ def load_registry(path: Path | None = None) -> dict[str, Engine]:
         if isinstance(value, dict):
             tables[key] = value
         elif key in _SHARED:
-            shared[key] = _env_names(value, lambda problem, key=key: fail("the top level", key, problem))
+            shared[key] = _env_names(value, functools.partial(fail, "the top level", key))
         else:
             raise fail("the top level", key, f"unknown; expected an engine table or one of {sorted(_SHARED)}")
     if not tables:
@@ -110,7 +110,7 @@ def load_registry(path: Path | None = None) -> dict[str, Engine]:
             table,
             everywhere=shared.get("refused_env_everywhere", ()),
             reserved=shared.get("reserved_env", ()),
-            fail=lambda key, problem, name=name: fail(f"engine {name!r}", key, problem),
+            fail=functools.partial(fail, f"engine {name!r}"),
         )
     return engines
 

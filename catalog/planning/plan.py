@@ -1,5 +1,5 @@
 """The two planned changes: a model to N cards, and a model to T tokens of
-context. Each runs every check in DESIGN.md's order and answers with the
+context. Each runs every check in docs/design.md's order ("Resize") and answers with the
 ``Change``, or refuses with a ``DomainError`` carrying the part of the change
 worked out so far.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from catalog.errors import DomainError
+from catalog.errors import DomainError, declared
+from catalog.notes import Notes
 from catalog.planning.engines import Engine, engine, parse_capability, refused, with_context
 from catalog.planning.memory import card_memory, longest_context_that_fits
 from catalog.planning.room import room_for
@@ -27,20 +28,6 @@ CONTEXT_CHANGE = (
 MAX_UNKNOWN_CONTEXT = 2**24
 
 
-class _Notes:
-    """What could not be checked, each thing said once, in the order found."""
-
-    def __init__(self) -> None:
-        self._sentences: list[str] = []
-
-    def add(self, sentence: str) -> None:
-        if sentence not in self._sentences:
-            self._sentences.append(sentence)
-
-    def text(self) -> str:
-        return " ".join(self._sentences)
-
-
 def _is_count(value: object) -> bool:
     # bool is an int subclass; True is not a card count.
     return isinstance(value, int) and not isinstance(value, bool)
@@ -48,25 +35,19 @@ def _is_count(value: object) -> bool:
 
 def _refuse_declared(model: ModelSpec) -> None:
     if model.declared:
-        where = f" ({model.declared_in})" if model.declared_in else ""
-        raise DomainError(
-            "declared",
-            f"{model.name} is declared in the cluster's settings file and is read-only here; "
-            f"change it there{where}.",
-            status=409,
-        )
+        raise declared(model.name, model.declared_in or "the cluster's settings file")
 
 
-def _with_change(err: DomainError, change: Change, notes: _Notes) -> DomainError:
+def _with_change(err: DomainError, change: Change, notes: Notes) -> DomainError:
     """``err`` again, carrying the change worked out so far."""
     return DomainError(err.code, err.message, status=err.status, change=_finish(change, notes).as_dict())
 
 
-def _finish(change: Change, notes: _Notes) -> Change:
+def _finish(change: Change, notes: Notes) -> Change:
     return replace(change, note=notes.text())
 
 
-def _refuse_forbidden(eng: Engine, p: ProfileSpec, change: Change, notes: _Notes) -> None:
+def _refuse_forbidden(eng: Engine, p: ProfileSpec, change: Change, notes: Notes) -> None:
     """The new profile must pass the registry's refusals, as its save will: a
     dry run never approves what the real change then refuses (the registry may
     have learnt a refusal since the profile was saved)."""
@@ -79,7 +60,7 @@ def _refuse_forbidden(eng: Engine, p: ProfileSpec, change: Change, notes: _Notes
         )
 
 
-def _engine_of(p: ProfileSpec, change: Change, notes: _Notes) -> Engine:
+def _engine_of(p: ProfileSpec, change: Change, notes: Notes) -> Engine:
     try:
         return engine(p.engine)
     except DomainError as err:
@@ -87,7 +68,7 @@ def _engine_of(p: ProfileSpec, change: Change, notes: _Notes) -> Engine:
 
 
 def _check_class(
-    eng: Engine, p: ProfileSpec, spec: GPUClassSpec | None, change: Change, notes: _Notes
+    eng: Engine, p: ProfileSpec, spec: GPUClassSpec | None, change: Change, notes: Notes
 ) -> int | None:
     """The class's usable bytes a card (None: unknown), after refusing a class
     older than the engine needs (400 ``capability``)."""
@@ -198,7 +179,7 @@ def _check_memory(
     context: int | None,
     budget: int | None,
     change: Change,
-    notes: _Notes,
+    notes: Notes,
     heads_checked: bool | None,
 ) -> Change:
     note = _unknown_note(model, context, heads_checked=heads_checked)
@@ -236,7 +217,7 @@ def _check_room(
     running: int,
     in_place: bool,
     change: Change,
-    notes: _Notes,
+    notes: Notes,
 ) -> Change:
     assert p.gpu_class is not None  # pick_profile never answers a CPU-only profile
     try:
@@ -257,7 +238,7 @@ def plan_resize(
     running: int,
 ) -> Change:
     """The change that spreads ``model``'s profile over ``gpus`` cards of one
-    node, after every check of DESIGN.md's "Resize", in its order.
+    node, after every check of docs/design.md's "Resize", in its order.
 
     Refusals: ``declared`` (409), ``gpus_range``, the profile's
     (``no_profile``, ``cpu_only``, ``ambiguous_profile``), ``unknown_engine``,
@@ -273,7 +254,7 @@ def plan_resize(
         raise DomainError("gpus_range", f"A replica uses 1 to {MAX_CARDS} cards; {gpus!r} was asked for.")
 
     p = pick_profile(model, profile)
-    notes = _Notes()
+    notes = Notes()
     change = Change(
         model=model.name,
         profile=p.name,
@@ -348,7 +329,7 @@ def plan_context(
         )
 
     p = pick_profile(model, profile)
-    notes = _Notes()
+    notes = Notes()
     change = Change(
         model=model.name,
         profile=p.name,

@@ -18,6 +18,24 @@ ROOM_NODES_NAMED = 10
 ChangeKind = Literal["gpus", "context"]
 
 
+# What a checkpoint tells of a model's size: the one list of these fields, by the names that the
+# catalog's model, the planner's Shape, the checkpoint reader, the API and the cluster's settings
+# file all use (tests/test_shape_fields.py holds each of them to it).
+SHAPE_FIELDS = (
+    "layers",
+    "attention_heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "attention",
+    "kv_bytes_per_token",
+    "weight_bytes",
+    "expert_bytes",
+    "sliding_window",
+    "sliding_layers",
+)
+
+
 @dataclass(frozen=True)
 class Shape:
     """What the checkpoint says about a model's size; any figure may be unknown.
@@ -32,6 +50,7 @@ class Shape:
     attention_heads: int | None = None
     kv_heads: int | None = None
     head_dim: int | None = None
+    dtype: str | None = None  # the weights' (the planner counts bytes, not this)
     attention: str | None = None  # one of Attention, or unknown
     kv_bytes_per_token: int | None = None
     weight_bytes: int | None = None
@@ -69,8 +88,8 @@ class ProfileSpec:
 class ModelSpec:
     """A served model as the planner needs it.
 
-    ``declared_in`` says where a declared model is changed (e.g. the settings
-    file and the command that edits it).
+    ``declared_in`` is the settings file that declares a declared model, where
+    it is changed.
     """
 
     name: str
@@ -203,7 +222,7 @@ class Change:
     operation: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """The API's keys (DESIGN.md, "Resize"), plus ``kind``, ``memory`` and ``room``."""
+        """The API's keys (docs/design.md, "Resize"), plus ``kind``, ``memory`` and ``room``."""
         return {
             "model": self.model,
             "profile": self.profile,

@@ -16,7 +16,7 @@ from django.db.models.deletion import ProtectedError
 
 from audit.actor import Actor
 from audit.services import audit_record, changed_fields, snapshot
-from catalog.errors import DomainError, conflict
+from catalog.errors import DomainError, conflict, declared
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 
 M = TypeVar("M", bound=models.Model)
@@ -36,12 +36,7 @@ def validation_sentence(exc: ValidationError) -> str:
 
 
 def declared_refusal(model: ServedModel) -> DomainError:
-    where = model.declared_in or settings.LLMGW_CLUSTER_SETTINGS
-    return conflict(
-        "declared",
-        f"Model {model.name} is declared in the cluster's settings ({where}) and is read-only here: "
-        "change it in that file, then run `python manage.py sync_cluster_settings`.",
-    )
+    return declared(model.name, model.declared_in or settings.LLMGW_CLUSTER_SETTINGS)
 
 
 def ensure_not_declared(model: ServedModel | None) -> None:
@@ -49,18 +44,25 @@ def ensure_not_declared(model: ServedModel | None) -> None:
         raise declared_refusal(model)
 
 
+# The audit log names what changed in the operators' words: a "model", not a "servedmodel".
+_OPERATOR_WORDS = {"servedmodel": "model"}
+
+
 def _object_type(instance: models.Model) -> str:
-    return instance._meta.model_name or type(instance).__name__.lower()
+    name = instance._meta.model_name or type(instance).__name__.lower()
+    return _OPERATOR_WORDS.get(name, name)
 
 
 def _object_key(instance: models.Model) -> str:
     """The name when it alone identifies the object (a node, a model), else its
     full string ("llama/h100" for a profile, "gpu-1#3" for a card)."""
     try:
-        unique_name = instance._meta.get_field("name").unique
+        field = instance._meta.get_field("name")
     except FieldDoesNotExist:
-        unique_name = False
-    return str(instance.name) if unique_name else str(instance)  # type: ignore[attr-defined]
+        return str(instance)
+    if isinstance(field, models.Field) and field.unique:
+        return str(field.value_from_object(instance))
+    return str(instance)
 
 
 def _save(

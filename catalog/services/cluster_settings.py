@@ -11,26 +11,10 @@ from django.db import transaction
 
 from catalog.errors import DomainError
 from catalog.models import GPUClass, Profile, ServedModel
+from catalog.planning.types import SHAPE_FIELDS
 from catalog.services.catalog import model_save, profile_delete, profile_save
 
-MODEL_KEYS = {
-    "name",
-    "source",
-    "context_length",
-    "checkpoint",
-    "profiles",
-    "layers",
-    "attention_heads",
-    "kv_heads",
-    "head_dim",
-    "dtype",
-    "attention",
-    "kv_bytes_per_token",
-    "weight_bytes",
-    "expert_bytes",
-    "sliding_window",
-    "sliding_layers",
-}
+MODEL_KEYS = {"name", "source", "context_length", "checkpoint", "profiles", *SHAPE_FIELDS}
 PROFILE_KEYS = {"name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env"}
 
 
@@ -86,9 +70,7 @@ def load_cluster_settings(path: Path) -> list[dict[str, Any]]:
 
 
 def _shape_of(path: Path, m: dict[str, Any]) -> dict[str, Any]:
-    shape = {
-        k: v for k, v in m.items() if k not in {"name", "source", "context_length", "checkpoint", "profiles"}
-    }
+    shape = {k: m[k] for k in SHAPE_FIELDS if k in m}
     if "checkpoint" in m:
         from catalog.checkpoint import read_checkpoint
 

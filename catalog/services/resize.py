@@ -16,7 +16,7 @@ from django.db import OperationalError, connection, transaction
 from audit.actor import Actor
 from catalog import selectors
 from catalog.errors import DomainError, conflict, not_found
-from catalog.models import Profile, ServedModel
+from catalog.models import Profile, ServedModel, stale_replicas_q
 from catalog.planning import Change, plan_context, plan_resize
 from catalog.services.catalog import profile_save
 from operations.models import RestartOperation
@@ -80,9 +80,7 @@ def _apply(model: ServedModel, change: Change, *, action: str, message: str, act
     )
     profile.args, profile.env = list(new.args), dict(new.env)
     profile = profile_save(instance=profile, action=action, message=message, actor=actor)
-    stale = list(
-        selectors.live_replicas(profile).filter(revision__lt=profile.revision).values_list("name", flat=True)
-    )
+    stale = list(selectors.live_replicas(profile).filter(stale_replicas_q()).values_list("name", flat=True))
     if not stale:
         return change
     # In the same transaction: the restart is recorded with the change, and its
@@ -145,7 +143,7 @@ def model_resize(
 ) -> Change:
     """Spread ``name``'s profile over ``gpus`` cards of one node.
 
-    Every check of DESIGN.md's "Resize" runs, in its order; a refusal raises
+    Every check of docs/design.md's "Resize" runs, in its order; a refusal raises
     DomainError and saves nothing. ``dry_run`` runs them all and saves nothing.
     """
     return _change_model(

@@ -17,7 +17,7 @@ RESTART = "catalog.restart_model"
 def wants_partial(request: HttpRequest) -> bool:
     """An htmx request for a fragment; not a history restore, which needs the whole page."""
     htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.history_restore_request and not htmx.boosted
+    return htmx is not None and bool(htmx) and not htmx.history_restore_request and not htmx.boosted
 
 
 def render_page(

@@ -158,7 +158,7 @@ def profile_memory(model: ServedModel, profiles: list[Profile]) -> list[ProfileM
             out.append(ProfileMemory(p, None, None, err.message))
             continue
         context = context_of(spec, profile_spec(p), eng)
-        if p.gpu_class_id is None:
+        if p.gpu_class is None:
             out.append(ProfileMemory(p, context, None, "Runs on CPUs: no card memory."))
             continue
         memory = card_memory(eng, spec.shape, p.cards, context, p.gpu_class.usable_bytes)

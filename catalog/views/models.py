@@ -16,7 +16,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, F, Prefetch, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from catalog.errors import DomainError
 from catalog.forms import CPU, ContextForm, ModelFilterForm, ResizeForm
-from catalog.models import Profile, Replica, ServedModel, Shard
+from catalog.models import Profile, Replica, ServedModel, Shard, live_replicas_q, stale_replicas_q
 from catalog.planning import Change
 from catalog.services.resize import model_resize, model_set_context
 from catalog.views.common import (
@@ -38,20 +38,19 @@ from catalog.views.common import (
 from catalog.views.display import Preview, hue, profile_memory, shape_facts
 from operations import views as operation_views
 
-LIVE = Replica.LIVE_STATES
 PAGE_SIZE = 50  # models on a page of the list: it pages and filters, whatever the catalog's size
 
 
 def _usage() -> dict[str, Count]:
     """Cards in use, live and stale replicas: cards in use are those held by live replicas; a
     replica is stale when it runs an older revision than its profile's."""
-    live = Q(profiles__replicas__state__in=LIVE)
+    live = live_replicas_q("profiles__replicas__")
     return {
         "cards_in_use": Count("profiles__replicas__shards", filter=live, distinct=True),
         "live_replicas": Count("profiles__replicas", filter=live, distinct=True),
         "stale_replicas": Count(
             "profiles__replicas",
-            filter=live & Q(profiles__replicas__revision__lt=F("profiles__revision")),
+            filter=live & stale_replicas_q("profiles__replicas__"),
             distinct=True,
         ),
     }
@@ -99,8 +98,6 @@ def model_list(request: HttpRequest) -> HttpResponse:
     filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
     page = Paginator(models_matching(filters).only("pk"), PAGE_SIZE).get_page(request.GET.get("page"))
     models = models_with_usage(list(page.object_list))
-    for m in models:
-        m.hue = hue(m.pk)
     query = request.GET.copy()
     query.pop("page", None)
     return render_page(
@@ -120,19 +117,12 @@ def model_list(request: HttpRequest) -> HttpResponse:
 
 def _replicas_of(model: ServedModel) -> list[Replica]:
     shards = Prefetch("shards", queryset=Shard.objects.select_related("card__node").order_by("card__index"))
-    replicas = list(
+    return list(
         Replica.objects.filter(profile__model=model)
         .select_related("profile")
         .prefetch_related(shards)
         .order_by("profile__name", "name")
     )
-    for r in replicas:
-        r.stale = r.revision < r.profile.revision
-        nodes: dict[str, list[int]] = {}
-        for s in r.shards.all():
-            nodes.setdefault(s.card.node.name, []).append(s.card.index)
-        r.placement = [(node, indices) for node, indices in nodes.items()]
-    return replicas
 
 
 def _detail_context(
@@ -167,7 +157,7 @@ def _detail_context(
         "memories": memories,
         "on_cards": on_cards,
         "replicas": replicas,
-        "stale_live": sum(r.stale and r.is_live for r in replicas),
+        "stale_live": sum(r.is_stale and r.is_live for r in replicas),
         "can_resize": can_resize,
         "can_restart": request.user.has_perm(RESTART),
         "resize_form": resize_form if can_resize else None,

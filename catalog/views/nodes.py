@@ -36,7 +36,7 @@ class Tile(NamedTuple):
     """One card as the grid shows it (a row of ``selectors.CARD_ROW``)."""
 
     node_id: int
-    index: int
+    card: int  # the card's index on its node
     gpu_class: str
     replica: str | None
     state: str | None
@@ -89,19 +89,19 @@ def tiles_html(tiles: list[Tile], links: ModelLinks, *, compact: bool = False) -
     for t in tiles:
         if compact:
             if t.free:
-                out.append(f'<i class="free" title="card {t.index}: free"></i>')
+                out.append(f'<i class="free" title="card {t.card}: free"></i>')
             else:
-                out.append(f'<i class="{hue(t.model_id)}" title="card {t.index}: {escape(t.model)}"></i>')
+                out.append(f'<i class="{hue(t.model_id)}" title="card {t.card}: {escape(t.model)}"></i>')
         elif t.free:
             out.append(
-                f'<li class="card free"><span class="idx">card {t.index}</span><span class="holder">free</span></li>'
+                f'<li class="card free"><span class="idx">card {t.card}</span><span class="holder">free</span></li>'
             )
         else:
             rep, state = escape(t.replica), escape(t.state)
             busy = "" if t.state == "ready" else f" · {state}"
             out.append(
-                f'<li class="card held {hue(t.model_id)}"><span class="idx">card {t.index}</span>'
-                f'<a class="holder" href="{links(t.model)}">{escape(t.model)}</a>'
+                f'<li class="card held {hue(t.model_id)}"><span class="idx">card {t.card}</span>'
+                f'<a class="holder" href="{links(t.model or "")}">{escape(t.model)}</a>'
                 f'<span class="rep" title="{rep}, {state}">{rep}{busy}</span></li>'
             )
     return mark_safe("".join(out))  # noqa: S308 - every name above is escaped
@@ -189,8 +189,6 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     grid = grids([node], rows)[0]
     replicas = []
     for replica, indices in held.values():
-        replica.stale = replica.revision < replica.profile.revision
-        replica.hue = hue(replica.profile.model_id)
         replicas.append((replica, indices))
     replicas.sort(key=lambda pair: pair[0].name)
     return render_page(

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import django_filters
-from django.db.models import Prefetch, QuerySet
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -13,28 +10,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from catalog.api.inputs import StrictInput, StrictIntegerField, StrictNumberField
 from catalog.api.permissions import CanRestart
-from catalog.api.resize import OperationInput, StrictIntegerField
 from catalog.api.serializers import ErrorSerializer
+from catalog.models import Profile, Replica, ServedModel
 from operations.models import RestartOperation, RestartStep
+from operations.selectors import operations_with_steps
 from operations.services.start import MAX_PARALLEL, MAX_READY_TIMEOUT, operation_cancel, restart_start
 
 
-class StrictNumberField(serializers.FloatField):
-    """A JSON number: "600" and true are refused, not coerced."""
-
-    default_error_messages = {
-        "invalid": "must be a number of seconds (a JSON number such as 600), not {kind}."
-    }
-
-    def to_internal_value(self, data: Any) -> float:
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            kind = "true/false" if isinstance(data, bool) else f"{type(data).__name__} {data!r}"[:60]
-            self.fail("invalid", kind=kind)
-        return super().to_internal_value(data)
-
-
-class RestartInput(OperationInput):
+class RestartInput(StrictInput):
     replicas = serializers.ListField(
         child=serializers.CharField(),
         required=False,
@@ -66,8 +51,12 @@ class RestartInput(OperationInput):
 
 
 class RestartStepSerializer(serializers.ModelSerializer):
-    old_replica = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    new_replica = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    old_replica: serializers.SlugRelatedField[Replica] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    new_replica: serializers.SlugRelatedField[Replica] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     cards = serializers.ListField(child=serializers.IntegerField(), read_only=True)
 
     class Meta:
@@ -87,8 +76,12 @@ class RestartStepSerializer(serializers.ModelSerializer):
 
 
 class RestartOperationSerializer(serializers.ModelSerializer):
-    model = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    profile = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    model: serializers.SlugRelatedField[ServedModel] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    profile: serializers.SlugRelatedField[Profile] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     requested_by = serializers.CharField(
         source="requested_by_name", read_only=True, help_text="Who asked (the user, or the command's name)."
     )
@@ -118,13 +111,6 @@ class RestartOperationSerializer(serializers.ModelSerializer):
             "cancel_requested",
             "steps",
         ]
-
-
-def operations_queryset() -> QuerySet[RestartOperation]:
-    steps = RestartStep.objects.select_related("old_replica", "new_replica").order_by("id")
-    return RestartOperation.objects.select_related("model", "profile").prefetch_related(
-        Prefetch("steps", steps)
-    )
 
 
 _refusals = {
@@ -164,7 +150,7 @@ class RestartView(APIView):
             max_parallel=v["max_parallel"],
             ready_timeout=v["ready_timeout"],
         )
-        operation = operations_queryset().get(pk=operation.pk)
+        operation = operations_with_steps().get(pk=operation.pk)
         return Response(RestartOperationSerializer(operation).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -181,7 +167,7 @@ class OperationFilter(django_filters.FilterSet):
     retrieve=extend_schema(summary="A restart operation with its steps"),
 )
 class OperationViewSet(viewsets.ReadOnlyModelViewSet):
-    queryset = operations_queryset()
+    queryset = operations_with_steps()
     serializer_class = RestartOperationSerializer
     filterset_class = OperationFilter
     lookup_value_regex = r"\d+"
@@ -200,4 +186,4 @@ class OperationViewSet(viewsets.ReadOnlyModelViewSet):
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         operation_id = int(pk or 0)
         operation_cancel(operation_id=operation_id)
-        return Response(RestartOperationSerializer(operations_queryset().get(pk=operation_id)).data)
+        return Response(RestartOperationSerializer(operations_with_steps().get(pk=operation_id)).data)

@@ -119,7 +119,7 @@ def claim(operation_id: int, worker: str) -> RestartOperation | None:
         if previous:
             audit_record(
                 action="restart_takeover",
-                object_type="restartoperation",
+                object_type="restart",
                 object_key=str(op.pk),
                 object_repr=str(op),
                 before={"worker": previous},

@@ -13,7 +13,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db.models import Max
 
-from catalog.models import Card, Node, Profile, Replica, ServedModel, Shard
+from catalog.models import Card, Node, Profile, Replica, ServedModel, Shard, live_replicas_q
 from llmgw_web.db import hold_lock
 from operations.models import RestartStep
 
@@ -41,9 +41,9 @@ def free_port(node: Node, *, after: int | None = None) -> int:
     Nodes whose agents share a host (the demo, the tests) share its ports.
     """
     same_host = [n.pk for n in Node.objects.all() if n.agent_host == node.agent_host]
-    highest = Replica.objects.filter(
-        state__in=Replica.LIVE_STATES, shards__card__node__in=same_host
-    ).aggregate(top=Max("port"))["top"]
+    highest = Replica.objects.filter(live_replicas_q(), shards__card__node__in=same_host).aggregate(
+        top=Max("port")
+    )["top"]
     base = settings.LLMGW_REPLICA_PORT_BASE
     port = base if highest is None or highest < base else highest + 1
     return port if after is None else max(port, after + 1)
@@ -56,9 +56,7 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
     node going down does not take every replica of a model with it."""
     need = profile.cards
     siblings = set(
-        Shard.objects.filter(
-            replica__profile__model_id=profile.model_id, replica__state__in=Replica.LIVE_STATES
-        )
+        Shard.objects.filter(live_replicas_q("replica__"), replica__profile__model_id=profile.model_id)
         .exclude(replica=replacing)
         .values_list("card__node_id", flat=True)
     )

@@ -40,7 +40,7 @@ from django.utils import timezone
 from audit.actor import Actor, acting_as
 from audit.services import audit_record, snapshot
 from catalog.models import Card, Node, Profile, Replica, Shard
-from operations.agents import AgentClient, AgentError, describe_failure
+from operations.agents import AgentCallFailed, AgentClient, describe_failure
 from operations.models import RestartOperation, RestartStep
 from operations.services.lease import Lease, OperationLost, claim, worker_name
 from operations.services.placement import (
@@ -90,6 +90,22 @@ class StepFailed(Exception):
         super().__init__(reason)
         self.reason = reason
         self.started = started  # False: the agent certainly did not start the replacement
+
+
+def _replaced(step: RestartStep) -> Replica:
+    """The replica the step replaces, as the step loaded it."""
+    if step.old_replica is None:
+        raise StepFailed("The replica this step restarts was removed from the catalog.", started=False)
+    return step.old_replica
+
+
+def _replacement(step: RestartStep) -> tuple[Replica, dict[str, Any]]:
+    """The step's replacement and the spec recorded for it."""
+    if step.new_replica is None or step.spec is None:
+        raise StepFailed(
+            "The replacement recorded for this step was removed from the catalog.", started=False
+        )
+    return step.new_replica, step.spec
 
 
 def _threads_can_share_the_database() -> bool:
@@ -344,7 +360,7 @@ class OperationRun:
                 revision=profile.revision,
             )
             Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
-            old = step.old_replica
+            old = _replaced(step)
             audit_record(
                 action="start",
                 object_type="replica",
@@ -376,16 +392,18 @@ class OperationRun:
         return write()
 
     def _roll(self, step: RestartStep) -> str:
+        new, spec = _replacement(step)
         try:
-            self._launch_and_wait(step, step.new_replica, step.spec)
+            self._launch_and_wait(step, new, spec)
         except StepFailed as exc:
-            old = step.old_replica
             reason = self._stop_replacement(step, exc)
-            return self._finish_step(step, RestartStep.State.FAILED, f"{reason} {old.name} keeps serving.")
+            return self._finish_step(
+                step, RestartStep.State.FAILED, f"{reason} {_replaced(step).name} keeps serving."
+            )
         return self._stop_old(step)
 
     def _stop_old(self, step: RestartStep) -> str:
-        old, new = step.old_replica, step.new_replica
+        old, (new, _) = _replaced(step), _replacement(step)
         if step.state != RestartStep.State.STOPPING:
             self._set_step(
                 step, state=RestartStep.State.STOPPING, reason=f"{new.name} is ready; stopping {old.name}"
@@ -396,7 +414,7 @@ class OperationRun:
             if node is not None:
                 try:
                     self._agent(node).stop(old.name)
-                except AgentError as exc:
+                except AgentCallFailed as exc:
                     return self._finish_step(
                         step,
                         RestartStep.State.FAILED,
@@ -419,12 +437,12 @@ class OperationRun:
     # in place
 
     def _stop_then_start(self, step: RestartStep) -> str:
-        old = Replica.objects.get(pk=step.old_replica_id)
+        old = Replica.objects.get(pk=_replaced(step).pk)
         node = Node.objects.get(name=step.node)
         if old.is_live:
             try:
                 self._agent(node).stop(old.name)
-            except AgentError as exc:
+            except AgentCallFailed as exc:
                 return self._finish_step(
                     step,
                     RestartStep.State.FAILED,
@@ -501,20 +519,20 @@ class OperationRun:
         return self._wait_in_place(step)
 
     def _wait_in_place(self, step: RestartStep) -> str:
+        new, spec = _replacement(step)
         try:
-            self._launch_and_wait(step, step.new_replica, step.spec)
+            self._launch_and_wait(step, new, spec)
         except StepFailed as exc:
             return self._restore(step, self._stop_replacement(step, exc))
         return self._finish_step(
             step,
             RestartStep.State.SUCCEEDED,
-            f"{step.old_replica.name} replaced in place by {step.new_replica.name} on "
-            f"{step.node} cards {step.cards}.",
+            f"{_replaced(step).name} replaced in place by {new.name} on {step.node} cards {step.cards}.",
         )
 
     def _restore(self, step: RestartStep, reason: str) -> str:
         """Start the old replica again, with the spec it ran, on its cards."""
-        old = Replica.objects.get(pk=step.old_replica_id)
+        old = Replica.objects.get(pk=_replaced(step).pk)
         if not step.old_spec:
             return self._finish_step(
                 step,
@@ -575,13 +593,13 @@ class OperationRun:
         """Stop a replica on its agent; '' when done, else the reason it could not be."""
         try:
             self._agent(node).stop(name)
-        except AgentError as exc:
+        except AgentCallFailed as exc:
             return exc.message
         return ""
 
     def _stop_replacement(self, step: RestartStep, failure: StepFailed) -> str:
         """Stop a replacement that did not come up; record it failed, cards released. Returns the reason."""
-        new = Replica.objects.get(pk=step.new_replica_id)
+        new = Replica.objects.get(pk=_replacement(step)[0].pk)
         reason = failure.reason
         self._set_step(step, reason=reason)  # kept, should this worker die while it cleans up
         if failure.started:
@@ -614,7 +632,7 @@ class OperationRun:
             try:
                 state = agent.start(replica.name, spec)
                 break
-            except AgentError as exc:
+            except AgentCallFailed as exc:
                 if exc.agent_code == "port_busy" and movable and attempt + 1 < PORT_TRIES:
                     # Another program on the node holds the port: a replacement nobody
                     # uses yet may as well take the next one.
@@ -669,7 +687,7 @@ class OperationRun:
             try:
                 state = agent.get(replica.name, wait=wait, unless=now_state)
                 errors = 0
-            except AgentError as exc:
+            except AgentCallFailed as exc:
                 errors += 1
                 if errors >= POLL_ERRORS_ALLOWED or exc.code in ("agent_token", "not_found"):
                     raise StepFailed(f"{replica.name} could not be watched: {exc.message}") from None
@@ -776,7 +794,7 @@ class OperationRun:
             summary = f"{len(ok)} of {len(steps)} replica(s) restarted"
             if bad:
                 first = bad[0]
-                name = first.old_replica.name if first.old_replica_id else f"step {first.pk}"
+                name = first.old_replica.name if first.old_replica is not None else f"step {first.pk}"
                 summary += f"; {name}: {first.reason.splitlines()[0] if first.reason else 'failed'}"
                 if len(bad) > 1:
                     summary += f" (and {len(bad) - 1} more failed)"
@@ -789,7 +807,7 @@ class OperationRun:
             current.save(update_fields=["state", "finished_at", "reason", "heartbeat_at"])
             audit_record(
                 action="restart_finish",
-                object_type="restartoperation",
+                object_type="restart",
                 object_key=str(op.pk),
                 object_repr=str(current),
                 before=before,

@@ -17,8 +17,7 @@ from django.utils import timezone
 from audit.actor import Actor, current_actor
 from audit.services import audit_record
 from catalog.errors import DomainError, conflict, not_found
-from catalog.models import Profile, Replica, ServedModel
-from catalog.models.serving import stale_replicas_q
+from catalog.models import Profile, Replica, ServedModel, live_replicas_q, stale_replicas_q
 from catalog.planning import engines
 from operations.models import RestartOperation, RestartStep
 from operations.tasks import enqueue_restart
@@ -43,9 +42,7 @@ def _operation_after(op: RestartOperation, names: list[str]) -> dict[str, Any]:
 
 
 def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replica]:
-    live = Replica.objects.filter(profile__model=model, state__in=Replica.LIVE_STATES).select_related(
-        "profile"
-    )
+    live = Replica.objects.filter(live_replicas_q(), profile__model=model).select_related("profile")
     if names:
         chosen = []
         for name in dict.fromkeys(names):
@@ -183,7 +180,7 @@ def restart_start(
         names = [r.name for r in chosen]
         audit_record(
             action="restart_start",
-            object_type="restartoperation",
+            object_type="restart",
             object_key=str(op.pk),
             object_repr=str(op),
             after=_operation_after(op, names),
@@ -232,7 +229,7 @@ def operation_cancel(*, operation_id: int, actor: Actor | None = None) -> Restar
         op.save(update_fields=["cancel_requested", "state", "finished_at", "reason"])
         audit_record(
             action="restart_cancel",
-            object_type="restartoperation",
+            object_type="restart",
             object_key=str(op.pk),
             object_repr=str(op),
             before=before,

@@ -32,7 +32,7 @@ from catalog.management.base import ActorCommand
 from catalog.models import Node, Replica, Shard
 from catalog.planning import engines
 from catalog.services import catalog as services
-from operations.agents import AgentClient, AgentError
+from operations.agents import AgentCallFailed, AgentClient
 from operations.services.placement import replica_placement
 from operations.services.specs import running_spec
 from operations.tasks import operations_sweep
@@ -254,7 +254,7 @@ class Command(ActorCommand):
                 continue
             try:
                 AgentClient.for_node(node).start(replica.name, spec)
-            except AgentError as exc:
+            except AgentCallFailed as exc:
                 self._failed(replica, exc.message)
                 continue
             started.append((replica, node))
@@ -265,7 +265,7 @@ class Command(ActorCommand):
             for replica, node in list(waiting):
                 try:
                     state = AgentClient.for_node(node).get(replica.name)
-                except AgentError:
+                except AgentCallFailed:
                     continue
                 if state["state"] == "ready":
                     waiting.remove((replica, node))

@@ -65,13 +65,13 @@ class Command(ActorCommand):
                 if ServedModel.objects.filter(name=demo.name).exists():
                     continue
                 config = json.loads((fleet.CONFIGS / demo.config).read_text())
-                index = {"metadata": {"total_size": demo.total_size}, "weight_map": {}}
-                shape = shape_from_config(config, index=index, source=demo.config)
+                weights_index = {"metadata": {"total_size": demo.total_size}, "weight_map": {}}
+                shape = shape_from_config(config, index=weights_index, source=demo.config)
                 services.model_import(
                     name=demo.name, source=demo.source, shape=shape.as_fields(), message="demo fleet"
                 )
                 created += 1
-            for model_name, name, engine, class_name, gpn, tp, args in fleet.PROFILES:
+            for model_name, name, engine, profile_class, gpn, tp, profile_args in fleet.PROFILES:
                 model = ServedModel.objects.get(name=model_name)
                 if Profile.objects.filter(model=model, name=name).exists():
                     continue
@@ -80,10 +80,10 @@ class Command(ActorCommand):
                         model=model,
                         name=name,
                         engine=engine,
-                        gpu_class=classes.get(class_name) if class_name else None,
+                        gpu_class=classes.get(profile_class) if profile_class else None,
                         gpus_per_node=gpn,
                         tp=tp,
-                        args=args,
+                        args=profile_args,
                     )
                 )
                 created += 1

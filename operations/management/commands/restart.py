@@ -1,10 +1,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TextIO, cast
 
 from django.core.management.base import CommandError, CommandParser
-from django.db.models import Prefetch
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -12,6 +11,7 @@ from rich.text import Text
 
 from catalog.management.base import ActorCommand
 from operations.models import RestartOperation, RestartStep
+from operations.selectors import operations_with_steps
 from operations.services.start import MAX_PARALLEL, restart_start
 
 POLL_SECONDS = 0.5
@@ -49,12 +49,7 @@ class _Out:
 
 
 def load(operation_id: int) -> RestartOperation:
-    steps = RestartStep.objects.select_related("old_replica", "new_replica").order_by("id")
-    return (
-        RestartOperation.objects.select_related("model", "profile")
-        .prefetch_related(Prefetch("steps", steps))
-        .get(pk=operation_id)
-    )
+    return operations_with_steps().get(pk=operation_id)
 
 
 def table(op: RestartOperation) -> Table:
@@ -68,8 +63,8 @@ def table(op: RestartOperation) -> Table:
     out.add_column("reason", overflow="fold", ratio=1)
     for step in op.steps.all():
         out.add_row(
-            step.old_replica.name if step.old_replica_id else "-",
-            (step.new_replica.name if step.new_replica_id else "-")
+            step.old_replica.name if step.old_replica is not None else "-",
+            (step.new_replica.name if step.new_replica is not None else "-")
             + (" (in place)" if step.in_place else ""),
             step.node or "-",
             ", ".join(str(c) for c in step.cards) or "-",
@@ -141,7 +136,7 @@ class Command(ActorCommand):
             ready_timeout=options["ready_timeout"],
         )
         names = ", ".join(
-            s.old_replica.name for s in op.steps.select_related("old_replica") if s.old_replica_id
+            s.old_replica.name for s in op.steps.select_related("old_replica") if s.old_replica is not None
         )
         self.stdout.write(f"restart #{op.pk} of {op.model.name} queued: {names} ({op.mode})")
         if options["no_wait"]:
@@ -158,7 +153,7 @@ class Command(ActorCommand):
         for step in op.steps.all():
             if step.state == RestartStep.State.FAILED:
                 self.stdout.write(
-                    f"{step.old_replica.name if step.old_replica_id else 'step'} failed: {step.reason}"
+                    f"{step.old_replica.name if step.old_replica is not None else 'step'} failed: {step.reason}"
                 )
         self.stdout.write(f"restart #{op.pk} {op.get_state_display()}: {op.reason}")
         if op.state != RestartOperation.State.SUCCEEDED:
@@ -168,7 +163,10 @@ class Command(ActorCommand):
 
     def watch(self, operation_id: int) -> RestartOperation:
         """Show the operation until it ends: a live table on a terminal, a line per change otherwise."""
-        console = Console(file=_Out(self.stdout), highlight=False, soft_wrap=not self.stdout.isatty())
+        # rich needs only write, flush and isatty of its file.
+        console = Console(
+            file=cast(TextIO, _Out(self.stdout)), highlight=False, soft_wrap=not self.stdout.isatty()
+        )
         began = time.monotonic()
         hinted = False
         op = load(operation_id)
@@ -199,8 +197,8 @@ class Command(ActorCommand):
                 op.state,
                 f"restart #{op.pk}: {op.get_state_display()}" + (f" ({op.worker})" if op.worker else ""),
             )
-        old = step.old_replica.name if step.old_replica_id else "?"
-        new = f" -> {step.new_replica.name}" if step.new_replica_id else ""
+        old = step.old_replica.name if step.old_replica is not None else "?"
+        new = f" -> {step.new_replica.name}" if step.new_replica is not None else ""
         where = f" on {step.node} {list(step.cards)}" if step.node else ""
         reason = step.reason.splitlines()[0] if step.reason else ""
         return step.pk, (

@@ -1,8 +1,9 @@
 """Run the node agent and the stand-in engine as real processes, for tests.
 
-Plain functions and context managers, no pytest or Django dependency, so that
-any test module (the agent's own, the restart operation's, the pages') can
-start a real agent on 127.0.0.1 and talk to it over HTTP::
+Standard library only, like the agent: plain functions and context managers,
+so that the agent's own tests (``python -m unittest`` from ``agent/``) and the
+control plane's (pytest, which puts ``agent/`` on its path) can start a
+real agent on 127.0.0.1 and talk to it over HTTP::
 
     with running_agent(tmp_path) as agent:
         with agent.client() as http:
@@ -16,6 +17,7 @@ knew about, even when the test failed half-way.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -25,15 +27,16 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-AGENT_DIR = REPO_ROOT / "agent"
+AGENT_DIR = Path(__file__).resolve().parent
+REPO_ROOT = AGENT_DIR.parent
 STANDIN = AGENT_DIR / "standin_engine.py"
 
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken")
@@ -41,6 +44,101 @@ H100 = "NVIDIA H100 80GB HBM3"
 DEFAULT_CARDS: tuple[Mapping[str, Any], ...] = tuple(
     {"index": i, "name": H100, "memory_mib": 81559} for i in range(4)
 )
+
+
+class TransportError(OSError):
+    """Nothing answered: refused, reset, timed out."""
+
+
+@dataclass
+class Answer:
+    """An HTTP answer: its status, headers and body."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    def raise_for_status(self) -> None:
+        if self.status_code >= 400:
+            raise RuntimeError(f"HTTP {self.status_code}: {self.text[:500]}")
+
+
+# Straight to 127.0.0.1, never through a proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def request(
+    method: str,
+    url: str,
+    *,
+    json_body: Any = None,
+    params: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+) -> Answer:
+    """One request; an answer whatever its status, TransportError when nothing answers."""
+    if params:
+        url = f"{url}?{urllib.parse.urlencode(params)}"
+    data = None if json_body is None else json.dumps(json_body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with _OPENER.open(req, timeout=timeout) as response:
+            return Answer(response.status, dict(response.headers), response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return Answer(exc.code, dict(exc.headers), exc.read())
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        raise TransportError(f"{method} {url}: {exc}") from exc
+
+
+class Client:
+    """Requests to one base URL with fixed headers (a token), in the shape the tests use."""
+
+    def __init__(self, base_url: str, *, headers: Mapping[str, str] | None = None, timeout: float = 30.0):
+        self.base_url = base_url.rstrip("/")
+        self.default_headers = dict(headers or {})
+        self.timeout = timeout
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing is kept open between requests: each has its own connection."""
+
+    def request(self, method: str, path: str, **kw: Any) -> Answer:
+        headers = {**self.default_headers, **(kw.pop("headers", None) or {})}
+        return request(
+            method,
+            f"{self.base_url}{path}",
+            json_body=kw.pop("json", None),
+            params=kw.pop("params", None),
+            headers=headers,
+            timeout=kw.pop("timeout", self.timeout),
+        )
+
+    def get(self, path: str, **kw: Any) -> Answer:
+        return self.request("GET", path, **kw)
+
+    def put(self, path: str, **kw: Any) -> Answer:
+        return self.request("PUT", path, **kw)
+
+    def post(self, path: str, **kw: Any) -> Answer:
+        return self.request("POST", path, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Answer:
+        return self.request("DELETE", path, **kw)
 
 
 def ephemeral_ports() -> tuple[int, int]:
@@ -160,15 +258,13 @@ class RunningAgent:
     def headers(self, token: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token if token is None else token}"}
 
-    def client(self, *, token: str | None = None, timeout: float = 30.0) -> httpx.Client:
-        """An httpx client on the agent, with the token (or ``token``)."""
-        return httpx.Client(
-            base_url=self.base_url, headers=self.headers(token), timeout=timeout, trust_env=False
-        )
+    def client(self, *, token: str | None = None, timeout: float = 30.0) -> Client:
+        """A client of the agent, with the token (or ``token``)."""
+        return Client(self.base_url, headers=self.headers(token), timeout=timeout)
 
     def replica(self, replica_id: str) -> dict[str, Any]:
-        response = httpx.get(
-            f"{self.base_url}/v1/replicas/{replica_id}", headers=self.headers(), timeout=10, trust_env=False
+        response = request(
+            "GET", f"{self.base_url}/v1/replicas/{replica_id}", headers=self.headers(), timeout=10
         )
         response.raise_for_status()
         state = response.json()
@@ -307,8 +403,8 @@ def running_agent(
     finally:
         with contextlib.suppress(Exception):
             if process.poll() is None:
-                for state in httpx.get(
-                    f"{agent.base_url}/v1/replicas", headers=agent.headers(), timeout=5, trust_env=False
+                for state in request(
+                    "GET", f"{agent.base_url}/v1/replicas", headers=agent.headers(), timeout=5
                 ).json():
                     if state.get("pid"):
                         agent.known_pids.add(state["pid"])
@@ -321,8 +417,8 @@ def _wait_for_healthz(agent: RunningAgent, timeout: float) -> None:
         if agent.process.poll() is not None:
             raise RuntimeError(f"the agent exited with {agent.process.returncode}:\n{agent.output()}")
         try:
-            return httpx.get(f"{agent.base_url}/healthz", timeout=1, trust_env=False).status_code == 200
-        except httpx.TransportError:
+            return request("GET", f"{agent.base_url}/healthz", timeout=1).status_code == 200
+        except TransportError:
             return False
 
     try:
@@ -374,8 +470,8 @@ def running_standin(
         if process.poll() is not None:
             return True
         try:
-            data = httpx.get(f"{standin.base_url}/v1/models", timeout=1, trust_env=False).json()
-        except (httpx.TransportError, ValueError):
+            data = request("GET", f"{standin.base_url}/v1/models", timeout=1).json()
+        except (TransportError, ValueError):
             return False
         return not wait_ready or any(entry.get("id") == model for entry in data.get("data", []))
 
@@ -461,8 +557,8 @@ def running_fake_agent(directory: Path, *, status: int = 500, delay: float = 0.0
         if process.poll() is not None:
             raise RuntimeError(f"the fake agent exited with {process.returncode}")
         try:
-            return httpx.get(f"{fake.base_url}/healthz", timeout=1, trust_env=False).status_code == 200
-        except httpx.TransportError:
+            return request("GET", f"{fake.base_url}/healthz", timeout=1).status_code == 200
+        except TransportError:
             return False
 
     try:

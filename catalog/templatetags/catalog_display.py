@@ -1,0 +1,15 @@
+"""What the catalog's templates show that a view need not compute: a model's colour."""
+
+from __future__ import annotations
+
+from django import template
+
+from catalog.views import display
+
+register = template.Library()
+
+
+@register.filter
+def hue(model_id: int | None) -> str:
+    """A model's colour class (``{{ model.pk|hue }}``), the same on every page."""
+    return display.hue(model_id)
