@@ -14,6 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from audit.actor import current_actor
+
 
 class WhoAmIView(APIView):
     permission_classes = [permissions.IsAuthenticated]
@@ -25,6 +27,4 @@ class WhoAmIView(APIView):
         ),
     )
     def get(self, request: Request) -> Response:
-        return Response(
-            {"username": request.user.get_username(), "request_id": getattr(request, "request_id", "")}
-        )
+        return Response({"username": request.user.get_username(), "request_id": current_actor().request_id})
