@@ -25,6 +25,11 @@ from variables (a flag wins):
   --exit-at-start CODE / STANDIN_EXIT_AT_START   log a few lines, exit CODE before listening
   --crash-after SECONDS / STANDIN_CRASH_AFTER    exit 137 that long after starting
   --ignore-sigterm / STANDIN_IGNORE_SIGTERM=1    only SIGKILL stops it
+  STANDIN_MEMORY="weights=14.96,non_torch=0.35,activation=1.26,kv_cache=53.29,cuda_graph=0.64,
+                  total=79.22,fraction=0.9,context=8192,sequences=13.3"
+      print vLLM's start-up memory lines with these figures (GiB; the lines of
+      vllm/worker/worker.py and model_runner.py, 0.6 to 0.8), so that the agent
+      reads them as it reads a real engine's; without it, none are printed
 """
 
 from __future__ import annotations
@@ -90,6 +95,59 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if args.ignore_sigterm is None:
         args.ignore_sigterm = _env_flag("STANDIN_IGNORE_SIGTERM")
     return args, unknown
+
+
+MEMORY_KEYS = (
+    "weights",
+    "non_torch",
+    "activation",
+    "kv_cache",
+    "cuda_graph",
+    "total",
+    "fraction",
+    "context",
+    "sequences",
+)
+
+
+def memory_figures(text: str) -> dict[str, float]:
+    """STANDIN_MEMORY's "key=value,..." pairs; a wrong one is said and left out."""
+    figures: dict[str, float] = {}
+    for part in text.split(","):
+        key, _, value = part.strip().partition("=")
+        if not key:
+            continue
+        try:
+            if key not in MEMORY_KEYS:
+                raise ValueError(key)
+            figures[key] = float(value)
+        except ValueError:
+            log(f"STANDIN_MEMORY: ignoring {part.strip()!r} (keys: {', '.join(MEMORY_KEYS)})")
+    return figures
+
+
+def log_memory(figures: dict[str, float]) -> None:
+    """vLLM's start-up memory lines, as its V0 worker prints them."""
+    f = {k: figures.get(k, 0.0) for k in MEMORY_KEYS}
+    log(f"INFO model_runner.py:1115] Loading model weights took {f['weights']:.4f} GB")
+    if "total" in figures:
+        fraction = figures.get("fraction", 0.9)
+        log(
+            f"INFO worker.py:267] the current vLLM instance can use total_gpu_memory ({f['total']:.2f}GiB) "
+            f"x gpu_memory_utilization ({fraction:.2f}) = {f['total'] * fraction:.2f}GiB"
+        )
+    log(
+        f"INFO worker.py:267] model weights take {f['weights']:.2f}GiB; non_torch_memory takes "
+        f"{f['non_torch']:.2f}GiB; PyTorch activation peak memory takes {f['activation']:.2f}GiB; "
+        f"the rest of the memory reserved for KV Cache is {f['kv_cache']:.2f}GiB."
+    )
+    if "context" in figures:
+        log(
+            f"INFO executor_base.py:116] Maximum concurrency for {int(f['context'])} tokens per request: "
+            f"{f['sequences']:.2f}x"
+        )
+    if "cuda_graph" in figures:
+        log(f"INFO model_runner.py:1570] Graph capturing finished in 1 secs, took {f['cuda_graph']:.2f} GiB")
 
 
 class Engine:
@@ -265,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         timer.daemon = True
         timer.start()
 
+    memory = os.environ.get("STANDIN_MEMORY", "").strip()
+    if memory:
+        log_memory(memory_figures(memory))
     state = "never ready" if args.never_ready else f"ready in {args.load_seconds:g}s"
     log(f"listening on {args.host}:{args.port}, serving {args.served_model_name} ({state})")
     with contextlib.suppress(KeyboardInterrupt):

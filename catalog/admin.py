@@ -179,8 +179,22 @@ class ProfileInline(admin.StackedInline):
 class ImportConfigForm(forms.Form):
     name = forms.CharField(max_length=128, help_text="The served model's name, e.g. llama-3.1-8b.")
     source = forms.CharField(max_length=500, help_text="Hugging Face repo id or a path on the nodes.")
-    config = forms.FileField(label="config.json")
+    config = forms.FileField(label="config.json", required=False)
     index = forms.FileField(label="model.safetensors.index.json", required=False)
+    from_hub = forms.BooleanField(
+        required=False,
+        label="Fetch from the Hub",
+        help_text="Instead of uploading: fetch config.json and the safetensors index of the source, a "
+        "Hugging Face repo id (HF_TOKEN, HF_ENDPOINT, the cache and HF_HUB_OFFLINE apply).",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not data.get("from_hub") and not data.get("config"):
+            raise forms.ValidationError(
+                "Upload config.json, or tick Fetch from the Hub for a repo id source."
+            )
+        return data
 
 
 @admin.register(ServedModel)
@@ -261,10 +275,15 @@ class ServedModelAdmin(ServiceAdmin):
         form = ImportConfigForm(request.POST or None, request.FILES or None)
         if request.method == "POST" and form.is_valid():
             try:
-                config = parse_config_bytes(form.cleaned_data["config"].read(), "config.json")
-                upload = form.cleaned_data["index"]
-                index = parse_index_bytes(upload.read(), upload.name) if upload else None
-                shape = shape_from_config(config, index=index, source="config.json")
+                if form.cleaned_data["from_hub"]:
+                    from catalog.sources import shape_from_hub
+
+                    shape = shape_from_hub(form.cleaned_data["source"])
+                else:
+                    config = parse_config_bytes(form.cleaned_data["config"].read(), "config.json")
+                    upload = form.cleaned_data["index"]
+                    index = parse_index_bytes(upload.read(), upload.name) if upload else None
+                    shape = shape_from_config(config, index=index, source="config.json")
                 model = services.model_import(
                     name=form.cleaned_data["name"],
                     source=form.cleaned_data["source"],

@@ -122,6 +122,10 @@ class CheckpointShape:
     expert_bytes: int | None = None
     sliding_window: int | None = None
     sliding_layers: int = 0
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    replicated_bytes: int = 0
     context_length: int | None = None
     notes: tuple[str, ...] = ()
 
@@ -309,6 +313,8 @@ def shape_from_config(
     if expert_bytes is None:
         expert_bytes = _derived_expert_bytes(cfg, layers, hidden, weight_param_bytes, notes)
 
+    intermediate, replicated = _activation_sizes(cfg, layers, hidden, weight_param_bytes, mla)
+
     if cfg.defaults_used:
         used = ", ".join(f"{name} {value}" for name, value in cfg.defaults_used.items())
         notes.add(f"{source} leaves out fields transformers fills with {cfg.model_type} defaults: {used}")
@@ -326,8 +332,39 @@ def shape_from_config(
         sliding_window=sliding_window,
         sliding_layers=sliding_layers,
         context_length=context,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        vocab_size=cfg.count("vocab_size", "padded_vocab_size"),
+        replicated_bytes=replicated,
         notes=notes.as_tuple(),
     )
+
+
+def _activation_sizes(
+    cfg: _Config, layers: int | None, hidden: int | None, dtype_bytes: Fraction, mla: tuple[int, int] | None
+) -> tuple[int | None, int]:
+    """(the widest MLP a token goes through, bytes every TP card holds whole).
+
+    A dense model's MLP is ``intermediate_size`` wide; a token of a MoE model
+    goes through ``num_experts_per_tok`` experts of ``moe_intermediate_size``
+    (Mixtral and gpt-oss size them with ``intermediate_size``). vLLM keeps
+    the MoE router gate (hidden x experts) and MLA's down-projections
+    (``q_a_proj``, ``kv_a_proj_with_mqa``) as ReplicatedLinear: whole on each card.
+    """
+    dense = cfg.count("intermediate_size")
+    experts = cfg.count(*EXPERT_NAMES, minimum=0)
+    active = cfg.count("num_experts_per_tok", "experts_per_token", "num_experts_per_token")
+    moe_width = cfg.count("moe_intermediate_size") or dense
+    widths = [w for w in (dense, (active or 0) * (moe_width or 0) if experts else None) if w]
+    intermediate = max(widths) if widths else None
+    replicated = Fraction(0)
+    if hidden and layers:
+        if experts:
+            replicated += _moe_layer_count(cfg, layers) * hidden * experts * dtype_bytes
+        if mla is not None:
+            q_rank = cfg.count("q_lora_rank") or 0
+            replicated += layers * hidden * (mla[0] + mla[1] + q_rank) * dtype_bytes
+    return intermediate, math.ceil(replicated)
 
 
 def _kv_heads(cfg: _Config, heads: int | None) -> int | None:

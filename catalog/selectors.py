@@ -9,6 +9,8 @@ from django.db.models import Count, Q, QuerySet
 
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, live_replicas_q
 from catalog.planning import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
+from catalog.planning.placement import LiveReplica, NodeCards
+from catalog.planning.plan import Fleet
 from catalog.planning.types import SHAPE_FIELDS
 
 
@@ -45,12 +47,18 @@ def model_spec(model: ServedModel, profiles: list[Profile] | None = None) -> Mod
         declared_in=(model.declared_in or settings.LLMGW_CLUSTER_SETTINGS) if model.declared else None,
         shape=shape_of(model),
         profiles=tuple(profile_spec(p) for p in profiles),
+        source=model.source,
     )
 
 
 def gpu_class_specs() -> dict[str, GPUClassSpec]:
     return {
-        c.name: GPUClassSpec(name=c.name, usable_bytes=c.usable_bytes, capability=c.compute_capability)
+        c.name: GPUClassSpec(
+            name=c.name,
+            usable_bytes=c.usable_bytes,
+            capability=c.compute_capability,
+            total_bytes=c.memory_mib * 2**20,
+        )
         for c in GPUClass.objects.all()
     }
 
@@ -166,3 +174,67 @@ def nodes_matching(filters: dict[str, Any] | None = None) -> QuerySet[Node]:
 def cards_of(node_ids: list[int]) -> list[tuple]:
     """The cards of these nodes with their holders, as ``CARD_ROW`` tuples: one query."""
     return list(Card.objects.filter(node_id__in=node_ids).order_by("node_id", "index").values_list(*CARD_ROW))
+
+
+def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list[NodeRoom], Fleet | None]:
+    """``node_rooms(profile)`` and what the restart simulation reads for
+    ``profile`` (its class's cards on every node, which are free, and the
+    model's live replicas with where they run, those of ``profile`` marked as
+    the ones restarted), from one query whatever the size of the fleet."""
+    rows = list(
+        Card.objects.values(
+            "node__name",
+            "node__state",
+            "gpu_class_id",
+            "gpu_class__name",
+            "index",
+            "shard__replica__name",
+            "shard__replica__state",
+            "shard__replica__profile_id",
+            "shard__replica__profile__model_id",
+        ).order_by("node__name", "gpu_class__name", "index")
+    )
+    live = set(Replica.LIVE_STATES)
+    counts: dict[tuple[str, str], list[Any]] = {}
+    by_node: dict[str, tuple[bool, list[int], list[int]]] = {}
+    spots: dict[str, tuple[str, list[int], bool]] = {}
+    for r in rows:
+        held = r["shard__replica__name"] is not None
+        is_live = held and r["shard__replica__state"] in live
+        mine = profile is not None and is_live and r["shard__replica__profile_id"] == profile.pk
+        key = (r["node__name"], r["gpu_class__name"])
+        count = counts.setdefault(key, [r["node__state"] == "ready", 0, 0, 0])
+        count[1] += 1
+        count[2] += 0 if held else 1
+        count[3] += 1 if mine else 0
+        if profile is None or profile.gpu_class_id is None:
+            continue
+        if r["gpu_class_id"] == profile.gpu_class_id:
+            ready, indices, free = by_node.setdefault(r["node__name"], (r["node__state"] == "ready", [], []))
+            indices.append(r["index"])
+            if not held:
+                free.append(r["index"])
+        if is_live and r["shard__replica__profile__model_id"] == profile.model_id:
+            node, held_cards, restarted = spots.setdefault(
+                r["shard__replica__name"], (r["node__name"], [], mine)
+            )
+            if r["node__name"] == node:
+                held_cards.append(r["index"])
+    rooms = [
+        NodeRoom(node=node, ready=ready, gpu_class=cls, cards=n, free=free_n, own=own)
+        for (node, cls), (ready, n, free_n, own) in counts.items()
+    ]
+    if profile is None or profile.gpu_class_id is None:
+        return rooms, None
+    fleet = Fleet(
+        cards=tuple(
+            NodeCards(node=name, ready=ready, indices=tuple(indices), free=tuple(free))
+            for name, (ready, indices, free) in by_node.items()
+        ),
+        replicas=tuple(
+            LiveReplica(name=name, node=node, cards=tuple(sorted(cards)), restarted=restarted)
+            for name, (node, cards, restarted) in spots.items()
+        ),
+        parallel=parallel,
+    )
+    return rooms, fleet

@@ -121,6 +121,11 @@ class RestartStep(models.Model):
     new_replica = models.ForeignKey(
         Replica, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Where the plan put the replacement when the restart started (catalog/planning/placement.py);
+    # the step follows it, and fails saying so when the fleet changed under it.
+    planned_node = models.CharField(max_length=64, blank=True, default="")
+    planned_cards = models.JSONField(default=list, blank=True)
+    planned_in_place = models.BooleanField(null=True, blank=True)
     node = models.CharField(max_length=64, blank=True, default="", help_text="Where the replacement runs.")
     cards = models.JSONField(
         default=list, blank=True, help_text="Card indices of the replacement on its node."

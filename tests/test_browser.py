@@ -270,3 +270,44 @@ def test_the_pages_work_from_the_keyboard(page, demo):
     page.keyboard.press("Enter")
     page.locator(".message.success").wait_for()
     assert Profile.objects.get(model__name="llama-3.1-8b").revision == 2
+
+
+def test_a_replica_started_on_the_standin_shows_planned_and_measured_memory(
+    page, tmp_path, fast_restarts, shots
+):
+    from operations.services.runner import run_operation
+    from operations.services.start import restart_start
+    from tests.restart_support import MODEL, fleet_of
+
+    gib = 2**30
+    # The stand-in prints vLLM's start-up memory lines with these figures; the
+    # agent reads them from its log, the worker keeps them on the replica.
+    memory = "weights=14.96,non_torch=0.30,activation=1.26,kv_cache=53.29,cuda_graph=0.64,total=79.65,fraction=0.9,context=8192,sequences=13.3"
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, env={"STANDIN_MEMORY": memory}) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.change_profile(args=["--max-model-len", "8192"])
+        with acting_as(Actor(via="cli", name="pytest")):
+            op = restart_start(model_name=MODEL, ready_timeout=30)
+        assert run_operation(op.pk) == "succeeded"
+        new = op.steps.get().new_replica
+        new.refresh_from_db()
+        assert new.measured_memory["weights"] == round(14.96 * gib)
+        assert new.planned_memory["weights"] == 16_060_522_496
+
+        b.user("viewer", "catalog.view_servedmodel", password=PASSWORD)
+        sign_in(page, "viewer")
+        page.goto(f"/models/{MODEL}/")
+        page.get_by_role("link", name=new.name).click()
+        page.wait_for_url(re.compile(rf"/replicas/{new.name}/$"))
+        table = page.locator("table.memory-compare")
+        table.wait_for()
+        weights = table.locator("tr.term-weights")
+        assert weights.locator("td.planned").inner_text() == "14.96 GiB"
+        assert weights.locator("td.measured").inner_text() == "14.96 GiB"
+        kv = table.locator("tr.term-kv")
+        # planned: 8192 tokens x 131072 bytes = 1 GiB; measured: 53.29 GiB over 13.3 sequences
+        assert kv.locator("td.planned").inner_text() == "1.00 GiB"
+        assert kv.locator("td.measured").inner_text() == f"{53.29 / 13.3:.2f} GiB"
+        assert table.locator("tr.term-activation td.measured").inner_text() == "1.26 GiB"
+        assert "planned when it started" in page.locator("#memory").inner_text()
+        page.screenshot(path=shots / "replica-memory.png", full_page=True)

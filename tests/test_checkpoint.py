@@ -42,6 +42,10 @@ SHAPE_FIELDS = {
     "sliding_window",
     "sliding_layers",
     "context_length",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "replicated_bytes",
 }
 
 
@@ -283,13 +287,39 @@ REAL = [
 ]
 
 
+# The sizes of the engine's activation peak and the replicated weights, read
+# beside the shape; their own test follows.
+ACTIVATION_FIELDS = {"hidden_size", "intermediate_size", "vocab_size", "replicated_bytes"}
+
+
+@pytest.mark.parametrize(
+    ("fixture", "hidden", "intermediate", "vocab", "replicated"),
+    [
+        ("meta-llama__Llama-3.1-8B-Instruct", 4096, 14336, 128256, 0),
+        # 8 of 128 experts a token, 768 wide: 6144; router gates 48 x 2048 x 128 x 2 bytes
+        ("Qwen__Qwen3-30B-A3B", 2048, 8 * 768, 151936, 48 * 2048 * 128 * 2),
+        # the dense layer (10944) is wider than 6 experts x 1408; gates on 26 MoE layers x 2048 x 64,
+        # MLA's kv_a_proj_with_mqa 27 x 2048 x (512 + 64), all at 2 bytes
+        ("deepseek-ai__DeepSeek-V2-Lite", 2048, 10944, 102400, (26 * 2048 * 64 + 27 * 2048 * 576) * 2),
+        # 2 of 8 experts x 14336
+        ("mistralai__Mixtral-8x7B-v0.1", 4096, 2 * 14336, 32000, 32 * 4096 * 8 * 2),
+    ],
+)
+def test_the_activation_sizes_and_replicated_weights(fixture, hidden, intermediate, vocab, replicated):
+    shape = shape_from_config(load(fixture))
+    assert (shape.hidden_size, shape.intermediate_size, shape.vocab_size) == (hidden, intermediate, vocab)
+    assert shape.replicated_bytes == replicated
+
+
 @pytest.mark.parametrize(("fixture", "total_size", "expected"), REAL)
 def test_real_config_gives_the_hand_worked_shape(
     fixture: str, total_size: int | None, expected: dict
 ) -> None:
     shape = shape_from_config(load(fixture), index=index(total_size) if total_size else None)
 
-    assert shape.as_fields() == expected
+    fields = shape.as_fields()
+    assert {k: v for k, v in fields.items() if k not in ACTIVATION_FIELDS} == expected
+    assert set(fields) - set(expected) == ACTIVATION_FIELDS
 
 
 def test_as_fields_names_every_model_field_but_notes() -> None:
@@ -564,6 +594,10 @@ def test_gpt2_style_spellings() -> None:
         "sliding_window": None,
         "sliding_layers": 0,
         "context_length": 1024,
+        "hidden_size": 768,  # n_embd
+        "intermediate_size": None,
+        "vocab_size": None,
+        "replicated_bytes": 0,
     }
 
 

@@ -225,7 +225,10 @@ def test_the_model_page_shows_shape_profiles_replicas_and_the_card_memory_bar(vi
         'class="seg seg-weights' in page and 'class="seg seg-kv' in page and 'class="seg seg-overhead' in page
     )
     assert "weights 15.0 GiB" in page and "KV cache 4.0 GiB (32768 tokens)" in page
-    assert "20.5 GiB a card of 71.7 GiB usable (29%)" in page
+    # 14.96 + 4.0 + vLLM's terms at TP 1 (outside PyTorch 0.35, CUDA graphs 1), each its own segment
+    assert "20.3 GiB a card of 71.7 GiB usable (28%)" in page
+    assert "outside PyTorch 0.3 GiB" in page and "CUDA graphs 1.0 GiB" in page
+    assert "Budget: 79.65 GiB x --gpu-memory-utilization 0.9, capped by the class" in page
     assert replica.name in page and 'href="/nodes/gpu-1/"' in page
     assert "stale: profile is at 3" in page
 
@@ -309,7 +312,12 @@ def test_a_count_that_fits_previews_before_after_the_bar_and_the_nodes_with_room
     text = response.content.decode()
     assert "<html" not in text
     assert "1 → <strong>4</strong> cards" in text
-    assert "weights 3.7 GiB" in text and "6.2 GiB a card of 71.7 GiB usable" in text
+    # 3.74 + 1.0 + outside PyTorch 0.35 + NVLink buffers 1.8 + CUDA graphs 1
+    assert "weights 3.7 GiB" in text and "7.9 GiB a card of 71.7 GiB usable" in text
+    assert "communication buffers 1.8 GiB" in text
+    # the whole command line the engine gets, the TP width included
+    assert "vllm serve meta-llama/Llama-3.1-8B-Instruct --port {port}" in text
+    assert "--tensor-parallel-size 4 --max-model-len 32768" in text
     assert "<code>--max-model-len 32768</code>" in text
     assert "Room beside the running replicas on <strong>gpu-1, gpu-2</strong>" in text
     assert 'hx-post="/models/llama-3.1-8b/resize/"' in text and "Apply: 4 cards" in text
@@ -535,3 +543,50 @@ def test_page_queries_do_not_grow_with_the_fleet(operator, django_assert_num_que
     operation(m)
     with django_assert_num_queries(small):
         assert operator.get(url).status_code == 200
+
+
+# -- a replica: planned and measured ---------------------------------------------------------------
+
+
+def test_the_replica_page_shows_planned_and_measured_side_by_side(viewer):
+    m = llama_on_h100()
+    replica = m.profiles.get().replicas.get()
+    GIB = 2**30
+    replica.measured_memory = {
+        "weights": round(14.96 * GIB),
+        "non_torch": round(0.30 * GIB),
+        "activation": round(1.26 * GIB),
+        "kv_cache": round(53.29 * GIB),
+        "sequences": 13.0,
+        "kv_tokens": 436_000,
+    }
+    replica.save()
+    page = viewer.get(f"/replicas/{replica.name}/").content.decode()
+    assert "Memory a card: planned and measured" in page
+    assert "its profile as planned now" in page
+    # weights: planned 16060522496 bytes (14.96 GiB) beside the 14.96 logged
+    assert (
+        '<td>weights</td><td class="num planned">14.96 GiB</td><td class="num measured">14.96 GiB</td>'
+        in page
+    )
+    # outside PyTorch: planned 0.35 GiB at TP 1, logged 0.30
+    assert (
+        '<td class="num planned">0.35 GiB</td><td class="num measured">0.30 GiB</td><td class="num">+16.7%</td>'
+        in page
+    )
+    assert "436,000" in page
+    # the model page links to it, with the need planned beside the need measured (the terms logged)
+    model_page = viewer.get("/models/llama-3.1-8b/").content.decode()
+    assert f'href="/replicas/{replica.name}/"' in model_page
+    # over the terms logged: planned weights 14.96 + KV 4 (the profile's 32768 tokens x 128 KiB)
+    # + activation 0 (the shape has no sizes) + outside PyTorch 0.35; measured 14.96 + 53.29 / 13
+    # sequences + 1.26 + 0.30
+    assert "19.31 / 20.62 GiB (-6.4%)" in model_page
+
+
+def test_a_replica_that_reported_nothing_says_so(viewer):
+    m = llama_on_h100()
+    replica = m.profiles.get().replicas.get()
+    page = viewer.get(f"/replicas/{replica.name}/").content.decode()
+    assert "not reported yet" in page
+    assert viewer.get("/replicas/no-such/").status_code == 404

@@ -20,28 +20,44 @@ from catalog.planning.engines import (
     spelling_of,
     with_context,
 )
-from catalog.planning.units import GIB
 
 
 @pytest.mark.parametrize(
-    ("name", "spread", "tp_flag", "context_flag", "capability", "overhead", "experts_on_card"),
+    ("name", "spread", "tp_flag", "context_flag", "capability", "budget_flag", "experts_on_card"),
     [
-        ("vllm", "tensor", "--tensor-parallel-size", "--max-model-len", "7.0", 1.5, True),
-        ("sglang", "tensor", "--tp-size", "--context-length", "7.5", 1.5, True),
-        ("trtllm", "tensor", "--tp_size", "--max_seq_len", "8.0", 1.5, True),
-        ("llamacpp", "layers", None, "--ctx-size", "5.0", 0.5, True),
-        ("freetoken", "single", None, "--max-seq-len-override", "8.0", 1.0, False),
+        (
+            "vllm",
+            "tensor",
+            "--tensor-parallel-size",
+            "--max-model-len",
+            "7.0",
+            "--gpu-memory-utilization",
+            True,
+        ),
+        ("sglang", "tensor", "--tp-size", "--context-length", "7.5", "--mem-fraction-static", True),
+        (
+            "trtllm",
+            "tensor",
+            "--tp_size",
+            "--max_seq_len",
+            "8.0",
+            "--kv_cache_free_gpu_memory_fraction",
+            True,
+        ),
+        ("llamacpp", "layers", None, "--ctx-size", "5.0", None, True),
+        ("freetoken", "single", None, "--max-seq-len-override", "8.0", None, False),
     ],
 )
 def test_the_registry_holds_each_engine(
-    name, spread, tp_flag, context_flag, capability, overhead, experts_on_card
+    name, spread, tp_flag, context_flag, capability, budget_flag, experts_on_card
 ):
     eng = engine(name)
     assert eng.spread == spread
     assert eng.tp_flag == tp_flag
     assert eng.context_flags[0] == context_flag
     assert eng.min_capability == capability
-    assert eng.overhead_bytes == overhead * GIB
+    assert eng.memory.budget_flag == budget_flag
+    assert eng.memory.version and eng.memory.sources["weights"] and eng.memory.sources["kv"]
     assert eng.experts_on_card is experts_on_card
 
 
@@ -269,11 +285,18 @@ tp_flags = ["--tp"]
 tp_flag = "--tp"
 context_flags = ["--ctx"]
 min_capability = "8.0"
-overhead_gib = 1.25
 experts_on_card = true
 refused_args = ["--evil"]
 refused_env = ["EVIL"]
 refused_env_prefixes = ["EVIL_"]
+
+[eng.memory]
+version = "eng 1.0"
+runtime_gib = 1.25
+[eng.memory.sources]
+weights = "w"
+kv = "k"
+runtime = "r"
 """
 
 
@@ -286,7 +309,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_load_registry_reads_a_file(tmp_path):
     (eng,) = load_registry(_write(tmp_path, GOOD)).values()
     assert eng.name == "eng"
-    assert eng.overhead_bytes == int(1.25 * GIB)
+    assert eng.memory.runtime_gib == 1.25
     assert eng.refused_env == ("EVIL", "LD_PRELOAD")
     assert eng.reserved_env == ("CUDA_VISIBLE_DEVICES",)
 
@@ -305,15 +328,17 @@ def test_load_registry_reads_a_file(tmp_path):
         ('context_flags = ["--ctx"]', 'context_flags = ["ctx"]', "context_flags"),
         ('context_flags = ["--ctx"]', 'context_flags = ["--evil"]', "context_flags"),
         ('min_capability = "8.0"', "min_capability = 8.0", "min_capability"),
-        ("overhead_gib = 1.25", "overhead_gib = -1", "overhead_gib"),
-        ("overhead_gib = 1.25", "overhead_gib = true", "overhead_gib"),
+        ("runtime_gib = 1.25", "runtime_gib = -1", "memory.runtime_gib"),
+        ("runtime_gib = 1.25", "runtime_gib = true", "memory.runtime_gib"),
+        ('runtime = "r"', "", "memory.sources.runtime"),
+        ('version = "eng 1.0"', "", "memory.version"),
         ("experts_on_card = true", 'experts_on_card = "yes"', "experts_on_card"),
         ('launch = ["{source}", "--port", "{port}"]', 'launch = ["--port", "{port}"]', "launch"),
         ('launch = ["{source}", "--port", "{port}"]', 'launch = ["{source}", "{host}"]', "launch"),
         ('refused_env = ["EVIL"]', 'refused_env = ["NOT A NAME"]', "refused_env"),
         ('refused_env_prefixes = ["EVIL_"]', 'refused_env_prefixes = [""]', "refused_env_prefixes"),
         ("experts_on_card = true", "experts_on_card = true\ncolour = 1", "colour"),
-        ("overhead_gib = 1.25", "", "overhead_gib"),
+        ("[eng.memory]", "[eng.memoir]", "memoir"),
     ],
 )
 def test_load_registry_fails_naming_the_engine_and_the_key(tmp_path, old, new, key):

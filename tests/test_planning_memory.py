@@ -12,10 +12,20 @@ import pytest
 
 from catalog.planning.engines import engine
 from catalog.planning.memory import card_memory, kv_cache_bytes
-from catalog.planning.types import CardMemory, Shape
+from catalog.planning.types import Shape
 
 GIB = 2**30
-VLLM_OVERHEAD = int(1.5 * GIB)  # the registry's planning figure
+# vLLM's terms from the registry (engines.toml [vllm.memory], each with its
+# source): outside PyTorch 0.35 GiB, communication buffers 1.8 GiB at TP > 1,
+# CUDA graphs 1 GiB; the sampler's peak is 10 copies of max_num_seqs x
+# vocabulary fp32 logits (256 sequences on a card of unknown size).
+NON_TORCH = round(0.35 * GIB)
+COMM = round(1.8 * GIB)
+GRAPHS = GIB
+LLAMA_SAMPLER = 10 * 256 * 128256 * 4
+assert LLAMA_SAMPLER == 1313341440
+VLLM_TP1 = LLAMA_SAMPLER + NON_TORCH + GRAPHS
+VLLM_OVERHEAD = LLAMA_SAMPLER + NON_TORCH + COMM + GRAPHS  # TP > 1
 LLAMACPP_OVERHEAD = GIB // 2
 FREETOKEN_OVERHEAD = GIB
 
@@ -33,6 +43,9 @@ LLAMA = Shape(
     kv_bytes_per_token=LLAMA_KV_PER_TOKEN,
     weight_bytes=LLAMA_WEIGHTS,
     context_length=131072,
+    hidden_size=4096,
+    intermediate_size=14336,
+    vocab_size=128256,
 )
 
 
@@ -42,17 +55,18 @@ def test_gqa_on_fewer_cards_than_kv_heads_splits_the_cache_by_card():
     memory = card_memory(engine("vllm"), LLAMA, 4, 8192, 72 * GIB)
     kv_total = 131072 * 8192
     assert kv_total == GIB
-    assert memory == CardMemory(
-        cards=4,
-        weights=16060522496 // 4,  # 4015130624, exact
-        kv=kv_total // 4,  # 268435456
-        overhead=VLLM_OVERHEAD,
-        need=4015130624 + 268435456 + VLLM_OVERHEAD,  # 5894178816 ≈ 5.49 GiB
-        budget=72 * GIB,
-        context=8192,
+    assert (memory.cards, memory.weights, memory.kv, memory.context) == (
+        4,
+        16060522496 // 4,  # 4015130624, exact
+        kv_total // 4,  # 268435456
+        8192,
     )
+    assert [t.name for t in memory.terms] == ["activation", "non_torch", "comm_buffers", "cuda_graph"]
+    assert memory.overhead == VLLM_OVERHEAD
+    assert memory.need == 4015130624 + 268435456 + VLLM_OVERHEAD  # 8.36 GiB
+    assert memory.budget == 72 * GIB
     assert memory.fits
-    assert memory.per_card == "5.5 GiB a card of 4, of 72 usable"
+    assert memory.per_card == "8.4 GiB a card of 4, of 72 usable"
 
 
 def test_gqa_on_more_cards_than_kv_heads_keeps_one_head_a_card():
@@ -69,9 +83,9 @@ def test_the_full_context_of_llama_on_one_card():
     # 16060522496 bytes of weights and the overhead: 32.46 GiB.
     memory = card_memory(engine("vllm"), LLAMA, 1, 131072, 24 * GIB)
     assert memory.kv == 16 * GIB
-    assert memory.need == 16060522496 + 16 * GIB + VLLM_OVERHEAD
+    assert memory.need == 16060522496 + 16 * GIB + VLLM_TP1  # no communication buffers at TP 1
     assert not memory.fits
-    assert memory.per_card == "32.5 GiB a card of 1, of 24 usable"
+    assert memory.per_card == "33.5 GiB a card of 1, of 24 usable"
 
 
 # deepseek-ai/DeepSeek-V3: 61 layers, MLA with kv_lora_rank 512 and
@@ -98,7 +112,10 @@ def test_an_mla_cache_is_whole_on_every_card(n):
     memory = card_memory(engine("sglang"), DEEPSEEK, n, 32768, 141 * GIB)
     assert memory.kv == 70272 * 32768 == 2302672896
     assert memory.weights == -(-688586727753 // n)  # rounded up to whole bytes
-    assert memory.need == memory.weights + 2302672896 + VLLM_OVERHEAD
+    # SGLang's budget is the static pool, weights and KV cache only; with the
+    # card's total unknown, the class's usable memory.
+    assert memory.need == memory.weights + 2302672896
+    assert memory.terms == ()
 
 
 def test_llamacpp_splits_layers_so_the_cache_splits_by_card():
@@ -108,7 +125,7 @@ def test_llamacpp_splits_layers_so_the_cache_splits_by_card():
     gguf = replace(LLAMA, weight_bytes=4920739232)
     memory = card_memory(engine("llamacpp"), gguf, 2, 16384, 24 * GIB)
     assert memory.weights == 4920739232 // 2  # 2460369616
-    assert memory.kv == 2 * GIB // 2  # 1073741824
+    assert memory.kv == 2 * GIB // 2  # 1073741824: 16384 is a whole number of 256-cell blocks
     assert memory.overhead == LLAMACPP_OVERHEAD
     assert memory.need == 2460369616 + 1073741824 + LLAMACPP_OVERHEAD
 
@@ -194,7 +211,7 @@ def test_card_memory_is_none_when_a_figure_is_unknown(shape, context):
 def test_without_a_budget_it_fits_and_says_no_budget():
     memory = card_memory(engine("vllm"), LLAMA, 4, 8192, None)
     assert memory.fits
-    assert memory.per_card == "5.5 GiB a card of 4"
+    assert memory.per_card == "8.4 GiB a card of 4"
 
 
 def test_the_cache_splits_over_every_card_when_kv_heads_are_unknown():
@@ -206,4 +223,111 @@ def test_mqa_keeps_the_whole_cache_on_each_card():
     shape = Shape(
         kv_heads=1, attention_heads=32, kv_bytes_per_token=4096, weight_bytes=10**9, attention="mqa"
     )
-    assert card_memory(engine("vllm"), shape, 8, 1000, None).kv == 4096 * 1000
+    # vLLM allocates whole blocks of 16 tokens: 1000 tokens take 63 blocks, 1008.
+    assert card_memory(engine("vllm"), shape, 8, 1000, None).kv == 4096 * 1008
+
+
+# -- each term against the engines' own figures --------------------------------
+
+H100 = 80 * GIB  # total memory a card
+VLLM_GPT_OSS = replace(GPT_OSS, hidden_size=2880, intermediate_size=11520, vocab_size=201088)
+
+
+def test_vllm_keeps_window_minus_one_plus_the_batch_for_a_sliding_layer():
+    # vllm/v1/kv_cache_interface.py SlidingWindowSpec: min(128 - 1 + 8192,
+    # 8192) = 8192 tokens, in blocks of 16, plus one block: 8208 tokens. At
+    # an 8K context the sliding layers keep nearly all of it, not 128.
+    memory = card_memory(engine("vllm"), VLLM_GPT_OSS, 1, 8192, 72 * GIB, total=H100)
+    per_layer = 49152 // 24
+    assert memory.kv == per_layer * (12 * 8192 + 12 * 8208)
+    # At 32K the window plus a batch is less than the context: 8192 + 127 =
+    # 8319 tokens, 520 blocks, plus one: 8336.
+    memory = card_memory(engine("vllm"), VLLM_GPT_OSS, 1, 32768, 72 * GIB, total=H100)
+    assert memory.kv == per_layer * (12 * 32768 + 12 * 8336)
+
+
+def test_a_smaller_batch_shrinks_what_a_sliding_layer_keeps():
+    args = ("--max-num-batched-tokens", "2048")
+    memory = card_memory(engine("vllm"), VLLM_GPT_OSS, 1, 32768, 72 * GIB, total=H100, args=args)
+    # min(127 + 2048, 32768) = 2175 → 136 blocks + 1 = 137 blocks, 2192 tokens.
+    assert memory.kv == 2048 * (12 * 32768 + 12 * 2192)
+
+
+def test_an_fp8_cache_takes_half():
+    fp8 = card_memory(engine("vllm"), LLAMA, 1, 8192, None, args=("--kv-cache-dtype", "fp8"))
+    assert fp8.kv == GIB // 2
+
+
+def test_vllm_budget_is_its_utilisation_of_the_card_capped_by_the_class():
+    # determine_available_memory: total x gpu_memory_utilization (0.9 by default).
+    memory = card_memory(engine("vllm"), LLAMA, 1, 8192, 76 * GIB, total=H100)
+    assert memory.budget == int(H100 * 0.9) == memory.engine_budget
+    assert "0.9" in memory.budget_how
+    lower = card_memory(
+        engine("vllm"), LLAMA, 1, 8192, 76 * GIB, total=H100, args=("--gpu-memory-utilization=0.5",)
+    )
+    assert lower.budget == 40 * GIB
+    # The class's usable memory caps it.
+    capped = card_memory(engine("vllm"), LLAMA, 1, 8192, 60 * GIB, total=H100)
+    assert capped.budget == 60 * GIB and "capped" in capped.budget_how
+
+
+def test_large_cards_take_vllms_larger_batch_defaults():
+    # arg_utils.get_batch_defaults: 8192 batch tokens and 1024 sequences on a
+    # card of 70 GiB or more that is not an A100, else 2048 and 256.
+    h100 = card_memory(engine("vllm"), LLAMA, 1, 8192, 76 * GIB, total=H100, class_name="h100-80g")
+    a100 = card_memory(engine("vllm"), LLAMA, 1, 8192, 76 * GIB, total=H100, class_name="a100-80g")
+    (act_h100,) = [t for t in h100.terms if t.name == "activation"]
+    (act_a100,) = [t for t in a100.terms if t.name == "activation"]
+    assert act_h100.bytes == 10 * 1024 * 128256 * 4  # the sampler over 1024 sequences
+    assert act_a100.bytes == LLAMA_SAMPLER
+
+
+def test_a_long_batch_makes_the_forward_pass_the_peak():
+    # 20000 batch tokens x 2 bytes x (3 x 14336 + 3 x 4096) = 2.06 GiB, above
+    # the sampler's 1.22 GiB.
+    memory = card_memory(engine("vllm"), LLAMA, 1, 20000, None, args=("--max-num-batched-tokens", "20000"))
+    (act,) = [t for t in memory.terms if t.name == "activation"]
+    assert act.bytes == 20000 * 2 * (3 * 14336 + 3 * 4096)
+    assert act.how.startswith("forward pass")
+
+
+def test_enforce_eager_drops_the_cuda_graphs():
+    memory = card_memory(engine("vllm"), LLAMA, 2, 8192, None, args=("--enforce-eager",))
+    assert "cuda_graph" not in [t.name for t in memory.terms]
+    assert "comm_buffers" in [t.name for t in memory.terms]
+
+
+def test_replicated_weights_are_whole_on_every_card():
+    shape = replace(LLAMA, replicated_bytes=10**8)
+    memory = card_memory(engine("vllm"), shape, 4, 8192, None)
+    assert memory.weights == -(-(16060522496 - 10**8) // 4) + 10**8
+
+
+def test_sglang_default_fraction_follows_its_server_args():
+    # An 80 GiB card at TP 1: chunked_prefill_size 8192, cuda_graph_max_bs
+    # 256; reserved = 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024 = 13440 MB
+    # (above the 10 GiB floor); fraction = (81920 - 13440) / 81920 = 0.836.
+    from catalog.planning.memory import sglang_fraction
+
+    assert sglang_fraction(H100, 1) == round((81920 - 13440) / 81920, 3) == 0.836
+    memory = card_memory(engine("sglang"), LLAMA, 1, 8192, 80 * GIB, total=H100)
+    assert memory.budget == int(H100 * 0.836)
+    (reserved,) = memory.terms
+    assert reserved.inside is False and reserved.bytes == H100 - int(H100 * 0.836)
+    assert memory.need == LLAMA_WEIGHTS + GIB
+
+
+def test_the_memory_answer_carries_each_term_in_bytes():
+    answer = card_memory(engine("vllm"), LLAMA, 2, 8192, None).as_dict()
+    assert answer["overhead"] == sum(t["bytes"] for t in answer["terms"] if t["inside"])
+    assert answer["need"] == answer["weights"] + answer["kv"] + answer["overhead"]
+    assert answer["comm_buffers"] == COMM and answer["non_torch"] == NON_TORCH
+    assert all(t["source"] for t in answer["terms"])
+
+
+def test_the_cache_holds_what_is_left_of_the_budget():
+    memory = card_memory(engine("vllm"), LLAMA, 1, 8192, 76 * GIB, total=H100)
+    room = memory.budget - memory.weights - memory.overhead
+    assert memory.kv_tokens == int(room / (memory.kv / 8192))
+    assert memory.sequences == round(room / memory.kv, 2)

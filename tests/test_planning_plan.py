@@ -11,6 +11,10 @@ from catalog.planning import plan_context, plan_resize
 from catalog.planning.types import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
 
 GIB = 2**30
+# vLLM's terms beside weights and KV at TP > 1 for a shape without its sizes
+# (engines.toml [vllm.memory]): outside PyTorch 0.35 GiB, communication buffers
+# 1.8 GiB, CUDA graphs 1 GiB; the activation peak is unknown here.
+VLLM_TP_TERMS = round(0.35 * GIB) + round(1.8 * GIB) + GIB
 
 # Llama-3.1-8B (see test_planning_memory for the arithmetic).
 LLAMA = Shape(
@@ -108,14 +112,16 @@ def test_a_resize_answers_the_change_with_the_api_keys():
     assert (body["before"], body["after"]) == (2, 4)
     # the profile's own TP width is dropped; the launcher sets it from tp
     assert body["args"] == ["--max-model-len", "8192", "--enable-prefix-caching"]
-    assert body["per_card"] == "5.5 GiB a card of 4, of 72 usable"
-    assert body["memory"]["need"] == 16060522496 // 4 + 131072 * 8192 // 4 + int(1.5 * GIB)
+    assert body["per_card"] == "7.1 GiB a card of 4, of 72 usable"
+    assert body["memory"]["need"] == 16060522496 // 4 + 131072 * 8192 // 4 + VLLM_TP_TERMS
+    # places: the restart was not simulated (no fleet given), so no replica is placed
     assert body["room"] == {
         "in_place": False,
         "beside": ["n1"],
         "beside_count": 1,
         "in_place_nodes": ["n1"],
         "in_place_count": 1,
+        "places": [],
     }
     assert (body["restarted"], body["in_place"], body["note"]) == (0, False, "")
     new = change.new_profile
@@ -214,30 +220,32 @@ def test_a_single_card_engine_is_refused_more_cards():
 
 def test_too_little_memory_is_refused_naming_need_budget_and_both_ways_out():
     # 131072 tokens on 2 cards of 8 GiB: weights 16060522496 / 2 = 7.48 GiB,
-    # KV 16 GiB / 2 = 8 GiB, overhead 1.5 GiB: 16.98 GiB a card.
+    # KV 16 GiB / 2 = 8 GiB, vLLM's terms at TP 2 3.15 GiB: 18.63 GiB a card.
     model = llama(vllm_profile(gpu_class="small", tp=1, gpus_per_node=1, args=()))
     err = refusal(lambda: resize(model, 2))
     assert (err.code, err.status) == ("memory", 400)
-    assert "On 2 small cards each would hold 17.0 GiB" in err.message
+    assert "On 2 small cards each would hold 18.6 GiB" in err.message
     assert "more than the 8 GiB usable" in err.message
-    # more cards: on 4, 3.74 + 4 + 1.5 = 9.24 GiB does not fit; on 8, 1.87 + 2 + 1.5 = 5.37 does
+    # more cards: on 4, 3.74 + 4 + 3.15 = 10.89 GiB does not fit; on 8, 1.87 + 2 + 3.15 = 7.02 does
     assert "more cards (8 cards would hold it)" in err.message
     # a shorter context: the weights and overhead alone are 8.98 GiB on 2
     assert "shorter context" in err.message
     assert "/api/models/llama/context/" in err.message
     assert err.change["memory"]["fits"] is False
     assert err.change["memory"]["budget"] == 8 * GIB
-    assert err.change["per_card"] == "17.0 GiB a card of 2, of 8 usable"
+    assert err.change["per_card"] == "18.6 GiB a card of 2, of 8 usable"
 
 
 def test_the_memory_refusal_names_the_longest_context_that_fits():
-    # 4 cards of 8 GiB: 8589934592 − 4015130624 (weights) − 1610612736
-    # (overhead) = 2964191232 bytes for the cache; each card keeps 2 of the 8
-    # KV heads, 131072 / 4 = 32768 bytes a token: 2964191232 // 32768 = 90459.
+    # 4 cards of 8 GiB: 8589934592 − 4015130624 (weights) − 3382286745
+    # (vLLM's terms) = 1192517223 bytes for the cache; each card keeps 2 of
+    # the 8 KV heads, 131072 / 4 = 32768 bytes a token, in whole blocks of 16
+    # tokens: 1192517223 // (32768 × 16) = 2274 blocks, 36384 tokens.
     model = llama(vllm_profile(gpu_class="small", args=("--max-model-len", "131072")))
     err = refusal(lambda: resize(model, 4))
-    assert 2964191232 // 32768 == 90459
-    assert "at most 90459 tokens fits on 4 cards" in err.message
+    assert 8589934592 - 4015130624 - VLLM_TP_TERMS == 1192517223
+    assert 1192517223 // (32768 * 16) * 16 == 36384
+    assert "at most 36384 tokens fits on 4 cards" in err.message
 
 
 def test_memory_is_checked_before_room():
@@ -293,7 +301,7 @@ def test_an_unknown_class_skips_budget_and_capability_but_not_room():
     change = resize(llama(), 4, classes=classes)
     assert "h100 class is not in the catalog" in change.note
     assert change.memory.budget is None
-    assert change.per_card == "5.5 GiB a card of 4"
+    assert change.per_card == "7.1 GiB a card of 4"
     assert refusal(lambda: resize(llama(), 4, classes=classes, nodes=[])).code == "no_class"
 
 
@@ -317,8 +325,8 @@ def test_a_context_change_sets_the_engine_flag_and_checks_memory_at_the_current_
         "--max-model-len",
         "32768",
     )
-    # 2 cards: 16060522496 / 2 + 131072 × 32768 / 2 + 1.5 GiB
-    assert change.memory.need == 8030261248 + 2 * GIB + int(1.5 * GIB)
+    # 2 cards: 16060522496 / 2 + 131072 × 32768 / 2 + vLLM's terms at TP 2
+    assert change.memory.need == 8030261248 + 2 * GIB + VLLM_TP_TERMS
     assert change.memory.cards == 2
     assert change.new_profile.cards == 2
 
@@ -376,16 +384,16 @@ def test_a_declared_model_keeps_its_context():
 
 def test_a_context_too_long_for_the_cards_is_refused_with_both_ways_out():
     # 2 cards of 14 GiB (t4, 7.5: new enough for vLLM's 7.0): weights 7.48
-    # GiB + KV 131072 × 131072 / 2 = 8 GiB + overhead 1.5 = 16.98 GiB a card.
+    # GiB + KV 131072 × 131072 / 2 = 8 GiB + vLLM's terms 3.15 = 18.63 GiB a card.
     model = llama(vllm_profile(gpu_class="t4"))
     err = refusal(lambda: context(model, 131072))
     assert (err.code, err.status) == ("memory", 400)
     assert "more than the 14 GiB usable" in err.message
     assert "more cards (4 cards would hold it)" in err.message
-    # 15032385536 − 8030261248 − 1610612736 = 5391511552 bytes for the cache,
-    # 131072 / 2 = 65536 bytes a token a card: 82267 tokens.
-    assert 5391511552 // 65536 == 82267
-    assert "at most 82267 tokens fits on 2 cards" in err.message
+    # 15032385536 − 8030261248 − 3382286745 = 3619837543 bytes for the cache,
+    # 131072 / 2 = 65536 bytes a token a card, whole blocks of 16: 55232 tokens.
+    assert (15032385536 - 8030261248 - VLLM_TP_TERMS) // (65536 * 16) * 16 == 55232
+    assert "at most 55232 tokens fits on 2 cards" in err.message
     assert err.change["kind"] == "context"
 
 

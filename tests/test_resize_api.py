@@ -36,7 +36,7 @@ DESIGN_KEYS = {
     "in_place",
     "note",
 }
-CHANGE_KEYS = DESIGN_KEYS | {"memory", "room", "kind", "operation"}
+CHANGE_KEYS = DESIGN_KEYS | {"memory", "room", "kind", "operation", "launch"}
 
 
 def client_for(user=None) -> APIClient:
@@ -120,13 +120,16 @@ def test_a_resize_answers_the_change_with_the_design_keys_and_writes_one_audit_e
         "in_place": False,
         "kind": "gpus",
     }
-    assert body["per_card"] == "11.0 GiB a card of 2, of 71.7 usable"
+    # 16060522496 / 2 + 131072 x 32768 / 2 + vLLM's terms at TP 2 on an 80 GiB
+    # card: outside PyTorch 0.35, NVLink buffers 1.8, CUDA graphs 1 GiB.
+    assert body["per_card"] == "12.6 GiB a card of 2, of 71.7 usable"
     assert body["room"] == {
         "in_place": False,
         "beside": ["gpu-1"],
         "beside_count": 1,
         "in_place_nodes": ["gpu-1"],
         "in_place_count": 1,
+        "places": [],  # no replica runs, so nothing is restarted
     }
 
     p.refresh_from_db()
@@ -355,14 +358,14 @@ REFUSALS = [
         too_big_for_one_l4,
         # need 15.0 + 16.0 + 1.5 GiB against 20000 MiB, and both ways out
         says=(
-            "32.5 GiB",
+            "32.3 GiB",
             "19.5 GiB usable",
             "more cards (2 cards would hold it)",
             "a shorter context",
-            "at most 25179 tokens",
+            "at most 26400 tokens",
             "/api/models/llama-3.1-8b/context/",
         ),
-        change={"before": 2, "after": 1, "per_card": "32.5 GiB a card of 1, of 19.5 usable"},
+        change={"before": 2, "after": 1, "per_card": "32.3 GiB a card of 1, of 19.5 usable"},
     ),
     Refusal("no_class", 409, {"gpus": 2}, no_node_of_its_class, says=("a100-40g",)),
     Refusal(
@@ -446,7 +449,7 @@ REFUSALS = [
         {"tokens": 131072},
         on_l4_with_long_context_on_one_card,
         url=context_url(),
-        says=("32.5 GiB", "19.5 GiB usable", "more cards", "at most 25179 tokens"),
+        says=("32.3 GiB", "19.5 GiB usable", "more cards", "at most 26400 tokens"),
         change={"kind": "context", "before": 8192, "after": 131072},
     ),
     Refusal(
@@ -510,17 +513,27 @@ def test_the_refusal_codes_cover_every_code_the_design_names():
 def test_a_memory_refusal_carries_the_figures_worked_out():
     too_big_for_one_l4()
     body = client_for(resizer()).post(gpus_url(), {"gpus": 1}, format="json").json()
-    weights, kv, overhead = 16_060_522_496, 131_072 * 131_072, 3 * GIB // 2
-    assert body["change"]["memory"] == {
+    # vLLM's terms at TP 1 (engines.toml): outside PyTorch 0.35 GiB, CUDA
+    # graphs 1 GiB; the builder's shape has no sizes for the activation peak.
+    non_torch, graphs = round(0.35 * GIB), GIB
+    weights, kv, overhead = 16_060_522_496, 131_072 * 131_072, non_torch + graphs
+    memory = body["change"]["memory"]
+    assert {
+        k: memory[k] for k in ("cards", "weights", "kv", "overhead", "need", "budget", "context", "fits")
+    } == {
         "cards": 1,
         "weights": weights,
         "kv": kv,
         "overhead": overhead,
         "need": weights + kv + overhead,
-        "budget": 20_000 * MIB,
+        "budget": 20_000 * MIB,  # the class's usable memory, below 0.9 of the 23034 MiB card
         "context": 131_072,
         "fits": False,
     }
+    # each term in bytes beside them, and listed with how and where from
+    assert (memory["non_torch"], memory["cuda_graph"], memory["activation"]) == (non_torch, graphs, 0)
+    assert [t["name"] for t in memory["terms"]] == ["activation", "non_torch", "cuda_graph"]
+    assert all(t["source"] for t in memory["terms"])
 
 
 # -- access --------------------------------------------------------------------------------------

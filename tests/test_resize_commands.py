@@ -50,7 +50,7 @@ def test_gpus_prints_the_change_and_is_audited_as_cli_with_the_as_name():
     assert out.splitlines()[:3] == [
         "changed llama-3.1-8b/h100 (vllm on h100-80g): 1 -> 2 card(s)",
         "  args: --max-model-len 32768",
-        "  each card: 11.0 GiB a card of 2, of 71.7 usable",
+        "  each card: 12.6 GiB a card of 2, of 71.7 usable",
     ]
     assert state(p) == (2, 2, ["--max-model-len", "32768"], 2, 1)
     entry = AuditEntry.objects.get()

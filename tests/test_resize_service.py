@@ -18,7 +18,6 @@ from audit.models import AuditEntry
 from audit.services import verify_chain
 from catalog.errors import DomainError
 from catalog.models import Card, Node, Profile, ServedModel
-from catalog.planning import CardMemory
 from catalog.services.resize import model_resize, model_set_context
 from tests import builders as b
 
@@ -44,19 +43,22 @@ def seeded(db):
 
 def test_mla_cache_is_not_split_when_deepseek_v2_lite_spreads_over_four_a100s(seeded, actor):
     change = model_resize(name="deepseek-v2-lite", gpus=4, dry_run=True)
-    weights = 31_412_968_448 // 4  # the seeded total_size, divisible by 4
+    # The seeded total_size: MLA's down-projections and the MoE router gates
+    # ((27 x 2048 x 576 + 26 x 2048 x 64) x 2 bytes, ReplicatedLinear in vLLM)
+    # stay whole on each card, the rest splits 4 ways.
+    replicated = (27 * 2048 * 576 + 26 * 2048 * 64) * 2
+    weights = -(-(31_412_968_448 - replicated) // 4) + replicated
     kv = 31_104 * 16_384  # MLA: 512+64 latent dims x 27 layers x 2 bytes a token, for --max-model-len 16384
-    overhead = 3 * GIB // 2  # vLLM's 1.5 GiB
-    assert change.memory == CardMemory(
-        cards=4,
-        weights=weights,
-        kv=kv,
-        overhead=overhead,
-        need=weights + kv + overhead,
-        budget=36_860 * MIB,
-        context=16_384,
-    )
-    assert change.per_card == "9.3 GiB a card of 4, of 36 usable"
+    # vLLM's terms at TP 4 (engines.toml): the sampler's peak, 10 copies of
+    # 256 sequences x 102400 vocabulary fp32 logits (above the forward pass of
+    # 2048 batch tokens), outside PyTorch 0.35 GiB, CUDA graphs 1 GiB; no
+    # NVLink communication buffers on a 40 GiB card (they start at 70 GiB).
+    overhead = 10 * 256 * 102_400 * 4 + round(0.35 * GIB) + GIB
+    m = change.memory
+    assert (m.cards, m.weights, m.kv, m.overhead, m.context) == (4, weights, kv, overhead, 16_384)
+    assert m.need == weights + kv + overhead
+    assert m.budget == 36_860 * MIB  # the class's usable memory is below 0.9 of the card
+    assert change.per_card == "10.2 GiB a card of 4, of 36 usable"
     assert change.memory.fits
 
 
@@ -65,8 +67,13 @@ def test_kv_cache_stops_shrinking_at_one_kv_head_a_card_for_qwen3_on_eight_cards
     change = model_resize(name="qwen3-30b-a3b", gpus=8, dry_run=True)
     kv_total = 98_304 * 32_768  # 2 x 48 layers x 4 KV heads x 128 x 2 bytes a token, --context-length 32768
     assert change.memory.kv == kv_total // 4  # 4 KV heads: a card never holds less than one head's cache
-    assert change.memory.weights == 61_064_245_248 // 8
-    assert change.memory.need == 61_064_245_248 // 8 + kv_total // 4 + 3 * GIB // 2
+    # The MoE router gates (48 layers x 2048 x 128 experts x 2 bytes) stay
+    # whole on every card; the rest splits 8 ways.
+    gates = 48 * 2048 * 128 * 2
+    assert change.memory.weights == -(-(61_064_245_248 - gates) // 8) + gates
+    # SGLang's budget holds weights and KV cache; activations and graphs live
+    # in the rest of the card, outside --mem-fraction-static.
+    assert change.memory.need == change.memory.weights + kv_total // 4
     assert change.room.beside == ("gpu-h8",)
 
 
@@ -82,11 +89,20 @@ def test_freetoken_keeps_experts_in_ram_and_counts_sliding_layers_at_their_windo
 
 
 def test_llamacpp_splits_layers_so_weights_and_cache_both_divide(seeded, actor):
+    # The demo's llama.cpp model is planned from the GGUF it made: Mistral-7B's
+    # tensors at Q4_K (144 bytes a 256 values), the output at Q6_K (210), the
+    # norms at F32, and the file's size is the weights.
+    per_layer = (4096 * 4096 * 2 + 1024 * 4096 * 2 + 14336 * 4096 * 3) * 144 // 256 + 2 * 4096 * 4
+    data = 32 * per_layer + 32768 * 4096 * 144 // 256 + 32768 * 4096 * 210 // 256 + 4096 * 4
+    assert data == 4_112_531_456
+    model = ServedModel.objects.get(name="mistral-7b")
+    assert model.source.endswith("Mistral-7B-Instruct-v0.3-Q4_K_M.gguf") and model.dtype == "Q4_K_M"
+    assert 0 < model.weight_bytes - data < 1_000_000  # the header: metadata and 32768 tokens
     change = model_resize(name="mistral-7b", gpus=4, dry_run=True)
-    assert change.memory.weights == 14_496_047_104 // 4
+    assert change.memory.weights == -(-model.weight_bytes // 4)
     assert change.memory.kv == 131_072 * 16_384 // 4
     assert change.memory.overhead == GIB // 2
-    assert change.per_card == "4.4 GiB a card of 4, of 40.5 usable"
+    assert change.per_card == "2.0 GiB a card of 4, of 40.5 usable"
 
 
 def test_a_profile_too_big_for_its_cards_is_refused_with_both_ways_out_and_nothing_saved(actor):
@@ -94,21 +110,26 @@ def test_a_profile_too_big_for_its_cards_is_refused_with_both_ways_out_and_nothi
     b.node("gpu-l", cards=4, cls=l4)
     p = b.profile(b.llama_8b(), "l4", cls=l4, gpus=2, args=["--max-model-len", "131072"])
     before = serving(p)
-    weights, kv, overhead = 16_060_522_496, 131_072 * 131_072, 3 * GIB // 2
+    weights, kv, overhead = (
+        16_060_522_496,
+        131_072 * 131_072,
+        round(0.35 * GIB) + GIB,
+    )  # TP 1: no comm buffers
     budget = 20_000 * MIB
     assert weights + kv + overhead > budget  # one card is too small ...
-    assert weights // 2 + kv // 2 + overhead <= budget  # ... two are enough
-    longest = (budget - weights - overhead) // 131_072  # the longest context one card holds
+    assert weights // 2 + kv // 2 + overhead + round(1.8 * GIB) <= budget  # ... two are enough
+    # the longest context one card holds, in whole blocks of 16 tokens
+    longest = (budget - weights - overhead) // (131_072 * 16) * 16
 
     with pytest.raises(DomainError) as err:
         model_resize(name="llama-3.1-8b", gpus=1)
 
     e = err.value
     assert (e.code, e.status) == ("memory", 400)
-    assert f"{(weights + kv + overhead) / GIB:.1f} GiB" in e.message  # 32.5: the need
+    assert f"{(weights + kv + overhead) / GIB:.1f} GiB" in e.message  # 32.3: the need
     assert "19.5 GiB usable" in e.message  # the budget
     assert "2 cards would hold it" in e.message and f"at most {longest} tokens" in e.message
-    assert longest == 25_179
+    assert longest == 26_400
     assert e.change["memory"]["need"] == weights + kv + overhead and e.change["memory"]["fits"] is False
     assert serving(p) == before and AuditEntry.objects.count() == 0
 

@@ -11,6 +11,7 @@ import pytest
 
 from audit.models import AuditEntry
 from audit.services import verify_chain
+from catalog.errors import DomainError
 from catalog.models import Replica, Shard
 from operations.models import RestartOperation, RestartStep
 from operations.services.runner import run_operation
@@ -139,17 +140,42 @@ def test_with_no_room_beside_the_restart_goes_in_place(tmp_path, actor):
         assert step.in_place and step.cards == [0]
 
 
-def test_rolling_only_without_room_fails_the_step_and_changes_nothing(tmp_path, actor):
+def test_rolling_only_without_room_is_refused_before_it_starts_and_changes_nothing(tmp_path, actor):
+    # The whole restart is played through when it is asked for: with no room
+    # beside llama-1 and in place not allowed, it is refused naming the replica.
     with fleet_of(tmp_path, nodes=("gpu-a",), cards=1) as fleet:
         old = fleet.start("llama-1", "gpu-a", [0])
         fleet.change_profile(args=["--max-num-seqs", "8"])
-        op = restart_start(model_name=MODEL, in_place=False, ready_timeout=30)
-        assert run_operation(op.pk) == "failed"
-        (step,) = steps_of(op)
-        assert "beside the running replicas" in step.reason and "llama-1 keeps serving" in step.reason
+        with pytest.raises(DomainError) as err:
+            restart_start(model_name=MODEL, in_place=False, ready_timeout=30)
+        assert err.value.code == "no_room_beside" and err.value.status == 409
+        assert (
+            "llama-1 has no place" in err.value.message and "beside the running replicas" in err.value.message
+        )
+        assert not RestartOperation.objects.exists()
         old.refresh_from_db()
         assert old.state == "ready" and answers(old.port)
         assert_nothing_half_done()
+
+
+def test_a_step_whose_planned_cards_were_taken_fails_saying_so_and_changes_nothing(tmp_path, actor):
+    # Planned with room beside (gpu-a card 1); before the worker runs, another
+    # model's replica takes that card: the step follows the plan, finds the
+    # fleet changed, and fails without touching llama-1.
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2) as fleet:
+        old = fleet.start("llama-1", "gpu-a", [0])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, in_place=False, ready_timeout=30)
+        (step,) = steps_of(op)
+        assert (step.planned_node, step.planned_cards, step.planned_in_place) == ("gpu-a", [1], False)
+        other = b.profile(b.llama_8b("other-model"), "h100", cls=old.profile.gpu_class)
+        b.replica(other, old.shards.get().card.node, [1], name="other-1")
+        assert run_operation(op.pk) == "failed"
+        (step,) = steps_of(op)
+        assert "The fleet changed since the restart was planned" in step.reason, step.reason
+        assert "gpu-a cards 1" in step.reason and "llama-1 keeps serving" in step.reason
+        old.refresh_from_db()
+        assert old.state == "ready" and answers(old.port)
 
 
 def test_a_replacement_never_ready_fails_at_its_deadline_and_the_old_one_keeps_serving(tmp_path, actor):

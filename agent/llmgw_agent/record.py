@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .memory_lines import memory_report
 from .process import ProcessHandle, redacted
 from .spec import Spec
 
@@ -72,6 +73,11 @@ class Replica:
             "args": redacted(list(self.spec.args)),
             "adopted": self.adopted,
             "log_file": str(self.log_path),
+            # What the engine printed about its memory at start-up, per card
+            # (agent/llmgw_agent/memory_lines.py), and what nvidia-smi says it holds.
+            "memory": memory_report(self.log_path, self.log_offset, self.pid, len(self.spec.cards))
+            if self.live
+            else {},
         }
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:

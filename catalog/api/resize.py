@@ -41,17 +41,52 @@ class ContextInput(StrictInput):
     dry_run = serializers.BooleanField(required=False, default=False)
 
 
+class TermSerializer(serializers.Serializer):
+    name = serializers.CharField(
+        help_text="activation, non_torch, comm_buffers, cuda_graph, runtime or reserved."
+    )
+    bytes = serializers.IntegerField()
+    how = serializers.CharField(help_text="How the figure was worked out.")
+    # The API's key is "source"; DRF moves declared fields off the class, so it shadows nothing at run time.
+    source = serializers.CharField(  # type: ignore[assignment]
+        help_text="Where the engine's figure comes from, by version and file."
+    )
+    inside = serializers.BooleanField(help_text="False for a term the engine keeps outside its budget.")
+
+
 class MemorySerializer(serializers.Serializer):
     cards = serializers.IntegerField()
     weights = serializers.IntegerField(help_text="Bytes of weights on each card.")
-    kv = serializers.IntegerField(help_text="Bytes of KV cache on each card for the context.")
-    overhead = serializers.IntegerField(help_text="The engine's overhead on each card, bytes.")
-    need = serializers.IntegerField()
-    budget = serializers.IntegerField(allow_null=True, help_text="The class's usable memory per card, bytes.")
+    kv = serializers.IntegerField(help_text="Bytes of KV cache on each card for one sequence of the context.")
+    overhead = serializers.IntegerField(help_text="The sum of the terms inside the budget, bytes.")
+    need = serializers.IntegerField(help_text="weights + kv + overhead, bytes.")
+    budget = serializers.IntegerField(
+        allow_null=True,
+        help_text="What the engine may fill on a card: its own budget capped by the class's usable memory, bytes.",
+    )
     # DRF's metaclass moves declared fields off the class, so this field does not shadow
     # Serializer.context at run time; the stubs cannot know that, and the API's key is "context".
     context = serializers.IntegerField()  # type: ignore[assignment]
     fits = serializers.BooleanField()
+    terms = TermSerializer(many=True, help_text="Each term beside weights and KV cache.")
+    activation = serializers.IntegerField(required=False, help_text="Each term's bytes, by its name.")
+    non_torch = serializers.IntegerField(required=False)
+    comm_buffers = serializers.IntegerField(required=False)
+    cuda_graph = serializers.IntegerField(required=False)
+    runtime = serializers.IntegerField(required=False)
+    reserved = serializers.IntegerField(required=False)
+    engine_budget = serializers.IntegerField(allow_null=True)
+    class_budget = serializers.IntegerField(allow_null=True)
+    budget_how = serializers.CharField(allow_blank=True)
+    kv_tokens = serializers.IntegerField(allow_null=True, help_text="Tokens the KV cache will hold.")
+    sequences = serializers.FloatField(allow_null=True, help_text="Full-context sequences that is.")
+
+
+class PlacementSerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    node = serializers.CharField()
+    cards = serializers.ListField(child=serializers.IntegerField())
+    in_place = serializers.BooleanField()
 
 
 class RoomSerializer(serializers.Serializer):
@@ -66,6 +101,7 @@ class RoomSerializer(serializers.Serializer):
         help_text=f"Nodes with the cards free once this profile's replicas stop: the first {ROOM_NODES_NAMED}.",
     )
     in_place_count = serializers.IntegerField(help_text="How many nodes have them free that way.")
+    places = PlacementSerializer(many=True, help_text="Where the restart puts each replica, in its order.")
 
 
 class ChangeSerializer(serializers.Serializer):
@@ -77,6 +113,10 @@ class ChangeSerializer(serializers.Serializer):
     before = serializers.IntegerField(allow_null=True, help_text="Cards (resize) or tokens (context) before.")
     after = serializers.IntegerField()
     args = serializers.ListField(child=serializers.CharField())
+    launch = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="The engine's whole command line ({port}: each replica's own).",
+    )
     per_card = serializers.CharField(allow_blank=True)
     restarted = serializers.IntegerField(help_text="Replicas being restarted on the new profile.")
     in_place = serializers.BooleanField()

@@ -57,6 +57,32 @@ MODELS = [
     DemoModel("qwen2.5-7b", "Qwen__Qwen2.5-7B-Instruct.json", "Qwen/Qwen2.5-7B-Instruct", 15231233024),
 ]
 
+# The llama.cpp model is planned from a GGUF the demo makes (catalog/demo/gguf_file.py):
+# Mistral-7B-v0.3's layout (its config.json) at Q4_K_M, written where the demo's files go.
+GGUF_MODELS = {
+    "mistral-7b": {
+        "arch": "llama",
+        "name": "Mistral-7B-Instruct-v0.3",
+        "layers": 32,
+        "heads": 32,
+        "kv_heads": 8,
+        "hidden": 4096,
+        "ffn": 14336,
+        "vocab": 32768,
+        "context": 32768,
+        "file": "Mistral-7B-Instruct-v0.3-Q4_K_M.gguf",
+    },
+}
+
+
+def demo_dir() -> Path:
+    """Where the demo writes its files: LLMGW_DEMO_DIR, else the system's temporary directory."""
+    import os
+    import tempfile
+
+    return Path(os.environ.get("LLMGW_DEMO_DIR") or Path(tempfile.gettempdir()) / "llmgw-demo")
+
+
 PROFILES = [
     # model, profile, engine, class, gpus_per_node, tp, args
     ("llama-3.1-8b", "h100", "vllm", "h100-80g", 1, 1, ["--max-model-len", "32768"]),

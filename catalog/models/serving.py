@@ -42,6 +42,16 @@ class ServedModel(models.Model):
     sliding_layers = models.PositiveIntegerField(
         default=0, help_text="Layers that keep only the sliding window."
     )
+    # What sizes the engine's activation peak (docs/memory-model.md).
+    hidden_size = models.PositiveIntegerField(null=True, blank=True)
+    intermediate_size = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The MLP's width (for MoE: the experts' times those active)."
+    )
+    vocab_size = models.PositiveIntegerField(null=True, blank=True)
+    replicated_bytes = models.PositiveBigIntegerField(
+        default=0,
+        help_text="Weights every tensor-parallel card holds whole (router gates, MLA down-projections).",
+    )
     declared = models.BooleanField(
         default=False, help_text="Comes from the cluster settings file; read-only here."
     )
@@ -141,6 +151,12 @@ class Replica(models.Model):
     port = models.PositiveIntegerField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.STARTING)
     revision = models.PositiveIntegerField(help_text="The profile revision this replica runs.")
+    # What each card was planned to hold when the replica started (the API's
+    # memory answer), and what the engine and the card reported (bytes per
+    # card, from its start-up log and nvidia-smi; see agent/llmgw_agent/memory_lines.py).
+    planned_memory = models.JSONField(default=dict, blank=True)
+    measured_memory = models.JSONField(default=dict, blank=True)
+    measured_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]

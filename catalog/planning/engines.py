@@ -20,7 +20,8 @@ from typing import Any
 
 from catalog.errors import DomainError
 from catalog.planning.args import drop_where, flag_name, get_where, is_flag, parse_int
-from catalog.planning.units import GIB, and_list
+from catalog.planning.enginememory import EngineMemory, parse_memory
+from catalog.planning.units import and_list
 
 DEFAULT_PATH = Path(__file__).with_name("engines.toml")
 SPREADS = ("tensor", "layers", "single")
@@ -45,7 +46,7 @@ class Engine:
     tp_flag: str | None
     context_flags: tuple[str, ...]
     min_capability: str
-    overhead_bytes: int
+    memory: EngineMemory
     experts_on_card: bool
     launch: tuple[str, ...]
     refused_args: tuple[str, ...]
@@ -67,7 +68,7 @@ _REQUIRED = {
     "tp_flags",
     "context_flags",
     "min_capability",
-    "overhead_gib",
+    "memory",
     "experts_on_card",
     "refused_args",
     "refused_env",
@@ -160,9 +161,7 @@ def _engine(
     if not isinstance(capability, str) or parse_capability(capability) is None:
         raise fail("min_capability", f'must be a string like "8.0", not {capability!r}')
 
-    overhead = table["overhead_gib"]
-    if isinstance(overhead, bool) or not isinstance(overhead, int | float) or not 0 <= overhead < 1024:
-        raise fail("overhead_gib", f"must be a number of GiB from 0 to 1024, not {overhead!r}")
+    memory = parse_memory(table["memory"], fail)
 
     launch = table["launch"]
     if not isinstance(launch, list) or not launch or not all(isinstance(t, str) for t in launch):
@@ -199,7 +198,7 @@ def _engine(
         tp_flag=tp_flag,
         context_flags=context_flags,
         min_capability=capability,
-        overhead_bytes=round(overhead * GIB),
+        memory=memory,
         experts_on_card=boolean("experts_on_card", True),
         launch=tuple(launch),
         refused_args=refused_args,

@@ -7,12 +7,14 @@ worked out so far.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from catalog.errors import DomainError, declared
 from catalog.notes import Notes
-from catalog.planning.engines import Engine, engine, parse_capability, refused, with_context
+from catalog.planning.engines import Engine, argv, engine, parse_capability, refused, with_context
 from catalog.planning.memory import card_memory, longest_context_that_fits
+from catalog.planning.placement import LiveReplica, NodeCards, place_restart
 from catalog.planning.room import room_for
 from catalog.planning.rules import MAX_CARDS, context_of, heads_known, pick_profile, respread, splits_heads
 from catalog.planning.types import CardMemory, Change, GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
@@ -21,6 +23,17 @@ from catalog.planning.units import and_list, cards, gib, gib_short
 CONTEXT_CHANGE = (
     "a context change (the model page's context form, POST /api/models/{name}/context/, or manage.py context)"
 )
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What the restart simulation reads: the class's cards on every node,
+    the model's live replicas, and how many steps run at once."""
+
+    cards: tuple[NodeCards, ...]
+    replicas: tuple[LiveReplica, ...]
+    parallel: int = 1
+
 
 # When the model does not say how long its context may be, a ceiling still
 # keeps a typo (an extra zero or ten) out of a profile: 16 Mi tokens is past
@@ -45,6 +58,13 @@ def _with_change(err: DomainError, change: Change, notes: Notes) -> DomainError:
 
 def _finish(change: Change, notes: Notes) -> Change:
     return replace(change, note=notes.text())
+
+
+def _launch(eng: Engine, model: ModelSpec, p: ProfileSpec) -> tuple[str, ...]:
+    """The engine's whole command line for ``p``, as the node agent will start it."""
+    # The port is each replica's own, chosen when the restart places it.
+    port: Any = "{port}"
+    return tuple(argv(eng, source=model.source, port=port, model=model.name, tp=p.tp, args=p.args))
 
 
 def _refuse_forbidden(eng: Engine, p: ProfileSpec, change: Change, notes: Notes) -> None:
@@ -89,6 +109,13 @@ def _check_class(
             change=_finish(change, notes).as_dict(),
         )
     return spec.usable_bytes if spec.usable_bytes > 0 else None
+
+
+def _card_of(spec: GPUClassSpec | None) -> dict[str, Any]:
+    """The card facts the memory model reads beyond the usable bytes."""
+    if spec is None:
+        return {"total": None, "class_name": ""}
+    return {"total": spec.total_bytes or None, "class_name": spec.name}
 
 
 def _unknown_note(model: ModelSpec, context: int | None, *, heads_checked: bool | None) -> str | None:
@@ -137,17 +164,20 @@ def _memory_refusal(
     p: ProfileSpec,
     shape: Shape,
     memory: CardMemory,
-    budget: int,
+    budget: int | None,
     next_cards: int | None,
+    card: dict[str, Any],
 ) -> str:
     n = memory.cards
+    terms = ", ".join(f"{t.name.replace('_', ' ')} {gib(t.bytes)}" for t in memory.terms if t.inside)
     held = (
         f"On {n} {p.gpu_class} {'card' if n == 1 else 'cards'} each would hold {gib(memory.need)} GiB "
-        f"(weights {gib(memory.weights)}, KV cache {gib(memory.kv)} for {memory.context} tokens, "
-        f"overhead {gib(memory.overhead)}), more than the {gib_short(budget)} GiB usable on each."
+        f"(weights {gib(memory.weights)}, KV cache {gib(memory.kv)} for {memory.context} tokens"
+        f"{', ' + terms if terms else ''}), more than the {gib_short(memory.budget or 0)} GiB "
+        f"usable on each ({memory.budget_how})."
     )
     more = f"more cards ({cards(next_cards)} would hold it)" if next_cards else "more cards"
-    shorter = longest_context_that_fits(eng, shape, n, budget, memory.context)
+    shorter = longest_context_that_fits(eng, shape, n, budget, memory.context, args=p.args, **card)
     context = CONTEXT_CHANGE.format(name=model.name)
     if shorter:
         less = f"a shorter context (at most {shorter} tokens fits on {cards(n)}) through {context}"
@@ -156,7 +186,9 @@ def _memory_refusal(
     return f"{held} Two ways out: {more}, or {less}."
 
 
-def _fewest_cards_that_fit(eng: Engine, shape: Shape, context: int, budget: int, above: int) -> int | None:
+def _fewest_cards_that_fit(
+    eng: Engine, shape: Shape, context: int, budget: int | None, above: int, args, card: dict[str, Any]
+) -> int | None:
     """The fewest cards above ``above`` that the engine can spread over and
     whose share fits ``budget``, or None."""
     if eng.spread == "single":
@@ -164,7 +196,7 @@ def _fewest_cards_that_fit(eng: Engine, shape: Shape, context: int, budget: int,
     for n in range(above + 1, MAX_CARDS + 1):
         if eng.spread == "tensor" and not splits_heads(shape.kv_heads, shape.attention_heads, n):
             continue
-        memory = card_memory(eng, shape, n, context, budget)
+        memory = card_memory(eng, shape, n, context, budget, args=args, **card)
         if memory is not None and memory.fits:
             return n
     return None
@@ -181,18 +213,17 @@ def _check_memory(
     change: Change,
     notes: Notes,
     heads_checked: bool | None,
+    card: dict[str, Any],
 ) -> Change:
     note = _unknown_note(model, context, heads_checked=heads_checked)
     if note:
         notes.add(note)
-    memory = card_memory(eng, model.shape, n, context, budget)
+    memory = card_memory(eng, model.shape, n, context, budget, args=p.args, **card)
     if memory is None:
         return change
     change = replace(change, memory=memory, per_card=memory.per_card)
     if not memory.fits:
-        assert (
-            model.shape is not None and budget is not None and context is not None
-        )  # fits is True otherwise
+        assert model.shape is not None and context is not None  # fits is True otherwise
         raise DomainError(
             "memory",
             _memory_refusal(
@@ -202,7 +233,8 @@ def _check_memory(
                 shape=model.shape,
                 memory=memory,
                 budget=budget,
-                next_cards=_fewest_cards_that_fit(eng, model.shape, context, budget, n),
+                next_cards=_fewest_cards_that_fit(eng, model.shape, context, budget, n, p.args, card),
+                card=card,
             ),
             change=_finish(change, notes).as_dict(),
         )
@@ -218,10 +250,26 @@ def _check_room(
     in_place: bool,
     change: Change,
     notes: Notes,
+    fleet: Fleet | None,
 ) -> Change:
+    """Where the new replicas go. With ``fleet`` (the class's cards and the
+    model's live replicas), the whole restart is played through and every
+    replica must have a place; without, whether some node has room."""
     assert p.gpu_class is not None  # pick_profile never answers a CPU-only profile
+    simulate = fleet is not None and any(r.restarted for r in fleet.replicas)
     try:
-        room = room_for(nodes, p.gpu_class, n, running=running > 0, in_place=in_place)
+        room = room_for(nodes, p.gpu_class, n, running=running > 0 and not simulate, in_place=in_place)
+        if simulate:
+            assert fleet is not None
+            places = place_restart(
+                fleet.cards,
+                fleet.replicas,
+                n,
+                in_place=in_place,
+                parallel=fleet.parallel,
+                gpu_class=p.gpu_class,
+            )
+            room = replace(room, places=places, in_place=any(pl.in_place for pl in places))
     except DomainError as err:
         raise _with_change(err, change, notes) from None
     return replace(change, room=room, in_place=room.in_place)
@@ -236,6 +284,7 @@ def plan_resize(
     classes: Mapping[str, GPUClassSpec],
     nodes: Iterable[NodeRoom],
     running: int,
+    fleet: Fleet | None = None,
 ) -> Change:
     """The change that spreads ``model``'s profile over ``gpus`` cards of one
     node, after every check of docs/design.md's "Resize", in its order.
@@ -272,13 +321,14 @@ def plan_resize(
             f"{model.name}'s {p.name} profile already uses {cards(gpus)}.",
             change=change.as_dict(),
         )
-    budget = _check_class(eng, p, classes.get(p.gpu_class or ""), change, notes)
+    spec = classes.get(p.gpu_class or "")
+    budget = _check_class(eng, p, spec, change, notes)
 
     try:
         new = respread(p, gpus, model.shape, eng)
     except DomainError as err:
         raise _with_change(err, change, notes) from None
-    change = replace(change, args=new.args, new_profile=new)
+    change = replace(change, args=new.args, launch=_launch(eng, model, new), new_profile=new)
     _refuse_forbidden(eng, new, change, notes)
 
     change = _check_memory(
@@ -291,8 +341,11 @@ def plan_resize(
         change=change,
         notes=notes,
         heads_checked=heads_known(model.shape) if eng.spread == "tensor" else None,
+        card=_card_of(spec),
     )
-    change = _check_room(nodes, p, gpus, running=running, in_place=in_place, change=change, notes=notes)
+    change = _check_room(
+        nodes, p, gpus, running=running, in_place=in_place, change=change, notes=notes, fleet=fleet
+    )
     return _finish(change, notes)
 
 
@@ -305,6 +358,7 @@ def plan_context(
     classes: Mapping[str, GPUClassSpec],
     nodes: Iterable[NodeRoom],
     running: int,
+    fleet: Fleet | None = None,
 ) -> Change:
     """The change that sets the context of ``model``'s profile to ``tokens``:
     the engine's context flag is written (every other spelling of it, and its
@@ -349,7 +403,8 @@ def plan_context(
             f"{model.name}'s {p.name} profile already serves a context of {tokens} tokens.",
             change=change.as_dict(),
         )
-    budget = _check_class(eng, p, classes.get(p.gpu_class or ""), change, notes)
+    spec = classes.get(p.gpu_class or "")
+    budget = _check_class(eng, p, spec, change, notes)
 
     try:
         args = with_context(eng, p.args, tokens)
@@ -359,7 +414,7 @@ def plan_context(
     # the profile from saying two things.
     env = tuple((k, v) for k, v in p.env if k not in eng.context_env)
     new = replace(p, args=tuple(args), env=env)
-    change = replace(change, args=new.args, new_profile=new)
+    change = replace(change, args=new.args, launch=_launch(eng, model, new), new_profile=new)
     _refuse_forbidden(eng, new, change, notes)
 
     n = p.cards
@@ -373,6 +428,9 @@ def plan_context(
         change=change,
         notes=notes,
         heads_checked=None,
+        card=_card_of(spec),
     )
-    change = _check_room(nodes, p, n, running=running, in_place=in_place, change=change, notes=notes)
+    change = _check_room(
+        nodes, p, n, running=running, in_place=in_place, change=change, notes=notes, fleet=fleet
+    )
     return _finish(change, notes)

@@ -33,6 +33,10 @@ SHAPE_FIELDS = (
     "expert_bytes",
     "sliding_window",
     "sliding_layers",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "replicated_bytes",
 )
 
 
@@ -57,6 +61,10 @@ class Shape:
     expert_bytes: int | None = None
     sliding_window: int | None = None
     sliding_layers: int = 0
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    replicated_bytes: int = 0
     context_length: int | None = None
 
 
@@ -98,15 +106,18 @@ class ModelSpec:
     declared_in: str | None
     shape: Shape | None
     profiles: tuple[ProfileSpec, ...]
+    source: str = ""  # the checkpoint the engine is given: repo id or path
 
 
 @dataclass(frozen=True)
 class GPUClassSpec:
-    """A kind of card: the memory an engine may fill, and its compute capability ("9.0")."""
+    """A kind of card: the memory an engine may fill, its total memory (0:
+    unknown), and its compute capability ("9.0")."""
 
     name: str
     usable_bytes: int
     capability: str
+    total_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,10 +137,40 @@ class NodeRoom:
 
 
 @dataclass(frozen=True)
+class Term:
+    """One part of what a card holds beside its weights and KV cache, in
+    bytes, with the sentence saying how it was worked out and where the
+    engine's figure comes from. ``inside`` is False for a term the engine
+    keeps outside its budget (SGLang's activations, outside
+    ``--mem-fraction-static``): shown, not added to ``need``."""
+
+    name: str
+    bytes: int
+    how: str
+    source: str
+    inside: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "bytes": self.bytes,
+            "how": self.how,
+            "source": self.source,
+            "inside": self.inside,
+        }
+
+
+@dataclass(frozen=True)
 class CardMemory:
     """What each of ``cards`` cards holds, in bytes, for ``context`` tokens.
 
-    ``budget`` is the class's usable memory per card, None when unknown.
+    ``budget`` is what the engine may fill on a card: its own budget (e.g.
+    vLLM's total x ``--gpu-memory-utilization``) capped by the class's usable
+    memory; None when neither is known. ``overhead`` is the sum of ``terms``
+    inside the budget. ``kv_tokens`` is how many tokens the cache the engine
+    allocates in what is left will hold, ``sequences`` how many full-context
+    sequences that is (vLLM's "maximum concurrency"); None when the budget is
+    unknown.
     """
 
     cards: int
@@ -139,6 +180,12 @@ class CardMemory:
     need: int
     budget: int | None
     context: int
+    terms: tuple[Term, ...] = ()
+    engine_budget: int | None = None
+    class_budget: int | None = None
+    budget_how: str = ""
+    kv_tokens: int | None = None
+    sequences: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -163,6 +210,13 @@ class CardMemory:
             "budget": self.budget,
             "context": self.context,
             "fits": self.fits,
+            "terms": [t.as_dict() for t in self.terms],
+            **{t.name: t.bytes for t in self.terms},
+            "engine_budget": self.engine_budget,
+            "class_budget": self.class_budget,
+            "budget_how": self.budget_how,
+            "kv_tokens": self.kv_tokens,
+            "sequences": self.sequences,
         }
 
 
@@ -170,15 +224,17 @@ class CardMemory:
 class Room:
     """Where the new replicas fit.
 
-    ``in_place`` is True only when they fit nowhere beside the running ones
-    and stopping each first was asked for. ``beside`` lists the nodes with
+    ``in_place`` is True when some replica fits nowhere beside the running
+    ones and stopping it first was asked for. ``beside`` lists the nodes with
     the cards free now; ``in_place_nodes`` those with them free once the
-    model's own replicas stop.
+    model's own replicas stop; ``places`` where the restart will put each
+    replica, in its order (empty when the restart was not simulated).
     """
 
     in_place: bool
     beside: tuple[str, ...] = ()
     in_place_nodes: tuple[str, ...] = ()
+    places: tuple[Any, ...] = ()  # placement.Placement, one a restarted replica, in restart order
 
     def as_dict(self) -> dict[str, Any]:
         """The answer names at most ``ROOM_NODES_NAMED`` nodes of each kind, with how many there
@@ -189,6 +245,7 @@ class Room:
             "beside_count": len(self.beside),
             "in_place_nodes": list(self.in_place_nodes[:ROOM_NODES_NAMED]),
             "in_place_count": len(self.in_place_nodes),
+            "places": [p.as_dict() for p in self.places],
         }
 
 
@@ -198,7 +255,9 @@ class Change:
     ``after`` are card counts) or of a context change (``kind="context"``, they
     are tokens; ``before`` is None when the context was not known).
 
-    ``args`` are the profile's arguments after the change, ``new_profile`` the
+    ``args`` are the profile's arguments after the change, ``launch`` the
+    whole command line the engine will get (the launcher's own flags and the
+    TP width included; ``{port}`` is each replica's own), ``new_profile`` the
     profile to save, ``note`` what could not be checked. ``restarted`` and
     ``operation`` (the restart operation's id) are filled in by the service
     that restarts the replicas.
@@ -212,6 +271,7 @@ class Change:
     after: int
     kind: ChangeKind = "gpus"
     args: tuple[str, ...] = ()
+    launch: tuple[str, ...] = ()
     per_card: str = ""
     memory: CardMemory | None = None
     room: Room | None = None
@@ -232,6 +292,7 @@ class Change:
             "before": self.before,
             "after": self.after,
             "args": list(self.args),
+            "launch": list(self.launch),
             "per_card": self.per_card,
             "restarted": self.restarted,
             "in_place": self.in_place,

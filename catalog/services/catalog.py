@@ -226,6 +226,11 @@ def profile_save(
         if not from_settings:
             ensure_not_declared(model)
         validate_profile_spec(obj)
+        # What is saved is what the planner approves: a profile its cards
+        # cannot hold is refused on every path (admin, API, settings file).
+        from catalog.services.fit import refuse_unless_fits
+
+        refuse_unless_fits(obj, doing="saved", model=model)
         if before is not None:
             proposed = snapshot(obj)
             if any(before.get(f) != proposed.get(f) for f in SERVING_FIELDS):

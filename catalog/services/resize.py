@@ -58,12 +58,14 @@ def _plan(planner: Callable[..., Change], model: ServedModel, profile: str | Non
         on_cards = [p for p in profiles if p.gpu_class_id]
         chosen = on_cards[0] if len(on_cards) == 1 else None
     running = selectors.live_replicas(chosen).count() if chosen else 0
+    rooms, fleet = selectors.rooms_and_fleet(chosen)
     return planner(
         model=selectors.model_spec(model, profiles),
         profile=profile,
         classes=selectors.gpu_class_specs(),
-        nodes=selectors.node_rooms(chosen),
+        nodes=rooms,
         running=running,
+        fleet=fleet,
         **kw,
     )
 
@@ -84,9 +86,18 @@ def _apply(model: ServedModel, change: Change, *, action: str, message: str, act
     if not stale:
         return change
     # In the same transaction: the restart is recorded with the change, and its
-    # task is enqueued only once both are committed. Rolling where the planner
-    # found room beside; in place only where it found none and in place was asked.
-    operation = restart_start(model_name=model.name, replicas=stale, in_place=change.in_place, actor=actor)
+    # task is enqueued only once both are committed. The restart takes the
+    # replicas as the planner played them through: rolling where it found room
+    # beside, in place only for the replicas it found none for (None: each
+    # step chooses as the simulation did).
+    places = change.room.places if change.room else ()
+    if places and all(p.in_place for p in places):
+        mode: bool | None = True
+    elif any(p.in_place for p in places) or (change.in_place and not places):
+        mode = None if places else True
+    else:
+        mode = False
+    operation = restart_start(model_name=model.name, replicas=stale, in_place=mode, actor=actor)
     return replace(change, restarted=len(stale), operation=operation.pk)
 
 

@@ -24,12 +24,24 @@ def hue(model_id: int | None) -> str:
     return f"hue-{(model_id or 0) % HUES}"
 
 
+TERM_LABELS = {
+    "activation": "activation peak",
+    "non_torch": "outside PyTorch",
+    "comm_buffers": "communication buffers",
+    "cuda_graph": "CUDA graphs",
+    "runtime": "engine runtime",
+    "reserved": "reserved beside the pool",
+}
+
+
 @dataclass(frozen=True)
 class Segment:
-    kind: str  # weights, kv, overhead, free
+    kind: str  # weights, kv, overhead (one an engine term), free
     label: str
     bytes: int
     percent: float
+    term: str = ""  # the engine term an overhead segment is
+    source: str = ""
 
     @property
     def gib(self) -> str:
@@ -60,6 +72,10 @@ class MemoryBar:
     need: int
     budget: int | None
     fits: bool
+    budget_how: str = ""
+    kv_tokens: int | None = None
+    sequences: float | None = None
+    outside: tuple[Segment, ...] = ()  # terms the engine keeps outside its budget
 
     @classmethod
     def of(cls, memory: CardMemory | Mapping[str, Any] | None) -> MemoryBar | None:
@@ -68,14 +84,42 @@ class MemoryBar:
         m = memory.as_dict() if isinstance(memory, CardMemory) else dict(memory)
         budget = m.get("budget")
         scale = max(m["need"], budget or 0) or 1
-        parts = [
-            ("weights", "weights", m["weights"]),
-            ("kv", "KV cache", m["kv"]),
-            ("overhead", "overhead", m["overhead"]),
+        terms = m.get("terms") or []
+        inside = [t for t in terms if t.get("inside", True)]
+        parts: list[tuple[str, str, int, str, str]] = [
+            ("weights", "weights", m["weights"], "", ""),
+            ("kv", "KV cache", m["kv"], "", ""),
         ]
+        if inside:
+            parts += [
+                (
+                    "overhead",
+                    TERM_LABELS.get(t["name"], t["name"]),
+                    t["bytes"],
+                    t["name"],
+                    t.get("source", ""),
+                )
+                for t in inside
+            ]
+        elif m["overhead"]:
+            parts.append(("overhead", "overhead", m["overhead"], "", ""))
         if budget is not None and budget > m["need"]:
-            parts.append(("free", "free", budget - m["need"]))
-        segments = tuple(Segment(kind, label, n, 100 * n / scale) for kind, label, n in parts)
+            parts.append(("free", "free", budget - m["need"], "", ""))
+        segments = tuple(
+            Segment(kind, label, n, 100 * n / scale, term, source) for kind, label, n, term, source in parts
+        )
+        outside = tuple(
+            Segment(
+                "outside",
+                TERM_LABELS.get(t["name"], t["name"]),
+                t["bytes"],
+                0.0,
+                t["name"],
+                t.get("source", ""),
+            )
+            for t in terms
+            if not t.get("inside", True)
+        )
         fits = budget is None or m["need"] <= budget
         return cls(
             cards=m["cards"],
@@ -84,6 +128,10 @@ class MemoryBar:
             need=m["need"],
             budget=budget,
             fits=fits,
+            budget_how=m.get("budget_how", ""),
+            kv_tokens=m.get("kv_tokens"),
+            sequences=m.get("sequences"),
+            outside=outside,
         )
 
     @property
@@ -161,7 +209,16 @@ def profile_memory(model: ServedModel, profiles: list[Profile]) -> list[ProfileM
         if p.gpu_class is None:
             out.append(ProfileMemory(p, context, None, "Runs on CPUs: no card memory."))
             continue
-        memory = card_memory(eng, spec.shape, p.cards, context, p.gpu_class.usable_bytes)
+        memory = card_memory(
+            eng,
+            spec.shape,
+            p.cards,
+            context,
+            p.gpu_class.usable_bytes,
+            total=p.gpu_class.memory_mib * 2**20,
+            args=p.args,
+            class_name=p.gpu_class.name,
+        )
         why = "" if memory else f"{model.name}'s weights, KV bytes per token or context are not known."
         out.append(ProfileMemory(p, context, MemoryBar.of(memory), why))
     return out
@@ -177,7 +234,9 @@ class Preview:
     profile: str = ""
     gpu_class: str | None = None
     args: tuple[str, ...] = ()
+    launch: tuple[str, ...] = ()
     bar: MemoryBar | None = None
+    places: tuple[Mapping[str, Any], ...] = ()
     beside: tuple[str, ...] = ()  # the first ROOM_NODES_NAMED; the counts say how many in all
     beside_count: int = 0
     in_place_nodes: tuple[str, ...] = ()
@@ -213,7 +272,9 @@ class Preview:
             profile=change.profile,
             gpu_class=change.gpu_class,
             args=change.args,
+            launch=change.launch,
             bar=MemoryBar.of(change.memory),
+            places=tuple(p.as_dict() for p in room.places) if room else (),
             beside=room.beside[:ROOM_NODES_NAMED] if room else (),
             beside_count=len(room.beside) if room else 0,
             in_place_nodes=room.in_place_nodes[:ROOM_NODES_NAMED] if room else (),
@@ -233,6 +294,7 @@ class Preview:
             profile=c.get("profile", ""),
             gpu_class=c.get("gpu_class"),
             args=tuple(c.get("args") or ()),
+            launch=tuple(c.get("launch") or ()),
             bar=MemoryBar.of(c.get("memory")),
             note=c.get("note", ""),
             error=err.message,

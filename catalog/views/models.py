@@ -116,13 +116,36 @@ def model_list(request: HttpRequest) -> HttpResponse:
 
 
 def _replicas_of(model: ServedModel) -> list[Replica]:
+    from catalog.planning.measured import compare
+    from catalog.planning.units import gib
+    from catalog.views.replicas import planned_of
+
     shards = Prefetch("shards", queryset=Shard.objects.select_related("card__node").order_by("card__index"))
-    return list(
+    replicas = list(
         Replica.objects.filter(profile__model=model)
-        .select_related("profile")
+        .select_related("profile__model", "profile__gpu_class")
         .prefetch_related(shards)
         .order_by("profile__name", "name")
     )
+    for r in replicas:
+        # The need planned beside the need measured, over the terms the engine logged.
+        r.memory_need = None  # type: ignore[attr-defined]
+        if r.measured_memory:
+            need = next(
+                (row for row in compare(planned_of(r)[0], r.measured_memory) if row.term == "need"), None
+            )
+            if (
+                need is not None
+                and need.planned is not None
+                and need.measured
+                and need.difference is not None
+            ):
+                r.memory_need = (  # type: ignore[attr-defined]
+                    gib(need.planned, 2),
+                    gib(need.measured, 2),
+                    f"{need.difference:+.1%}",
+                )
+    return replicas
 
 
 def _detail_context(
@@ -158,6 +181,8 @@ def _detail_context(
         "on_cards": on_cards,
         "replicas": replicas,
         "stale_live": sum(r.is_stale and r.is_live for r in replicas),
+        # A profile its cards cannot hold is not offered a restart: the restart would refuse it.
+        "unfit": [m for m in on_cards if m.bar is not None and not m.bar.fits],
         "can_resize": can_resize,
         "can_restart": request.user.has_perm(RESTART),
         "resize_form": resize_form if can_resize else None,

@@ -35,11 +35,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.actor import Actor, acting_as
 from audit.services import audit_record, snapshot
 from catalog.models import Card, Node, Profile, Replica, Shard
+from catalog.services.fit import profile_memory
 from operations.agents import AgentCallFailed, AgentClient, describe_failure
 from operations.models import RestartOperation, RestartStep
 from operations.services.lease import Lease, OperationLost, claim, worker_name
@@ -144,8 +146,11 @@ class OperationRun:
         message: str,
         release: bool = False,
         hold: tuple[Node, list[int]] | None = None,
+        memory: dict[str, Any] | None = None,
     ) -> Replica:
-        """Set a replica's state, release or take its cards, and audit it, in one transaction."""
+        """Set a replica's state, release or take its cards, and audit it, in one
+        transaction; with ``memory`` (the agent's report, once ready), keep what
+        its cards were planned to hold beside what the engine and card reported."""
 
         @transaction.atomic
         def write() -> Replica:
@@ -153,7 +158,15 @@ class OperationRun:
             held = [str(s.card) for s in Shard.objects.filter(replica=replica).select_related("card__node")]
             before = self._replica_after(replica, held)
             replica.state = state
-            replica.save(update_fields=["state"])
+            fields = ["state"]
+            if memory is not None:
+                profile = Profile.objects.select_related("model", "gpu_class").get(pk=replica.profile_id)
+                planned = profile_memory(profile, profile.model)
+                replica.planned_memory = planned.as_dict() if planned is not None else {}
+                replica.measured_memory = memory
+                replica.measured_at = timezone.now() if memory else None
+                fields += ["planned_memory", "measured_memory", "measured_at"]
+            replica.save(update_fields=fields)
             if release:
                 Shard.objects.filter(replica=replica).delete()
                 held = []
@@ -290,6 +303,8 @@ class OperationRun:
                 f"{old.name} holds no cards, so there is no node to restart it on.",
             )
         old_spec = running_spec(old, node_cards=cards, ready_timeout=self._agent_timeout())
+        if step.planned_node:
+            return self._follow_plan(step, old, node, old_spec)
         if not self.op.in_place:
             placed = self._place_beside(step, old_spec)
             if placed:
@@ -319,6 +334,51 @@ class OperationRun:
         )
         return self._stop_then_start(step)
 
+    def _follow_plan(
+        self, step: RestartStep, old: Replica, node: Node, old_spec: dict[str, Any] | None
+    ) -> str:
+        """The step as the restart's plan placed it (restart_start played the whole
+        restart through); when the fleet changed since, the step fails saying how."""
+        planned = list(step.planned_cards)
+        where = f"{step.planned_node} cards {', '.join(map(str, planned))}"
+        if step.planned_in_place:
+            usable = in_place_cards(
+                Profile.objects.select_related("gpu_class").get(pk=self.op.profile_id), old, node
+            )
+            own_and_free = set(
+                Card.objects.filter(node=node, gpu_class_id=self.op.profile.gpu_class_id)
+                .filter(Q(shard__isnull=True) | Q(shard__replica=old))
+                .values_list("index", flat=True)
+            )
+            if isinstance(usable, str) or node.name != step.planned_node or not set(planned) <= own_and_free:
+                return self._finish_step(
+                    step,
+                    RestartStep.State.FAILED,
+                    f"The fleet changed since the restart was planned: {old.name} was to restart in place on "
+                    f"{where}, and those cards are no longer its own or free. {old.name} keeps serving.",
+                )
+            self._set_step(
+                step,
+                in_place=True,
+                state=RestartStep.State.STOPPING,
+                started_at=timezone.now(),
+                node=node.name,
+                cards=planned,
+                old_spec=old_spec,
+                reason=f"stopping {old.name} to free its cards",
+            )
+            return self._stop_then_start(step)
+        placed = self._place_beside(step, old_spec, planned=(step.planned_node, planned))
+        if placed:
+            return self._roll(step)
+        return self._finish_step(
+            step,
+            RestartStep.State.FAILED,
+            f"The fleet changed since the restart was planned: {old.name}'s replacement was to start on {where}, "
+            f"and those cards are no longer free on a ready node. {old.name} keeps serving; restart again to plan "
+            "anew.",
+        )
+
     def _resume(self, step: RestartStep) -> str:
         """A step a worker left in flight: pick it up where the records say it was."""
         new = step.new_replica
@@ -338,17 +398,42 @@ class OperationRun:
 
     # rolling
 
-    def _place_beside(self, step: RestartStep, old_spec: dict[str, Any] | None) -> bool:
-        """Record the replacement on free cards beside the old replica; False when no node has room."""
+    def _place_beside(
+        self,
+        step: RestartStep,
+        old_spec: dict[str, Any] | None,
+        *,
+        planned: tuple[str, list[int]] | None = None,
+    ) -> bool:
+        """Record the replacement on free cards beside the old replica: on the
+        ``planned`` node and cards when given, else the best fit; False when
+        there is no room (or the planned cards are no longer free)."""
 
         @transaction.atomic
         def write() -> bool:
             lock_placement()
             profile = Profile.objects.select_related("model", "gpu_class").get(pk=self.op.profile_id)
-            fit = best_fit(profile, replacing=step.old_replica)
-            if fit is None:
-                return False
-            node, cards = fit
+            if planned is not None:
+                node_name, indices = planned
+                cards = list(
+                    Card.objects.filter(
+                        node__name=node_name,
+                        node__state=Node.State.READY,
+                        gpu_class_id=profile.gpu_class_id,
+                        shard__isnull=True,
+                        index__in=indices,
+                    )
+                    .select_related("node")
+                    .order_by("index")
+                )
+                if len(cards) != len(indices) or len(cards) != profile.cards:
+                    return False
+                node = cards[0].node
+            else:
+                fit = best_fit(profile, replacing=step.old_replica)
+                if fit is None:
+                    return False
+                node, cards = fit
             port = free_port(node)
             indices = [c.index for c in cards]
             spec = replica_spec(profile, port=port, cards=indices, ready_timeout=self._agent_timeout())
@@ -661,6 +746,7 @@ class OperationRun:
                     state=now_state,
                     action=now_state,
                     message=f"{replica.name} is {now_state} on {node.name}",
+                    memory=dict(state.get("memory") or {}) if now_state == "ready" else None,
                 )
                 recorded = now_state
             if now_state == "ready":

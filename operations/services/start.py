@@ -8,6 +8,7 @@ and enqueues the worker's task when the transaction commits;
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -16,9 +17,12 @@ from django.utils import timezone
 
 from audit.actor import Actor, current_actor
 from audit.services import audit_record
+from catalog import selectors
 from catalog.errors import DomainError, conflict, not_found
 from catalog.models import Profile, Replica, ServedModel, live_replicas_q, stale_replicas_q
 from catalog.planning import engines
+from catalog.planning.placement import Placement, place_restart
+from catalog.services.fit import refuse_unless_fits
 from operations.models import RestartOperation, RestartStep
 from operations.tasks import enqueue_restart
 
@@ -90,6 +94,29 @@ def _check_restartable(model: ServedModel, profile: Profile) -> None:
         )
 
 
+def _plan(
+    profile: Profile, chosen: list[Replica], *, in_place: bool | None, max_parallel: int
+) -> dict[str, Placement]:
+    """Every chosen replica's place, played through as the runner will take
+    them; refuses (409) naming the replica with none, so that a restart that
+    cannot finish does not start."""
+    _, fleet = selectors.rooms_and_fleet(profile, parallel=max_parallel)
+    if fleet is None:
+        return {}
+    names = {r.name for r in chosen}
+    replicas = tuple(replace(r, restarted=r.name in names) for r in fleet.replicas)
+    places = place_restart(
+        fleet.cards,
+        replicas,
+        profile.cards,
+        in_place=in_place is not False,
+        always_in_place=in_place is True,
+        parallel=max_parallel,
+        gpu_class=profile.gpu_class.name if profile.gpu_class else "",
+    )
+    return {p.replica: p for p in places}
+
+
 def _busy(op: RestartOperation) -> DomainError:
     return conflict(
         "busy",
@@ -114,8 +141,12 @@ def restart_start(
     there is room and goes in place where not. Creates the operation and its
     steps and audits it; the worker's task is enqueued when the transaction
     commits, so this may run inside a caller's transaction (the resize's).
-    Refusals: not_found, other_model, not_live, nothing_to_restart, busy,
-    cpu_only, multi_node, several_profiles, unknown_engine, invalid.
+    The whole restart is played through first (catalog/planning/placement.py)
+    and each step records where the plan puts its replica; the runner follows
+    it. Refusals: not_found, other_model, not_live, nothing_to_restart, busy,
+    cpu_only, multi_node, several_profiles, unknown_engine, invalid, memory
+    (the profile does not fit its cards), no_room, no_room_beside (a replica
+    has no place).
     """
     if (
         isinstance(max_parallel, bool)
@@ -158,6 +189,8 @@ def restart_start(
             )
         profile = Profile.objects.select_related("model", "gpu_class").get(pk=profile_ids.pop())
         _check_restartable(model, profile)
+        refuse_unless_fits(profile, doing="restarted", model=model)
+        places = _plan(profile, chosen, in_place=in_place, max_parallel=max_parallel)
         op = RestartOperation(
             model=model,
             profile=profile,
@@ -176,7 +209,16 @@ def restart_start(
                 RestartOperation.objects.filter(model=model, state__in=RestartOperation.ACTIVE_STATES).first()
                 or op
             ) from None
-        RestartStep.objects.bulk_create(RestartStep(operation=op, old_replica=r) for r in chosen)
+        RestartStep.objects.bulk_create(
+            RestartStep(
+                operation=op,
+                old_replica=r,
+                planned_node=places[r.name].node if r.name in places else "",
+                planned_cards=list(places[r.name].cards) if r.name in places else [],
+                planned_in_place=places[r.name].in_place if r.name in places else None,
+            )
+            for r in chosen
+        )
         names = [r.name for r in chosen]
         audit_record(
             action="restart_start",

@@ -10,25 +10,34 @@ from catalog.management.base import ActorCommand
 
 class Command(ActorCommand):
     help = (
-        "Create a model (or refresh its shape) from a local checkpoint: a directory with config.json "
-        "and model.safetensors.index.json, or safetensors files whose headers are read."
+        "Create a model (or refresh its shape) from where it lives: a local checkpoint (a directory with "
+        "config.json and model.safetensors.index.json, or safetensors files whose headers are read), a GGUF "
+        "file (for llama.cpp), or a Hugging Face repo id (only config.json and the safetensors index are "
+        "fetched, honouring HF_TOKEN, HF_ENDPOINT, the Hugging Face cache and HF_HUB_OFFLINE)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
         parser.add_argument("name", help="the served model's name, e.g. llama-3.1-8b")
-        parser.add_argument("path", type=Path, help="checkpoint directory or .safetensors file")
-        parser.add_argument("--source", help="what the nodes load (default: the path)")
+        parser.add_argument(
+            "path", help="checkpoint directory, .safetensors or .gguf file, or a repo id such as org/name"
+        )
+        parser.add_argument("--source", help="what the nodes load (default: the path or repo id)")
+        parser.add_argument("--revision", help="the repo's branch, tag or commit (default: main)")
 
     def act(self, *args: Any, **options: Any) -> None:
         from catalog.checkpoint import read_checkpoint
         from catalog.services.catalog import model_import
+        from catalog.sources import looks_like_repo_id, read_gguf, shape_from_hub
 
-        path: Path = options["path"]
-        shape = read_checkpoint(path)
-        model = model_import(
-            name=options["name"], source=options["source"] or str(path), shape=shape.as_fields()
-        )
+        where: str = options["path"]
+        if Path(where).suffix == ".gguf":
+            shape = read_gguf(Path(where))
+        elif looks_like_repo_id(where):
+            shape = shape_from_hub(where, revision=options["revision"])
+        else:
+            shape = read_checkpoint(Path(where))
+        model = model_import(name=options["name"], source=options["source"] or where, shape=shape.as_fields())
         for note in shape.notes:
             self.stderr.write(f"note: {note}")
         self.stdout.write(

@@ -64,11 +64,21 @@ class Command(ActorCommand):
             for demo in fleet.MODELS:
                 if ServedModel.objects.filter(name=demo.name).exists():
                     continue
-                config = json.loads((fleet.CONFIGS / demo.config).read_text())
-                weights_index = {"metadata": {"total_size": demo.total_size}, "weight_map": {}}
-                shape = shape_from_config(config, index=weights_index, source=demo.config)
+                source = demo.source
+                if demo.name in fleet.GGUF_MODELS:
+                    from catalog.demo.gguf_file import write_model_gguf
+                    from catalog.sources import read_gguf
+
+                    spec: dict[str, Any] = dict(fleet.GGUF_MODELS[demo.name])
+                    path = write_model_gguf(fleet.demo_dir() / str(spec.pop("file")), **spec)
+                    shape = read_gguf(path)
+                    source = str(path)
+                else:
+                    config = json.loads((fleet.CONFIGS / demo.config).read_text())
+                    weights_index = {"metadata": {"total_size": demo.total_size}, "weight_map": {}}
+                    shape = shape_from_config(config, index=weights_index, source=demo.config)
                 services.model_import(
-                    name=demo.name, source=demo.source, shape=shape.as_fields(), message="demo fleet"
+                    name=demo.name, source=source, shape=shape.as_fields(), message="demo fleet"
                 )
                 created += 1
             for model_name, name, engine, profile_class, gpn, tp, profile_args in fleet.PROFILES:

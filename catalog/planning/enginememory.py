@@ -1,0 +1,180 @@
+"""How an engine fills a card, as data: the ``[<engine>.memory]`` table of
+``engines.toml``, loaded and checked.
+
+Each figure is a term of the engine's own start-up accounting (vLLM's memory
+profile, SGLang's static fraction, llama.cpp's buffers), with where it comes
+from kept beside it in ``sources``; ``memory.py`` turns them into bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+BUDGET_RULES = ("fraction", "sglang", "none")
+SLIDING_RULES = ("batch", "window", "full")
+
+# Every term the planner can show; an engine's sources must name each it uses.
+TERMS = ("budget", "weights", "kv", "activation", "non_torch", "comm_buffers", "cuda_graph", "runtime")
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """One engine's memory model (see the ``[vllm.memory]`` table for each key)."""
+
+    version: str
+    budget_rule: str = "none"
+    budget_flag: str | None = None
+    budget_default: float = 1.0
+    batch_tokens_flag: str | None = None
+    batch_tokens_default: int = 2048
+    batch_tokens_default_large: int | None = None
+    max_seqs_flag: str | None = None
+    max_seqs_default: int = 256
+    max_seqs_default_large: int | None = None
+    large_card_gib: float = 70.0
+    large_card_except: tuple[str, ...] = ()
+    activation_ffn: float = 0.0
+    activation_hidden: float = 0.0
+    sampler_copies: float = 0.0
+    non_torch_gib: float = 0.0
+    comm_buffers_gib: float = 0.0
+    comm_buffers_min_card_gib: float = 0.0
+    cuda_graph_gib: float = 0.0
+    eager_flags: tuple[str, ...] = ()
+    runtime_gib: float = 0.0
+    kv_block: int = 1
+    kv_block_flag: str | None = None
+    kv_dtype_flags: tuple[str, ...] = ()
+    kv_dtype_bytes: Mapping[str, float] = field(default_factory=dict)
+    sliding: str = "window"
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+
+_FLOATS = {
+    "budget_default": (0.01, 1.0),
+    "large_card_gib": (0.0, 10_000.0),
+    "activation_ffn": (0.0, 1_000.0),
+    "activation_hidden": (0.0, 1_000.0),
+    "sampler_copies": (0.0, 1_000.0),
+    "non_torch_gib": (0.0, 1024.0),
+    "comm_buffers_gib": (0.0, 1024.0),
+    "comm_buffers_min_card_gib": (0.0, 10_000.0),
+    "cuda_graph_gib": (0.0, 1024.0),
+    "runtime_gib": (0.0, 1024.0),
+}
+_INTS = {
+    "batch_tokens_default": 1,
+    "batch_tokens_default_large": 1,
+    "max_seqs_default": 1,
+    "max_seqs_default_large": 1,
+    "kv_block": 1,
+}
+_FLAGS = {"budget_flag", "batch_tokens_flag", "max_seqs_flag", "kv_block_flag"}
+_FLAG_LISTS = {"eager_flags", "kv_dtype_flags"}
+_STRINGS = {"version", "budget_rule", "sliding"}
+_OTHER = {"large_card_except", "kv_dtype_bytes", "sources"}
+
+
+def parse_memory(table: Any, fail: Callable[[str, str], Exception]) -> EngineMemory:
+    """The ``memory`` table of one engine, checked; ``fail(key, problem)``
+    builds the error naming the key."""
+    if not isinstance(table, dict):
+        raise fail("memory", "must be a table of the engine's memory terms")
+    known = set(_FLOATS) | set(_INTS) | _FLAGS | _FLAG_LISTS | _STRINGS | _OTHER
+    for key in table:
+        if key not in known:
+            raise fail(f"memory.{key}", "unknown key")
+    values: dict[str, Any] = {}
+    for key, (low, high) in _FLOATS.items():
+        if key in table:
+            value = table[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+                raise fail(f"memory.{key}", f"must be a number from {low:g} to {high:g}, not {value!r}")
+            values[key] = float(value)
+    for key, low in _INTS.items():
+        if key in table:
+            value = table[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise fail(f"memory.{key}", f"must be a whole number of at least {low}, not {value!r}")
+            values[key] = value
+    for key in _FLAGS:
+        if key in table:
+            value = table[key]
+            if not isinstance(value, str) or not value.startswith("-") or "=" in value or " " in value:
+                raise fail(
+                    f"memory.{key}", f"must be a flag such as '--gpu-memory-utilization', not {value!r}"
+                )
+            values[key] = value
+    for key in _FLAG_LISTS:
+        if key in table:
+            value = table[key]
+            if not isinstance(value, list) or not all(
+                isinstance(v, str) and v.startswith("-") for v in value
+            ):
+                raise fail(f"memory.{key}", "must be a list of flags")
+            values[key] = tuple(value)
+    for key in _STRINGS:
+        if key in table and not isinstance(table[key], str):
+            raise fail(f"memory.{key}", f"must be a string, not {table[key]!r}")
+    if "version" not in table or not table["version"].strip():
+        raise fail("memory.version", "say which release of the engine these figures are for")
+    values["version"] = table["version"]
+    rule = table.get("budget_rule", "none")
+    if rule not in BUDGET_RULES:
+        raise fail("memory.budget_rule", f"must be one of {', '.join(BUDGET_RULES)}, not {rule!r}")
+    values["budget_rule"] = rule
+    sliding = table.get("sliding", "window")
+    if sliding not in SLIDING_RULES:
+        raise fail("memory.sliding", f"must be one of {', '.join(SLIDING_RULES)}, not {sliding!r}")
+    values["sliding"] = sliding
+    if rule == "fraction" and "budget_flag" not in values:
+        raise fail("memory.budget_flag", "a fraction budget needs the engine's flag for it")
+
+    excepted = table.get("large_card_except", [])
+    if not isinstance(excepted, list) or not all(isinstance(v, str) and v for v in excepted):
+        raise fail("memory.large_card_except", "must be a list of class-name fragments")
+    values["large_card_except"] = tuple(v.lower() for v in excepted)
+
+    dtypes = table.get("kv_dtype_bytes", {})
+    if not isinstance(dtypes, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 8 for v in dtypes.values()
+    ):
+        raise fail("memory.kv_dtype_bytes", "must map each cache dtype to its bytes a value (0 to 8)")
+    if values.get("kv_dtype_flags") and "auto" not in dtypes:
+        raise fail("memory.kv_dtype_bytes", "must say what 'auto' (no flag) takes")
+    values["kv_dtype_bytes"] = {str(k): float(v) for k, v in dtypes.items()}
+
+    sources = table.get("sources", {})
+    if not isinstance(sources, dict) or not all(isinstance(v, str) and v.strip() for v in sources.values()):
+        raise fail("memory.sources", "must map each term to where it comes from")
+    for term in sources:
+        if term not in TERMS:
+            raise fail(f"memory.sources.{term}", f"unknown term; the terms are {', '.join(TERMS)}")
+    used = _terms_used(values)
+    for term in used:
+        if term not in sources:
+            raise fail(
+                f"memory.sources.{term}",
+                "every term the engine uses needs its source (engine, version, file)",
+            )
+    values["sources"] = dict(sources)
+    return EngineMemory(**values)
+
+
+def _terms_used(values: dict[str, Any]) -> list[str]:
+    used = ["weights", "kv"]
+    if values["budget_rule"] != "none":
+        used.append("budget")
+    if values.get("activation_ffn") or values.get("activation_hidden") or values.get("sampler_copies"):
+        used.append("activation")
+    for key, term in (
+        ("non_torch_gib", "non_torch"),
+        ("comm_buffers_gib", "comm_buffers"),
+        ("cuda_graph_gib", "cuda_graph"),
+        ("runtime_gib", "runtime"),
+    ):
+        if values.get(key):
+            used.append(term)
+    return used
