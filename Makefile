@@ -5,7 +5,7 @@ UV ?= $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 PY := .venv/bin/python
 export DJANGO_SETTINGS_MODULE := llmgw_web.settings
 
-.PHONY: run test lint install demo-db browser-deps screenshots bench
+.PHONY: run test lint install demo-db browser-deps screenshots bench bench-dry-run serve scale-out
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -55,6 +55,28 @@ lint: install
 	DJANGO_DEBUG=1 DATABASE_URL=sqlite://:memory: $(PY) manage.py makemigrations --check --dry-run
 	DJANGO_DEBUG=1 DATABASE_URL=sqlite://:memory: $(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
 
-# How long the live form's dry run takes at 10 to 5000 nodes (docs/benchmarks.md).
+# The app as in production: static files collected (whitenoise serves them, compressed), gunicorn
+# with WEB_WORKERS processes on ADDR. Needs the production settings in the environment
+# (DJANGO_SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL; README, "Settings") and a migrated database.
+WEB_WORKERS ?= 2
+ADDR ?= 127.0.0.1:8000
+serve: install
+	$(PY) manage.py collectstatic --no-input --verbosity 0
+	exec .venv/bin/gunicorn llmgw_web.wsgi --workers $(WEB_WORKERS) --bind $(ADDR) \
+		--access-logfile - --graceful-timeout 10 --keep-alive 5
+
+# The benchmark (docs/benchmarks.md): the generated 1,000-node fleet on PostgreSQL, served by
+# make serve, every page against the floor; the restart fan-out against its ideal; and two web
+# processes and two workers sharing a fan-out, one worker killed. Each on a database of its own
+# (BENCH_DATABASE_URL, BENCH_FANOUT_DATABASE_URL, BENCH_SCALE_DATABASE_URL).
 bench: install
+	$(PY) bench/pages.py
+	$(PY) bench/fanout.py
+	$(PY) bench/scale_out.py
+
+scale-out: install
+	$(PY) bench/scale_out.py
+
+# How long the live form's dry run takes at 10 to 5000 nodes, in-process (docs/benchmarks.md).
+bench-dry-run: install
 	$(PY) bench/resize_dry_run.py

@@ -20,6 +20,7 @@ import contextlib
 import http.client
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -161,9 +162,30 @@ class Client:
         return self.request("DELETE", path, **kw)
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux; its default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now (bind to port 0, read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port nothing listens on right now, below the kernel's ephemeral range: a port from
+    that range may be taken between this check and the listener's bind by any outgoing
+    connection (the tests' own HTTP clients, the worker's), and was, now and then. From 10000 to
+    20000: restart_support.port_block keeps the replicas' ports above that."""
+    high = min(20000, ephemeral_ports()[0])
+    for _ in range(200):
+        port = random.randrange(10000, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # nothing free below it: any port
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 

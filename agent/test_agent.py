@@ -574,6 +574,48 @@ class TheAgent(WithAnAgent):
         assert (response.status_code, response.json()["code"]) == (400, "invalid_grace")
         assert agent.replica("r1")["state"] in ("starting", "loading", "ready")
 
+    # -- waiting for a change (the long poll) --
+
+    def test_a_wait_answers_as_soon_as_the_replica_leaves_the_state_last_seen(self) -> None:
+        agent, http = self.agent, self.http
+        response = http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), load_seconds=1.0))
+        assert response.status_code == 201
+        seen = agent.wait_for_state("r1", "loading")["state"]
+        began = time.monotonic()
+        state = http.get("/v1/replicas/r1", params={"wait": "10", "state": seen}).json()
+        assert state["state"] == "ready"
+        assert time.monotonic() - began < 5  # when it was ready (about 1 s of loading), not after 10 s
+        # Already in another state than the one named: at once.
+        ready_at = time.monotonic()
+        assert (
+            http.get("/v1/replicas/r1", params={"wait": "10", "state": "loading"}).json()["state"] == "ready"
+        )
+        assert time.monotonic() - ready_at < 2
+
+    def test_a_wait_with_no_change_answers_after_the_wait_with_the_state_then(self) -> None:
+        agent, http = self.agent, self.http
+        spec = standin_spec(port=free_port(), env={"STANDIN_NEVER_READY": "1"})
+        assert http.put("/v1/replicas/r1", json=spec).status_code == 201
+        agent.wait_for_state("r1", "loading")
+        began = time.monotonic()
+        state = http.get("/v1/replicas/r1", params={"wait": "0.8", "state": "loading"}).json()
+        assert state["state"] == "loading"
+        assert 0.7 <= time.monotonic() - began < 5
+
+    def test_a_bad_wait_is_refused(self) -> None:
+        http = self.http
+        assert http.put("/v1/replicas/r1", json=standin_spec(port=free_port())).status_code == 201
+        for params, code in [
+            ({"wait": "ages", "state": "loading"}, "invalid_wait"),
+            ({"wait": "31", "state": "loading"}, "invalid_wait"),
+            ({"wait": "1", "state": "asleep"}, "invalid_state"),
+            ({"wait": "1"}, "invalid_state"),
+        ]:
+            with self.subTest(params=params):
+                response = http.get("/v1/replicas/r1", params=params)
+                assert response.status_code == 400 and response.json()["code"] == code
+                assert response.json()["detail"]
+
     def test_a_port_another_program_holds_is_busy_and_nothing_starts(self) -> None:
         agent = self.agent
         http = self.http

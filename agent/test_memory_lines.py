@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+import sys
+import unittest
+from pathlib import Path
+
 from agent_testing import free_port
 from llmgw_agent.memory_lines import parse_memory_lines, parse_nvidia_smi_apps
 
@@ -33,84 +37,88 @@ SGLANG = """\
 """
 
 
-def test_vllm_v0_lines_give_each_term():
-    got = parse_memory_lines(VLLM_V0.splitlines())
-    assert got["weights"] == round(5.20 * GIB)  # the breakdown line, after the loading line
-    assert got["non_torch"] == round(0.03 * GIB)
-    assert got["activation"] == round(1.42 * GIB)
-    assert got["kv_cache"] == round(-1.05 * GIB)
-    assert (got["total"], got["fraction"], got["budget"]) == (round(23.55 * GIB), 0.90, round(21.19 * GIB))
-    assert (got["context"], got["sequences"]) == (3072, 47.12)
-    assert got["cuda_graph"] == round(0.64 * GIB)
+NVIDIA_SMI_CASES = [
+    ("1234, 15000\n5678, 2000\n", {1234: 15000 * 2**20, 5678: 2000 * 2**20}),
+    ("1234, 100\n1234, 200\n", {1234: 300 * 2**20}),  # one process on two cards
+    ("No running processes found\n", {}),
+    ("pid, used_gpu_memory [MiB]\n", {}),
+]
 
 
-def test_vllm_v1_lines_give_weights_cache_tokens_and_graphs():
-    got = parse_memory_lines(VLLM_V1.splitlines())
-    assert got == {
-        "weights": round(12.66 * GIB),
-        "kv_cache": round(41.98 * GIB),
-        "kv_tokens": 171904,
-        "context": 32768,
-        "sequences": 5.25,
-        "cuda_graph": round(0.11 * GIB),
-    }
+class MemoryLinesTest(unittest.TestCase):
+    """Each engine's memory lines, read as the agent reads them (standard library only)."""
+
+    def test_vllm_v0_lines_give_each_term(self):
+        got = parse_memory_lines(VLLM_V0.splitlines())
+        assert got["weights"] == round(5.20 * GIB)  # the breakdown line, after the loading line
+        assert got["non_torch"] == round(0.03 * GIB)
+        assert got["activation"] == round(1.42 * GIB)
+        assert got["kv_cache"] == round(-1.05 * GIB)
+        assert (got["total"], got["fraction"], got["budget"]) == (
+            round(23.55 * GIB),
+            0.90,
+            round(21.19 * GIB),
+        )
+        assert (got["context"], got["sequences"]) == (3072, 47.12)
+        assert got["cuda_graph"] == round(0.64 * GIB)
+
+    def test_vllm_v1_lines_give_weights_cache_tokens_and_graphs(self):
+        got = parse_memory_lines(VLLM_V1.splitlines())
+        assert got == {
+            "weights": round(12.66 * GIB),
+            "kv_cache": round(41.98 * GIB),
+            "kv_tokens": 171904,
+            "context": 32768,
+            "sequences": 5.25,
+            "cuda_graph": round(0.11 * GIB),
+        }
+
+    def test_sglang_lines_give_weights_the_pool_and_graphs(self):
+        got = parse_memory_lines(SGLANG.splitlines())
+        assert got == {
+            "weights": round(56.98 * GIB),
+            "kv_tokens": 1669816,
+            "kv_cache": round((76.44 + 76.44) * GIB),
+            "cuda_graph": round(6.19 * GIB),
+        }
+
+    def test_a_log_without_memory_lines_gives_nothing(self):
+        assert parse_memory_lines(["INFO starting", "Uvicorn running on http://0.0.0.0:8000"]) == {}
+
+    def test_nvidia_smi_compute_apps(self):
+        for text, expected in NVIDIA_SMI_CASES:
+            with self.subTest(text=text):
+                assert parse_nvidia_smi_apps(text) == expected
+
+    def test_the_standin_engine_prints_lines_the_agent_reads_back(self):
+        env = {
+            "STANDIN_MEMORY": "weights=14.96,non_torch=0.35,activation=1.26,kv_cache=53.29,cuda_graph=0.64,"
+            "total=79.22,fraction=0.9,context=8192,sequences=13.3",
+            "STANDIN_EXIT_AT_START": "",
+            "PATH": "/usr/bin:/bin",
+        }
+        standin = Path(__file__).resolve().parent.parent / "agent" / "standin_engine.py"
+        proc = subprocess.Popen(
+            [sys.executable, str(standin), "--port", str(free_port()), "--load-seconds", "0"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        lines = []
+        try:
+            for line in proc.stderr:  # until it listens: the memory lines come before
+                lines.append(line)
+                if "listening on" in line:
+                    break
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+            proc.stderr.close()
+        got = parse_memory_lines(lines)
+        assert got["weights"] == round(14.96 * GIB) and got["activation"] == round(1.26 * GIB)
+        assert got["kv_cache"] == round(53.29 * GIB) and got["cuda_graph"] == round(0.64 * GIB)
+        assert (got["context"], got["sequences"], got["fraction"]) == (8192, 13.3, 0.9)
 
 
-def test_sglang_lines_give_weights_the_pool_and_graphs():
-    got = parse_memory_lines(SGLANG.splitlines())
-    assert got == {
-        "weights": round(56.98 * GIB),
-        "kv_tokens": 1669816,
-        "kv_cache": round((76.44 + 76.44) * GIB),
-        "cuda_graph": round(6.19 * GIB),
-    }
-
-
-def test_a_log_without_memory_lines_gives_nothing():
-    assert parse_memory_lines(["INFO starting", "Uvicorn running on http://0.0.0.0:8000"]) == {}
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("1234, 15000\n5678, 2000\n", {1234: 15000 * 2**20, 5678: 2000 * 2**20}),
-        ("1234, 100\n1234, 200\n", {1234: 300 * 2**20}),  # one process on two cards
-        ("No running processes found\n", {}),
-        ("pid, used_gpu_memory [MiB]\n", {}),
-    ],
-)
-def test_nvidia_smi_compute_apps(text, expected):
-    assert parse_nvidia_smi_apps(text) == expected
-
-
-def test_the_standin_engine_prints_lines_the_agent_reads_back(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {
-        "STANDIN_MEMORY": "weights=14.96,non_torch=0.35,activation=1.26,kv_cache=53.29,cuda_graph=0.64,"
-        "total=79.22,fraction=0.9,context=8192,sequences=13.3",
-        "STANDIN_EXIT_AT_START": "",
-        "PATH": "/usr/bin:/bin",
-    }
-    standin = Path(__file__).resolve().parent.parent / "agent" / "standin_engine.py"
-    proc = subprocess.Popen(
-        [sys.executable, str(standin), "--port", str(free_port()), "--load-seconds", "0"],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines = []
-    try:
-        for line in proc.stderr:  # until it listens: the memory lines come before
-            lines.append(line)
-            if "listening on" in line:
-                break
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-    got = parse_memory_lines(lines)
-    assert got["weights"] == round(14.96 * GIB) and got["activation"] == round(1.26 * GIB)
-    assert got["kv_cache"] == round(53.29 * GIB) and got["cuda_graph"] == round(0.64 * GIB)
-    assert (got["context"], got["sequences"], got["fraction"]) == (8192, 13.3, 0.9)
+if __name__ == "__main__":
+    unittest.main()

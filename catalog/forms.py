@@ -109,3 +109,43 @@ class ContextForm(_ChangeForm):
         super().__init__(*args, **kwargs)
         if self.model.context_length:
             self.fields["tokens"].widget.attrs["max"] = self.model.context_length
+
+
+NODE_STATE_CHOICES = [("", "any"), *((s, s) for s in ("ready", "cordoned", "down"))]
+NODE_VIEWS = [("cards", "cards"), ("compact", "compact")]
+
+
+class NodeFilterForm(forms.Form):
+    """The nodes page's filters and its view (a tile per card, or compact); every field optional."""
+
+    name = forms.CharField(
+        required=False,
+        label="Name",
+        widget=forms.TextInput(attrs={"type": "search", "placeholder": "part of a node's name"}),
+    )
+    gpu_class = forms.ChoiceField(required=False, label="GPU class")
+    state = forms.ChoiceField(required=False, label="State", choices=NODE_STATE_CHOICES)
+    free = forms.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=64,
+        label="Free cards, at least",
+        widget=forms.NumberInput(attrs={"min": 0, "max": 64, "inputmode": "numeric", "class": "narrow"}),
+        error_messages={"invalid": "Free cards is a whole number."},
+    )
+    model = forms.CharField(
+        required=False,
+        label="Holding cards of",
+        widget=forms.TextInput(attrs={"type": "search", "placeholder": "a model's name"}),
+    )
+    view = forms.ChoiceField(required=False, label="View", choices=NODE_VIEWS)
+
+    def __init__(self, *args: Any, gpu_classes: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["gpu_class"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [("", "any"), *((c, c) for c in gpu_classes)]
+
+    @classmethod
+    def for_fleet(cls, data: Any) -> NodeFilterForm:
+        return cls(data, gpu_classes=list(GPUClass.objects.order_by("name").values_list("name", flat=True)))

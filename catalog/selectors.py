@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
-from catalog.models import Card, GPUClass, Profile, Replica, ServedModel, live_replicas_q
+from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, live_replicas_q
 from catalog.planning import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
 from catalog.planning.placement import LiveReplica, NodeCards
 from catalog.planning.plan import Fleet
@@ -96,7 +96,84 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
 
 
 def live_replicas(profile: Profile) -> QuerySet[Replica]:
-    return Replica.objects.filter(profile=profile, state__in=Replica.LIVE_STATES)
+    return Replica.objects.filter(live_replicas_q(), profile=profile)
+
+
+# -- the nodes page: a summary of the whole fleet, and one page of nodes with their cards ---------------
+
+# What one card row of ``cards_of`` holds, in this order (plain tuples: a page of 50 nodes is 400 of
+# them, and building ORM objects for them cost more than the query).
+CARD_ROW = (
+    "node_id",
+    "index",
+    "gpu_class__name",
+    "shard__replica__name",
+    "shard__replica__state",
+    "shard__replica__profile__model_id",
+    "shard__replica__profile__model__name",
+)
+HOLDERS_NAMED = 8  # models named per class in the summary; the rest are counted together
+
+
+def fleet_summary() -> dict[str, Any]:
+    """Cards by class (in all, free, held by which models) and nodes by state, grouped in the
+    database: two queries, and rows that grow with classes and models, not with cards."""
+    classes: dict[str, dict[str, Any]] = {}
+    rows = (
+        Card.objects.values("gpu_class__name", "shard__replica__profile__model__name")
+        .annotate(n=Count("id"))
+        .order_by("gpu_class__name", "-n", "shard__replica__profile__model__name")
+    )
+    for r in rows:
+        name, model, n = r["gpu_class__name"], r["shard__replica__profile__model__name"], r["n"]
+        c = classes.setdefault(
+            name,
+            {"name": name, "cards": 0, "free": 0, "held": 0, "holders": [], "others": 0, "others_cards": 0},
+        )
+        c["cards"] += n
+        if model is None:
+            c["free"] += n
+            continue
+        c["held"] += n
+        if len(c["holders"]) < HOLDERS_NAMED:
+            c["holders"].append((model, n))
+        else:
+            c["others"] += 1
+            c["others_cards"] += n
+    states = dict(Node.objects.values_list("state").annotate(n=Count("id")).order_by("state"))
+    return {
+        "classes": list(classes.values()),
+        "states": [(s, states.get(s, 0)) for s in Node.State.values],
+        "nodes": sum(states.values()),
+        "cards": sum(c["cards"] for c in classes.values()),
+        "free": sum(c["free"] for c in classes.values()),
+    }
+
+
+def nodes_matching(filters: dict[str, Any] | None = None) -> QuerySet[Node]:
+    """Nodes by name, narrowed by the nodes page's filters
+    (class, state, at least so many free cards, holding cards of a model, part of the name)."""
+    f = filters or {}
+    qs = Node.objects.all()
+    if name := f.get("name"):
+        qs = qs.filter(name__icontains=name)
+    if state := f.get("state"):
+        qs = qs.filter(state=state)
+    if cls := f.get("gpu_class"):
+        qs = qs.filter(pk__in=Card.objects.filter(gpu_class__name=cls).values("node"))
+    if model := f.get("model"):
+        qs = qs.filter(pk__in=Card.objects.filter(shard__replica__profile__model__name=model).values("node"))
+    if f.get("free") is not None:
+        # Counted only when asked: the count joins every card, and the page reads its own anyway.
+        qs = qs.annotate(free_count=Count("cards", filter=Q(cards__shard__isnull=True))).filter(
+            free_count__gte=f["free"]
+        )
+    return qs.order_by("name")
+
+
+def cards_of(node_ids: list[int]) -> list[tuple]:
+    """The cards of these nodes with their holders, as ``CARD_ROW`` tuples: one query."""
+    return list(Card.objects.filter(node_id__in=node_ids).order_by("node_id", "index").values_list(*CARD_ROW))
 
 
 def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list[NodeRoom], Fleet | None]:

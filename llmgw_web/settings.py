@@ -6,6 +6,8 @@ DATABASE_URL. With DJANGO_DEBUG off, a SECRET_KEY must be given.
 
 from __future__ import annotations
 
+import re
+import warnings
 from pathlib import Path
 
 import dj_database_url
@@ -59,6 +61,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files from the process itself, compressed and with far-future caching for the hashed
+    # names collectstatic writes: no separate file server is needed in front (make serve).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -87,10 +92,14 @@ TEMPLATES = [
     },
 ]
 
+# Connections are kept between requests (opening one costs about as much as a small page) and
+# checked before each request reuses them, so a database restart costs one failed check, not a
+# failed request. DATABASE_CONN_MAX_AGE=0 closes each at the end of its request.
 DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'llmgw.sqlite3'}",
-        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0),
+        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 600, minimum=0),
+        conn_health_checks=env_bool("DATABASE_CONN_HEALTH_CHECKS", True),
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -116,6 +125,17 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env_str("STATIC_ROOT") or BASE_DIR / "staticfiles")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Gzip copies beside each file at collectstatic; names unchanged, so pages render the same
+    # whether or not collectstatic has run (the tests do not run it).
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Without collectstatic (development, tests) whitenoise serves from the app and project folders.
+WHITENOISE_USE_FINDERS = env_bool("WHITENOISE_USE_FINDERS", not STATIC_ROOT.is_dir())
+if WHITENOISE_USE_FINDERS:
+    # ...and its warning that STATIC_ROOT is missing says nothing new then.
+    warnings.filterwarnings("ignore", message=f"No directory at: {re.escape(str(STATIC_ROOT))}")
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
@@ -176,6 +196,11 @@ if LLMGW_OPERATION_HEARTBEAT_SECONDS * 2 > LLMGW_OPERATION_STALE_SECONDS:
     )
 LLMGW_OPERATION_SWEEP_SECONDS = env_float("LLMGW_OPERATION_SWEEP_SECONDS", 30.0, minimum=0.5)
 LLMGW_OPERATION_POLL_SECONDS = env_float("LLMGW_OPERATION_POLL_SECONDS", 1.0, minimum=0.05)
+# How long a restart asks an agent to hold its answer until a replacement's state changes (a long
+# poll; the agent bounds it at 30 s). 0: plain polling every LLMGW_OPERATION_POLL_SECONDS.
+LLMGW_AGENT_WAIT_SECONDS = env_float("LLMGW_AGENT_WAIT_SECONDS", 5.0, minimum=0.0)
+if LLMGW_AGENT_WAIT_SECONDS > 30:
+    raise ImproperlyConfigured("LLMGW_AGENT_WAIT_SECONDS must be at most 30: the agent waits no longer")
 LLMGW_OPERATION_MAX_ATTEMPTS = env_int("LLMGW_OPERATION_MAX_ATTEMPTS", 3, minimum=1)
 LLMGW_AGENT_TIMEOUT_SECONDS = env_float("LLMGW_AGENT_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 LLMGW_REPLICA_PORT_BASE = env_int("LLMGW_REPLICA_PORT_BASE", 8100, minimum=1024)

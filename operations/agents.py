@@ -76,8 +76,20 @@ class AgentClient:
         """PUT the spec: 201 started, 200 already live with the same spec (harmless)."""
         return self._call("PUT", self._path(replica_id), json=spec, what=f"starting replica {replica_id}")
 
-    def get(self, replica_id: str) -> dict[str, Any]:
-        return self._call("GET", self._path(replica_id), what=f"reading the state of replica {replica_id}")
+    def get(self, replica_id: str, *, wait: float = 0.0, unless: str | None = None) -> dict[str, Any]:
+        """The replica's state; with ``unless`` (the state last seen) and ``wait`` seconds, a long
+        poll: the agent answers once the state is another, or after ``wait`` (docs/agent-api.md).
+        The request's timeout is the agent's plus the wait."""
+        what = f"reading the state of replica {replica_id}"
+        if unless is None or wait <= 0:
+            return self._call("GET", self._path(replica_id), what=what)
+        return self._call(
+            "GET",
+            self._path(replica_id),
+            params={"wait": f"{wait:.3f}", "state": unless},
+            what=what,
+            timeout=self.timeout + wait,
+        )
 
     def stop(self, replica_id: str, *, grace: float | None = None) -> dict[str, Any]:
         """DELETE: answers once the process is gone. A replica the agent does not

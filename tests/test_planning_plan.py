@@ -115,7 +115,14 @@ def test_a_resize_answers_the_change_with_the_api_keys():
     assert body["per_card"] == "7.1 GiB a card of 4, of 72 usable"
     assert body["memory"]["need"] == 16060522496 // 4 + 131072 * 8192 // 4 + VLLM_TP_TERMS
     # places: the restart was not simulated (no fleet given), so no replica is placed
-    assert body["room"] == {"in_place": False, "beside": ["n1"], "in_place_nodes": ["n1"], "places": []}
+    assert body["room"] == {
+        "in_place": False,
+        "beside": ["n1"],
+        "beside_count": 1,
+        "in_place_nodes": ["n1"],
+        "in_place_count": 1,
+        "places": [],
+    }
     assert (body["restarted"], body["in_place"], body["note"]) == (0, False, "")
     new = change.new_profile
     assert (new.tp, new.gpus_per_node, new.nodes, new.pp, new.cards) == (4, 4, 1, 0, 4)

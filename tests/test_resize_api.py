@@ -126,7 +126,9 @@ def test_a_resize_answers_the_change_with_the_design_keys_and_writes_one_audit_e
     assert body["room"] == {
         "in_place": False,
         "beside": ["gpu-1"],
+        "beside_count": 1,
         "in_place_nodes": ["gpu-1"],
+        "in_place_count": 1,
         "places": [],  # no replica runs, so nothing is restarted
     }
 

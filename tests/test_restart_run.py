@@ -321,3 +321,19 @@ def test_a_replacement_whose_port_another_program_holds_moves_to_the_next_port(t
         assert (moved.before, moved.after, moved.via) == ({"port": taken}, {"port": taken + 1}, "worker")
         assert f"Port {taken} is in use by another program" in moved.message
         assert_nothing_half_done()
+
+
+def test_the_worker_learns_a_replacement_is_ready_when_the_agent_does_not_on_its_next_poll(
+    tmp_path, actor, settings
+):
+    # A poll this slow would make the step last at least 5 s; the long poll answers at readiness.
+    settings.LLMGW_OPERATION_POLL_SECONDS = 5
+    settings.LLMGW_AGENT_WAIT_SECONDS = 5
+    with fleet_of(tmp_path, load_seconds=0.5) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, ready_timeout=30)
+        assert run_operation(op.pk) == "succeeded"
+        step = RestartOperation.objects.get(pk=op.pk).steps.get()
+        assert step.state == "succeeded", step.reason
+        assert (step.finished_at - step.started_at).total_seconds() < 3.5

@@ -67,9 +67,39 @@ def test_a_csrf_origin_without_a_scheme_is_refused():
 def test_a_database_url_selects_postgresql():
     result = manage(
         "shell",
+        "--no-imports",
         "-c",
         "from django.db import connection; print(connection.vendor)",
         DJANGO_DEBUG="1",
         DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres",
     )
     assert result.stdout.strip().splitlines()[-1] == "postgresql", result.stderr
+
+
+def test_database_connections_are_kept_and_checked_by_default():
+    result = manage(
+        "shell",
+        "--no-imports",
+        "-c",
+        "from django.conf import settings; d = settings.DATABASES['default']; "
+        "print(d['CONN_MAX_AGE'], d['CONN_HEALTH_CHECKS'])",
+        DJANGO_DEBUG="1",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["600", "True"]
+    closed = manage(
+        "shell",
+        "--no-imports",
+        "-c",
+        "from django.conf import settings; print(settings.DATABASES['default']['CONN_MAX_AGE'])",
+        DJANGO_DEBUG="1",
+        DATABASE_CONN_MAX_AGE="0",
+    )
+    assert closed.stdout.split() == ["0"]
+    bad = manage("check", DJANGO_DEBUG="1", DATABASE_CONN_MAX_AGE="-1")
+    assert bad.returncode != 0 and "DATABASE_CONN_MAX_AGE=-1 is below the minimum of 0" in bad.stderr
+
+
+def test_a_long_poll_longer_than_the_agent_waits_is_refused():
+    bad = manage("check", DJANGO_DEBUG="1", LLMGW_AGENT_WAIT_SECONDS="31")
+    assert bad.returncode != 0 and "LLMGW_AGENT_WAIT_SECONDS must be at most 30" in bad.stderr

@@ -24,8 +24,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from . import __version__
 from .config import AgentConfig
+from .record import FAILED, LOADING, READY, STARTING, STOPPED
 from .spec import AgentError, check_replica_id
-from .supervisor import Supervisor
+from .supervisor import MAX_WAIT_SECONDS, Supervisor
+
+ALL_STATES = frozenset({STARTING, LOADING, READY, FAILED, STOPPED})
 
 log = logging.getLogger("llmgw_agent")
 
@@ -201,7 +204,8 @@ class AgentHandler(BaseHTTPRequestHandler):
             replica_id = unquote(path[len(REPLICAS_PREFIX) :])
             self._allow(method, "GET", "PUT", "DELETE")
             if method == "GET":
-                return 200, supervisor.get(replica_id)
+                wait, unless = _wait(query)
+                return 200, supervisor.get(replica_id, wait=wait, unless=unless)
             if method == "DELETE":
                 return 200, supervisor.stop(replica_id, _grace(query))
             check_replica_id(replica_id)
@@ -260,6 +264,30 @@ class AgentHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
         log.warning("%s %s", self.client_address[0], format % args)
+
+
+def _wait(query: dict[str, list[str]]) -> tuple[float, str | None]:
+    """``?wait=S&state=X``: answer once the replica is no longer X, or after S seconds."""
+    if "wait" not in query and "state" not in query:
+        return 0.0, None
+    raw, state = query.get("wait", [""])[-1], query.get("state", [""])[-1]
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = -1.0
+    if not math.isfinite(wait) or not 0 <= wait <= MAX_WAIT_SECONDS:
+        raise AgentError(
+            400,
+            "invalid_wait",
+            f"wait must be a number of seconds from 0 to {MAX_WAIT_SECONDS:g}, got {raw[:40]!r}.",
+        )
+    if state not in ALL_STATES:
+        raise AgentError(
+            400,
+            "invalid_state",
+            f"state must be the state last seen, one of {', '.join(sorted(ALL_STATES))}; got {state[:40]!r}.",
+        )
+    return wait, state
 
 
 def _grace(query: dict[str, list[str]]) -> float | None:

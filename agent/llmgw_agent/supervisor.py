@@ -49,6 +49,9 @@ log = logging.getLogger("llmgw_agent")
 
 MAX_FINISHED_RECORDS = 500
 KILL_WAIT = 5.0
+# The longest a reader may wait for a replica to change (GET ...?wait=): bounded, so a connection
+# is never held open for long, whatever the caller asked.
+MAX_WAIT_SECONDS = 30.0
 
 
 class Supervisor:
@@ -69,7 +72,9 @@ class Supervisor:
         # started: a spec cannot name another (PATH is refused in a spec).
         self.program_path = os.environ.get("PATH", os.defpath)
         self._probe = probe
-        self._lock = threading.Lock()
+        # A condition on the table's lock: every change of a replica is saved (_save), and saving
+        # wakes the readers waiting for one (get with wait).
+        self._lock = threading.Condition()
         self._replicas: dict[str, Replica] = {}
         self._closing = False
         config.log_dir.mkdir(parents=True, exist_ok=True)
@@ -94,9 +99,21 @@ class Supervisor:
         with self._lock:
             return [self._replicas[rid].as_dict() for rid in sorted(self._replicas)]
 
-    def get(self, replica_id: str) -> dict[str, Any]:
+    def get(self, replica_id: str, *, wait: float = 0.0, unless: str | None = None) -> dict[str, Any]:
+        """The replica's state. With ``unless`` (the state the caller last saw) and ``wait``
+        seconds: answers as soon as the state is another one, or once ``wait`` has passed (or
+        the agent is shutting down) with the state then, so a caller learns that a replica is
+        ready when it is, without polling."""
+        deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_SECONDS)
         with self._lock:
-            return self._find(replica_id).as_dict()
+            record = self._find(replica_id)
+            while unless is not None and record.state == unless and not self._closing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._lock.wait(left)
+                record = self._replicas.get(replica_id, record)
+            return record.as_dict()
 
     # -- start --
 
@@ -309,6 +326,7 @@ class Supervisor:
         """Refuse new starts; stop every live replica first if ``stop_children``."""
         with self._lock:
             self._closing = True
+            self._lock.notify_all()  # waiting readers answer now
             live = [
                 rec for rec in self._replicas.values() if rec.handle is not None and not rec.done.is_set()
             ]
@@ -475,7 +493,8 @@ class Supervisor:
 
     def _save(self) -> None:
         """Write the table (lock held), atomically: a crash mid-write leaves the
-        previous version."""
+        previous version; and wake the readers waiting for a change."""
+        self._lock.notify_all()
         path = self.config.state_file
         tmp = path.with_name(f".{path.name}.tmp")
         data = {"node": self.config.node, "replicas": [rec.as_state() for rec in self._replicas.values()]}

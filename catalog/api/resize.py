@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 
 from catalog.api.inputs import StrictInput, StrictIntegerField
 from catalog.api.permissions import CanResize
+from catalog.planning.types import ROOM_NODES_NAMED
 from catalog.services.resize import model_resize, model_set_context
 
 
@@ -90,8 +91,16 @@ class PlacementSerializer(serializers.Serializer):
 
 class RoomSerializer(serializers.Serializer):
     in_place = serializers.BooleanField()
-    beside = serializers.ListField(child=serializers.CharField())
-    in_place_nodes = serializers.ListField(child=serializers.CharField())
+    beside = serializers.ListField(
+        child=serializers.CharField(),
+        help_text=f"Nodes with the cards free beside the running replicas: the first {ROOM_NODES_NAMED} by name.",
+    )
+    beside_count = serializers.IntegerField(help_text="How many nodes have the cards free beside.")
+    in_place_nodes = serializers.ListField(
+        child=serializers.CharField(),
+        help_text=f"Nodes with the cards free once this profile's replicas stop: the first {ROOM_NODES_NAMED}.",
+    )
+    in_place_count = serializers.IntegerField(help_text="How many nodes have them free that way.")
     places = PlacementSerializer(many=True, help_text="Where the restart puts each replica, in its order.")
 
 

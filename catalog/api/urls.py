@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from catalog.api import resize, views
+from catalog.api import resize, views, whoami
 
 router = DefaultRouter()
 router.register("gpu-classes", views.GPUClassViewSet, basename="api-gpuclass")
@@ -13,6 +13,7 @@ router.register("profiles", views.ProfileViewSet, basename="api-profile")
 router.register("replicas", views.ReplicaViewSet, basename="api-replica")
 
 urlpatterns = [
+    path("whoami/", whoami.WhoAmIView.as_view(), name="api-whoami"),
     path("models/<str:name>/gpus/", resize.ResizeView.as_view(), name="api-model-gpus"),
     path("models/<str:name>/context/", resize.ContextView.as_view(), name="api-model-context"),
     path("", include(router.urls)),

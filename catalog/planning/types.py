@@ -12,6 +12,9 @@ from typing import Any, Literal
 from catalog.planning.units import gib, gib_short
 
 Attention = Literal["mha", "gqa", "mqa", "mla"]
+
+# How many nodes with room an answer names (the first, by name); the counts say how many in all.
+ROOM_NODES_NAMED = 10
 ChangeKind = Literal["gpus", "context"]
 
 
@@ -234,10 +237,14 @@ class Room:
     places: tuple[Any, ...] = ()  # placement.Placement, one a restarted replica, in restart order
 
     def as_dict(self) -> dict[str, Any]:
+        """The answer names at most ``ROOM_NODES_NAMED`` nodes of each kind, with how many there
+        are: at 1,000 nodes a list of every one would be most of the answer, and no one reads it."""
         return {
             "in_place": self.in_place,
-            "beside": list(self.beside),
-            "in_place_nodes": list(self.in_place_nodes),
+            "beside": list(self.beside[:ROOM_NODES_NAMED]),
+            "beside_count": len(self.beside),
+            "in_place_nodes": list(self.in_place_nodes[:ROOM_NODES_NAMED]),
+            "in_place_count": len(self.in_place_nodes),
             "places": [p.as_dict() for p in self.places],
         }
 

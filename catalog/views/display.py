@@ -12,6 +12,7 @@ from typing import Any
 from catalog.errors import DomainError
 from catalog.models import Profile, ServedModel
 from catalog.planning import CardMemory, Change, card_memory, context_of, engine
+from catalog.planning.types import ROOM_NODES_NAMED
 from catalog.planning.units import gib
 from catalog.selectors import model_spec, profile_spec
 
@@ -236,8 +237,10 @@ class Preview:
     launch: tuple[str, ...] = ()
     bar: MemoryBar | None = None
     places: tuple[Mapping[str, Any], ...] = ()
-    beside: tuple[str, ...] = ()
+    beside: tuple[str, ...] = ()  # the first ROOM_NODES_NAMED; the counts say how many in all
+    beside_count: int = 0
     in_place_nodes: tuple[str, ...] = ()
+    in_place_count: int = 0
     in_place: bool = False
     note: str = ""
     error: str = ""
@@ -246,6 +249,14 @@ class Preview:
     @property
     def ok(self) -> bool:
         return not self.error
+
+    @property
+    def beside_more(self) -> int:
+        return self.beside_count - len(self.beside)
+
+    @property
+    def in_place_more(self) -> int:
+        return self.in_place_count - len(self.in_place_nodes)
 
     @property
     def unit(self) -> str:
@@ -264,8 +275,10 @@ class Preview:
             launch=change.launch,
             bar=MemoryBar.of(change.memory),
             places=tuple(p.as_dict() for p in room.places) if room else (),
-            beside=room.beside if room else (),
-            in_place_nodes=room.in_place_nodes if room else (),
+            beside=room.beside[:ROOM_NODES_NAMED] if room else (),
+            beside_count=len(room.beside) if room else 0,
+            in_place_nodes=room.in_place_nodes[:ROOM_NODES_NAMED] if room else (),
+            in_place_count=len(room.in_place_nodes) if room else 0,
             in_place=change.in_place,
             note=change.note,
         )

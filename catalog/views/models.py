@@ -15,6 +15,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
@@ -37,27 +38,29 @@ from catalog.views.common import (
 from catalog.views.display import Preview, hue, profile_memory, shape_facts
 from operations import views as operation_views
 
+PAGE_SIZE = 50  # models on a page of the list: it pages and filters, whatever the catalog's size
 
-def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedModel]:
-    """Models with their cards in use and stale replicas counted in the same query.
 
-    Cards in use are those held by live replicas; a replica is stale when it
-    runs an older revision than its profile's. Filters go through subqueries
-    on the profiles, so they never multiply the counts.
-    """
-    f = filters or {}
+def _usage() -> dict[str, Count]:
+    """Cards in use, live and stale replicas: cards in use are those held by live replicas; a
+    replica is stale when it runs an older revision than its profile's."""
     live = live_replicas_q("profiles__replicas__")
-    qs = ServedModel.objects.annotate(
-        cards_in_use=Count("profiles__replicas__shards", filter=live, distinct=True),
-        live_replicas=Count("profiles__replicas", filter=live, distinct=True),
-        stale_replicas=Count(
+    return {
+        "cards_in_use": Count("profiles__replicas__shards", filter=live, distinct=True),
+        "live_replicas": Count("profiles__replicas", filter=live, distinct=True),
+        "stale_replicas": Count(
             "profiles__replicas",
             filter=live & stale_replicas_q("profiles__replicas__"),
             distinct=True,
         ),
-    ).prefetch_related(
-        Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class").order_by("name"))
-    )
+    }
+
+
+def models_matching(filters: dict[str, Any] | None = None) -> QuerySet[ServedModel]:
+    """The models the list's filters let through, by name. Filters go through subqueries on the
+    profiles, so they never multiply rows; only the stale filter needs the counts."""
+    f = filters or {}
+    qs = ServedModel.objects.all()
     if q := f.get("q"):
         qs = qs.filter(Q(name__icontains=q) | Q(source__icontains=q))
     if eng := f.get("engine"):
@@ -70,8 +73,22 @@ def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedM
     elif f.get("state") == "editable":
         qs = qs.filter(declared=False)
     if f.get("stale"):
-        qs = qs.filter(stale_replicas__gt=0)
+        qs = qs.annotate(stale_replicas=_usage()["stale_replicas"]).filter(stale_replicas__gt=0)
     return qs.order_by("name")
+
+
+def models_with_usage(models: list[ServedModel]) -> list[ServedModel]:
+    """These models (a page of them) with their usage counted and their profiles: two queries,
+    and the counts join only their rows, not the whole catalog's."""
+    qs = (
+        ServedModel.objects.filter(pk__in=[m.pk for m in models])
+        .annotate(**_usage())
+        .prefetch_related(
+            Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class").order_by("name"))
+        )
+        .order_by("name")
+    )
+    return list(qs)
 
 
 @login_required
@@ -79,11 +96,21 @@ def models_with_usage(filters: dict[str, Any] | None = None) -> QuerySet[ServedM
 def model_list(request: HttpRequest) -> HttpResponse:
     form = ModelFilterForm.for_catalog(request.GET or None)
     filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
-    models = list(models_with_usage(filters))
+    page = Paginator(models_matching(filters).only("pk"), PAGE_SIZE).get_page(request.GET.get("page"))
+    models = models_with_usage(list(page.object_list))
+    query = request.GET.copy()
+    query.pop("page", None)
     return render_page(
         request,
         "catalog/model_list.html",
-        {"section": "models", "form": form, "models": models, "filtered": bool(filters)},
+        {
+            "section": "models",
+            "form": form,
+            "page": page,
+            "models": models,
+            "filtered": any(v not in (None, "", False) for v in filters.values()),
+            "query": query.urlencode(),
+        },
         partial="results",
     )
 

@@ -1,27 +1,47 @@
-"""The nodes: every node's cards as a grid (free, or held by which model), and a node's replicas."""
+"""The nodes: a summary of the fleet, a page of nodes with their cards (free, or held by which
+model), filtered; and a node's page with its replicas.
+
+The cards are drawn in Python, not by a template per card: at a thousand nodes the template loop
+and its URL lookups were most of the page's time. ``tiles_html`` writes one node's cards as a
+tile each (the default view) or as a strip of small marks (the compact view, for many nodes at
+once); every name is escaped, and a model's link is built once per page.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import QuerySet
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET
 
-from catalog.models import Card, Node, Replica, ServedModel
+from catalog.forms import NodeFilterForm
+from catalog.models import Card, Node, Replica
+from catalog.selectors import cards_of, fleet_summary, nodes_matching
 from catalog.views.common import render_page
 from catalog.views.display import hue
 
+# Nodes on a page: a tile per card is about 170 bytes, so 50 nodes of 8 cards stay well under 200 kB;
+# a compact mark is a fifth of that.
+PAGE_SIZES = {"cards": 50, "compact": 500}
 
-@dataclass
-class CardTile:
-    index: int
+
+class Tile(NamedTuple):
+    """One card as the grid shows it (a row of ``selectors.CARD_ROW``)."""
+
+    node_id: int
+    card: int  # the card's index on its node
     gpu_class: str
-    replica: Replica | None
-    model: ServedModel | None
-    hue: str = ""
+    replica: str | None
+    state: str | None
+    model_id: int | None
+    model: str | None
 
     @property
     def free(self) -> bool:
@@ -31,7 +51,8 @@ class CardTile:
 @dataclass
 class NodeGrid:
     node: Node
-    tiles: list[CardTile] = field(default_factory=list)
+    tiles: list[Tile] = field(default_factory=list)
+    html: SafeString = mark_safe("")  # noqa: S308 - empty
 
     @property
     def free(self) -> int:
@@ -46,49 +67,95 @@ class NodeGrid:
         return ", ".join(f"{n} × {c}" for c, n in counts.items()) or "no cards"
 
 
-def _cards() -> QuerySet[Card]:
-    return Card.objects.select_related("gpu_class", "shard__replica__profile__model").order_by(
-        "node__name", "index"
-    )
+class ModelLinks:
+    """Each model's page address, reversed once and then reused (names are URL-safe by validation)."""
+
+    def __init__(self) -> None:
+        self._prefix = reverse("model-detail", args=["x"])[:-2]
+        self._escaped: dict[str, str] = {}
+
+    def __call__(self, name: str) -> str:
+        link = self._escaped.get(name)
+        if link is None:
+            link = self._escaped[name] = escape(f"{self._prefix}{name}/")
+        return link
 
 
-def grids(nodes: list[Node], cards: QuerySet[Card]) -> list[NodeGrid]:
-    """Each node with its cards; two queries in all (the nodes, then every card with its holder)."""
+def tiles_html(tiles: list[Tile], links: ModelLinks, *, compact: bool = False) -> SafeString:
+    """One node's cards as HTML: a tile each (index, model, replica and its state), or a mark each."""
+    if not tiles:
+        return mark_safe('<li class="muted">No cards.</li>')  # noqa: S308 - constant
+    out = []
+    for t in tiles:
+        if compact:
+            if t.free:
+                out.append(f'<i class="free" title="card {t.card}: free"></i>')
+            else:
+                out.append(f'<i class="{hue(t.model_id)}" title="card {t.card}: {escape(t.model)}"></i>')
+        elif t.free:
+            out.append(
+                f'<li class="card free"><span class="idx">card {t.card}</span><span class="holder">free</span></li>'
+            )
+        else:
+            rep, state = escape(t.replica), escape(t.state)
+            busy = "" if t.state == "ready" else f" · {state}"
+            out.append(
+                f'<li class="card held {hue(t.model_id)}"><span class="idx">card {t.card}</span>'
+                f'<a class="holder" href="{links(t.model or "")}">{escape(t.model)}</a>'
+                f'<span class="rep" title="{rep}, {state}">{rep}{busy}</span></li>'
+            )
+    return mark_safe("".join(out))  # noqa: S308 - every name above is escaped
+
+
+def grids(nodes: list[Node], rows: list[tuple], *, compact: bool = False) -> list[NodeGrid]:
+    """Each node with its cards drawn."""
     by_id = {n.pk: NodeGrid(n) for n in nodes}
-    for card in cards:
-        shard = getattr(card, "shard", None)
-        replica = shard.replica if shard is not None else None
-        model = replica.profile.model if replica is not None else None
-        by_id[card.node_id].tiles.append(
-            CardTile(card.index, card.gpu_class.name, replica, model, hue(model.pk) if model else "")
-        )
+    for row in rows:
+        by_id[row[0]].tiles.append(Tile(*row))
+    links = ModelLinks()
+    for g in by_id.values():
+        g.html = tiles_html(g.tiles, links, compact=compact)
     return list(by_id.values())
 
 
-def legend(node_grids: list[NodeGrid]) -> list[tuple[ServedModel, str, int]]:
-    """The models holding cards on these nodes, with their colour and card count."""
-    seen: dict[int, list] = {}
+def legend(node_grids: list[NodeGrid]) -> list[tuple[str, str, int]]:
+    """The models holding cards on these nodes: name, colour and card count, by name."""
+    seen: dict[int, list[Any]] = {}
     for g in node_grids:
         for t in g.tiles:
-            if t.model is not None:
-                seen.setdefault(t.model.pk, [t.model, t.hue, 0])[2] += 1
-    return sorted((tuple(v) for v in seen.values()), key=lambda v: v[0].name)
+            if t.model_id is not None:
+                seen.setdefault(t.model_id, [t.model, hue(t.model_id), 0])[2] += 1
+    return sorted((tuple(v) for v in seen.values()), key=lambda v: v[0])
 
 
 @login_required
 @require_GET
 def node_list(request: HttpRequest) -> HttpResponse:
-    node_grids = grids(list(Node.objects.order_by("name")), _cards())
+    form = NodeFilterForm.for_fleet(request.GET or None)
+    valid = form.is_bound and form.is_valid()
+    data = form.cleaned_data if valid else {}
+    view = data.get("view") or "cards"
+    filters = {k: v for k, v in data.items() if k != "view" and v not in (None, "")}
+    page = Paginator(nodes_matching(filters), PAGE_SIZES[view]).get_page(request.GET.get("page"))
+    nodes = list(page.object_list)
+    node_grids = grids(nodes, cards_of([n.pk for n in nodes]), compact=view == "compact")
+    query = request.GET.copy()
+    query.pop("page", None)
     return render_page(
         request,
         "catalog/node_list.html",
         {
             "section": "nodes",
+            "form": form,
+            "summary": fleet_summary(),
+            "page": page,
             "grids": node_grids,
             "legend": legend(node_grids),
-            "cards": sum(len(g.tiles) for g in node_grids),
-            "free": sum(g.free for g in node_grids),
+            "compact": view == "compact",
+            "filtered": bool(filters),
+            "query": query.urlencode(),
         },
+        partial="results",
     )
 
 
@@ -96,11 +163,30 @@ def node_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     node = get_object_or_404(Node, name=name)
-    grid = grids([node], _cards().filter(node=node))[0]
+    cards = list(
+        Card.objects.filter(node=node)
+        .select_related("gpu_class", "shard__replica__profile__model")
+        .order_by("index")
+    )
     held: dict[int, tuple[Replica, list[int]]] = {}
-    for t in grid.tiles:
-        if t.replica is not None:
-            held.setdefault(t.replica.pk, (t.replica, []))[1].append(t.index)
+    rows = []
+    for card in cards:
+        shard = getattr(card, "shard", None)
+        replica = shard.replica if shard is not None else None
+        if replica is not None:
+            held.setdefault(replica.pk, (replica, []))[1].append(card.index)
+        rows.append(
+            (
+                node.pk,
+                card.index,
+                card.gpu_class.name,
+                replica.name if replica else None,
+                replica.state if replica else None,
+                replica.profile.model_id if replica else None,
+                replica.profile.model.name if replica else None,
+            )
+        )
+    grid = grids([node], rows)[0]
     replicas = []
     for replica, indices in held.values():
         replicas.append((replica, indices))
@@ -108,11 +194,5 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     return render_page(
         request,
         "catalog/node_detail.html",
-        {
-            "section": "nodes",
-            "node": node,
-            "grid": grid,
-            "replicas": replicas,
-            "legend": legend([grid]),
-        },
+        {"section": "nodes", "node": node, "grid": grid, "replicas": replicas, "legend": legend([grid])},
     )

@@ -127,6 +127,7 @@ class OperationRun:
         self.lease = lease
         self.actor = actor
         self.poll = settings.LLMGW_OPERATION_POLL_SECONDS
+        self.wait = settings.LLMGW_AGENT_WAIT_SECONDS
         # Steps in threads (each with its own connection), or one after the other.
         self.threaded = self.op.max_parallel > 1 and _threads_can_share_the_database()
         self.secrets = [
@@ -713,7 +714,13 @@ class OperationRun:
         return reason
 
     def _launch_and_wait(self, step: RestartStep, replica: Replica, spec: dict[str, Any]) -> None:
-        """PUT the spec (again: harmless) and poll until ready; StepFailed otherwise."""
+        """PUT the spec (again: harmless) and wait until ready; StepFailed otherwise.
+
+        The agent is asked to answer when the replica's state changes (a long poll of at most
+        LLMGW_AGENT_WAIT_SECONDS, and at most a heartbeat's interval so the lease stays fresh), so
+        the step learns that its replacement is ready when the agent does. An agent that answers
+        at once without a change (one that predates the long poll) is polled every
+        LLMGW_OPERATION_POLL_SECONDS instead."""
         node = Node.objects.get(name=step.node)
         agent = self._agent(node)
         self._check_node_policy(node, agent, replica)
@@ -772,14 +779,21 @@ class OperationRun:
                     f"{replica.name} was not ready within {self.op.ready_timeout:g} s "
                     f"({now_state}{': ' + reason if reason else ''})."
                 )
-            time.sleep(min(self.poll, max(deadline - time.monotonic(), 0.01)))
+            left = max(deadline - time.monotonic(), 0.01)
+            wait = min(self.wait, left, self.lease.interval)
+            asked = time.monotonic()
             try:
-                state = agent.get(replica.name)
+                state = agent.get(replica.name, wait=wait, unless=now_state)
                 errors = 0
             except AgentCallFailed as exc:
                 errors += 1
                 if errors >= POLL_ERRORS_ALLOWED or exc.code in ("agent_token", "not_found"):
                     raise StepFailed(f"{replica.name} could not be watched: {exc.message}") from None
+                time.sleep(min(self.poll, left))
+                continue
+            early = min(self.poll, left) - (time.monotonic() - asked)
+            if state.get("state") == now_state and early > 0:
+                time.sleep(early)  # answered at once, unchanged: not waiting, so poll
 
     def _check_node_policy(self, node: Node, agent: AgentClient, replica: Replica) -> None:
         """The node's agent enforces the same launch policy as the control plane:

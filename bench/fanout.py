@@ -1,0 +1,136 @@
+"""The restart fan-out against its ideal: 64 replicas over 16 local agents, a 2 s engine load.
+
+Run: `make bench` (after bench/pages.py), or
+`.venv/bin/python bench/fanout.py [--database-url URL] [--parallel 1,4,8,16] [--load-seconds 2]`.
+
+Sixteen real node agents on 127.0.0.1 (ports below the kernel's ephemeral range), eight cards
+each, the stand-in engine for vLLM; one model whose one-card profile has 64 ready replicas, four
+on each node. For each ``--max-parallel`` asked, the profile is changed (so every replica is
+stale) and a rolling restart of all 64 is started through the service; a real
+``manage.py db_worker`` runs it with the production settings. The time is the operation's own,
+from its start to its end as the database records them, and the wall time from the request to
+the end. Ideal: ``ceil(64 / p)`` waves of one engine load each.
+
+The database is the benchmark's own (flushed at the start): BENCH_FANOUT_DATABASE_URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/llmgw_bench_fanout"
+NODES, CARDS, REPLICAS = 16, 8, 64
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_FANOUT_DATABASE_URL", DEFAULT_DB))
+    parser.add_argument("--parallel", default="1,4,8,16", help="--max-parallel values, comma-separated")
+    parser.add_argument("--load-seconds", type=float, default=2.0)
+    parser.add_argument(
+        "--compare-poll", action="store_true", help="also run each with the worker polling every second"
+    )
+    parser.add_argument("--out", default=str(ROOT / "var" / "bench" / "fanout.json"))
+    args = parser.parse_args()
+    parallels = [int(p) for p in args.parallel.split(",")]
+
+    sys.path.insert(0, str(ROOT))
+    from bench.localfleet import local_fleet, scratch_database, worker
+
+    env = scratch_database(args.database_url)
+    from audit.actor import Actor
+
+    tmp = Path(tempfile.mkdtemp(prefix="llmgw-fanout-"))
+    actor = Actor(via="cli", name="bench")
+    results = []
+    with local_fleet(
+        tmp,
+        nodes=NODES,
+        cards=CARDS,
+        models={"fanout": REPLICAS},
+        load_seconds=args.load_seconds,
+        actor=actor,
+    ) as fleet:
+        print(f"{REPLICAS} replicas ready on {NODES} agents", flush=True)
+        # With --compare-poll each parallelism runs twice, back to back: the worker waiting on the
+        # agent (the default) and polling it every second (LLMGW_AGENT_WAIT_SECONDS=0, as before),
+        # so that the two meet the same load on a shared machine.
+        modes: list[tuple[str, dict[str, str]]] = [("long poll", {})]
+        if args.compare_poll:
+            modes.append(("1 s poll", {"LLMGW_AGENT_WAIT_SECONDS": "0"}))
+        run = 0
+        for p in parallels:
+            for mode, extra in modes:
+                w = worker("bench-worker", {**env, **extra}, tmp / "worker.log")
+                try:
+                    results.append(restart_all(fleet, p, run, args.load_seconds, actor) | {"mode": mode})
+                finally:
+                    w.kill()
+                    w.wait(timeout=30)
+                run += 1
+                r = results[-1]
+                print(
+                    f"--max-parallel {p}, {mode}: {r['state']}, {r['steps_succeeded']} of {REPLICAS} steps, "
+                    f"{r['seconds']} s (request to end {r['wall_seconds']} s), ideal {r['ideal_seconds']:g} s: "
+                    f"{r['ratio']}×",
+                    flush=True,
+                )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps({"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": results}, indent=2)
+    )
+    print("\n| --max-parallel | worker | took | ideal | × ideal | steps |\n|---:|---|---:|---:|---:|---:|")
+    for r in results:
+        print(
+            f"| {r['max_parallel']} | {r['mode']} | {r['seconds']} s | {r['ideal_seconds']:g} s | {r['ratio']} | "
+            f"{r['steps_succeeded']} of {REPLICAS} |"
+        )
+
+
+def restart_all(fleet, p: int, run: int, load_seconds: float, actor) -> dict:
+    """Make every replica stale, restart them all ``p`` at a time, and time it."""
+    from audit.actor import acting_as
+    from catalog.models import Profile
+    from catalog.services import catalog as services
+    from operations.models import RestartOperation
+    from operations.services.start import restart_start
+
+    profile = Profile.objects.get(pk=fleet.profiles["fanout"].pk)
+    profile.env = {**profile.env, "BENCH_RUN": str(run)}
+    with acting_as(actor):
+        services.profile_save(instance=profile)
+        asked = time.monotonic()
+        op = restart_start(model_name="fanout", max_parallel=p, ready_timeout=120)
+    while True:
+        op = RestartOperation.objects.get(pk=op.pk)
+        if op.state not in ("queued", "running"):
+            break
+        time.sleep(0.2)
+    wall = time.monotonic() - asked
+    assert op.finished_at is not None and op.started_at is not None, op.state
+    took = (op.finished_at - op.started_at).total_seconds()
+    ideal = math.ceil(REPLICAS / p) * load_seconds
+    return {
+        "max_parallel": p,
+        "state": op.state,
+        "steps_succeeded": op.steps.filter(state="succeeded").count(),
+        "seconds": round(took, 1),
+        "wall_seconds": round(wall, 1),
+        "ideal_seconds": ideal,
+        "ratio": round(took / ideal, 2),
+    }
+
+
+if __name__ == "__main__":
+    main()

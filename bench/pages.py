@@ -1,0 +1,382 @@
+"""The pages and endpoints against the floor, on the generated fleet, served as in production.
+
+Run: `make bench` (which runs this, then bench/fanout.py), or
+`.venv/bin/python bench/pages.py [--database-url URL] [--rounds R] [--requests N] [--concurrency C]`.
+
+1. Generates the fleet (manage.py generate_fleet: 1,000 nodes × 8 cards, 500 models, 1,500
+   profiles, 8,000 replicas, 2,000 restarts, 1,000,000 audit entries; bulk inserts, idempotent:
+   a second run adds nothing) in a database of its own.
+2. Serves it with `make serve` (gunicorn, 2 workers, debug off, whitenoise) on a free port.
+3. Counts the queries and bytes of each request once, in this process, through Django's test
+   client on the same database.
+4. Measures, interleaved: ``rounds`` times, every target in a new random order, ``requests``
+   requests at ``concurrency`` at once, each client with its own kept-alive connection and the
+   session of a signed-in superuser. The machine is shared, so each target's p50 is also given
+   as a ratio to the floor's (GET /api/whoami/), measured in the same rounds.
+
+To measure one more page, add a line to TARGETS (a name, the method, the path, a body).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/llmgw_bench"
+SECRET = "bench-only-secret-key-not-for-any-deployment-0123456789abcdef"
+FLOOR = "floor: GET /api/whoami/"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    method: str
+    path: str
+    body: dict | None = None
+    form: bool = False  # a page's form post (urlencoded, htmx) rather than the API's JSON
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}: {self.method} {self.path}"
+
+
+def targets(audit: list[Target]) -> list[Target]:
+    return [
+        Target("floor", "GET", "/api/whoami/"),
+        Target(
+            "resize dry run",
+            "POST",
+            "/api/models/gen-model-001/gpus/",
+            {"gpus": 2, "profile": "one", "dry_run": True},
+        ),
+        Target(
+            "context dry run",
+            "POST",
+            "/api/models/gen-model-001/context/",
+            {"tokens": 16384, "profile": "one", "dry_run": True},
+        ),
+        Target("model page", "GET", "/models/gen-model-001/"),
+        Target(
+            "resize preview",
+            "POST",
+            "/models/gen-model-001/resize/preview/",
+            {"gpus": "2", "profile": "one"},
+            form=True,
+        ),
+        Target("nodes, first page", "GET", "/nodes/"),
+        Target("nodes, filtered", "GET", "/nodes/?gpu_class=gen-a100-80g&state=ready&free=2"),
+        Target("nodes, compact", "GET", "/nodes/?view=compact"),
+        Target("node page", "GET", "/nodes/gen-node-0500/"),
+        Target("model list", "GET", "/"),
+        Target("model list, filtered", "GET", "/?engine=sglang&gpu_class=gen-a100-80g"),
+        Target("models API", "GET", "/api/models/"),
+        Target("nodes API", "GET", "/api/nodes/"),
+        Target("profiles API", "GET", "/api/profiles/"),
+        Target("replicas API", "GET", "/api/replicas/"),
+        Target("operations", "GET", "/operations/"),
+        Target("operations API", "GET", "/api/operations/"),
+        *audit,
+    ]
+
+
+def audit_targets() -> list[Target]:
+    """The audit pages on this branch: the leads' pages when there are (issue 13), else the admin's list."""
+    from django.urls import NoReverseMatch, reverse
+
+    from catalog.demo.scale import audit_model
+
+    try:
+        url = reverse("audit-list")
+    except NoReverseMatch:
+        meta = audit_model()._meta
+        url = reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist")
+        last = audit_model().objects.count() // 100  # the admin's 100 a page, ?p= from 0
+        return [
+            Target("admin audit list", "GET", url),
+            Target("admin audit list, near the end", "GET", f"{url}?p={max(last - 10, 0)}"),
+            Target("admin audit list, filtered", "GET", f"{url}?action=profile.update"),
+        ]
+    return [
+        Target("audit list", "GET", url),
+        Target("audit list, near the end", "GET", f"{url}?page=last"),
+        Target("audit list, filtered", "GET", f"{url}?action=profile.update"),
+    ]
+
+
+# -- serving ----------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(env: dict[str, str], port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        ["make", "-s", "serve", f"ADDR=127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(
+                f"make serve exited {proc.returncode}: {(proc.stderr.read() if proc.stderr else '')[-2000:]}"
+            )
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/accounts/login/", timeout=2)
+            return proc
+        except httpx.TransportError:
+            time.sleep(0.3)
+    raise SystemExit("make serve did not answer within 120 s")
+
+
+def sign_in(base: str, username: str, password: str) -> dict[str, str]:
+    """Headers of a signed-in session. Cookies are carried by hand: with debug off they are
+    marked Secure, and this benchmark speaks plain HTTP to 127.0.0.1."""
+    import httpx
+
+    def cookies(response) -> dict[str, str]:
+        out = {}
+        for raw in response.headers.get_list("set-cookie"):
+            name, _, rest = raw.partition("=")
+            out[name.strip()] = rest.split(";", 1)[0]
+        return out
+
+    with httpx.Client(base_url=base, timeout=10) as http:
+        jar = cookies(http.get("/accounts/login/"))
+        response = http.post(
+            "/accounts/login/",
+            data={"username": username, "password": password, "csrfmiddlewaretoken": jar["csrftoken"]},
+            headers={"Cookie": f"csrftoken={jar['csrftoken']}", "Referer": f"{base}/accounts/login/"},
+        )
+        jar.update(cookies(response))
+    if response.status_code != 302 or "sessionid" not in jar:
+        raise SystemExit(f"signing in as {username} failed (HTTP {response.status_code})")
+    return {
+        "Cookie": f"csrftoken={jar['csrftoken']}; sessionid={jar['sessionid']}",
+        "X-CSRFToken": jar["csrftoken"],
+        "Referer": f"{base}/",
+    }
+
+
+# -- measuring --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Samples:
+    latencies: list[float] = field(default_factory=list)
+    wall: float = 0.0
+    errors: int = 0
+
+
+def burst(
+    base: str, headers: dict[str, str], target: Target, n: int, concurrency: int, samples: Samples
+) -> None:
+    import httpx
+
+    local = threading.local()
+    lock = threading.Lock()
+
+    def one(_: int) -> None:
+        http = getattr(local, "http", None)
+        if http is None:
+            http = local.http = httpx.Client(base_url=base, headers=headers, timeout=60)
+        t = time.perf_counter()
+        if target.method == "GET":
+            r = http.get(target.path)
+        elif target.form:
+            r = http.post(target.path, data=target.body, headers={"HX-Request": "true"})
+        else:
+            r = http.post(target.path, json=target.body)
+        dt = time.perf_counter() - t
+        with lock:
+            if r.status_code != 200:
+                samples.errors += 1
+            samples.latencies.append(dt)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, range(n)))
+    samples.wall += time.perf_counter() - t0
+
+
+def count_in_process(target: Target, username: str) -> tuple[int, int]:
+    """Queries and bytes of one request, through Django's test client on the same database."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    c = Client()
+    c.force_login(get_user_model().objects.get(username=username))
+    with CaptureQueriesContext(connection) as ctx:
+        if target.method == "GET":
+            r = c.get(target.path)
+        elif target.form:
+            r = c.post(target.path, target.body, HTTP_HX_REQUEST="true")
+        else:
+            r = c.post(target.path, json.dumps(target.body), content_type="application/json")
+    if r.status_code != 200:
+        raise SystemExit(f"{target.label} answered {r.status_code}: {r.content[:300]!r}")
+    return len(ctx.captured_queries), len(r.content)
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_DB))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=20, help="requests per target per round")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--audit", type=int, default=1_000_000, help="audit entries to generate")
+    parser.add_argument("--only", default="", help="measure only targets whose name contains this")
+    parser.add_argument("--out", default=str(ROOT / "var" / "bench" / "pages.json"))
+    args = parser.parse_args()
+
+    env = {
+        **os.environ,
+        "DATABASE_URL": args.database_url,
+        "DJANGO_SECRET_KEY": SECRET,
+        "DJANGO_DEBUG": "0",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
+        "SECURE_SSL_REDIRECT": "0",
+        "DJANGO_SETTINGS_MODULE": "llmgw_web.settings",
+        # collectstatic's copy of its own, so the worktree's staticfiles/ is left as it was
+        "STATIC_ROOT": str(ROOT / "var" / "bench" / "static"),
+    }
+    os.environ.update(env)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    _create_database(args.database_url)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from catalog.demo.scale import BENCH_PASSWORD, BENCH_USER
+
+    call_command("migrate", verbosity=0)
+    t = time.monotonic()
+    call_command("generate_fleet", "--audit", str(args.audit))
+    print(f"fleet ready in {time.monotonic() - t:.0f} s", flush=True)
+
+    chosen = [x for x in targets(audit_targets()) if x.name == "floor" or args.only in x.name]
+    shape = {x.label: count_in_process(x, BENCH_USER) for x in chosen}
+
+    port = free_port()
+    server = serve(env, port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        headers = sign_in(base, BENCH_USER, BENCH_PASSWORD)
+        samples = {x.label: Samples() for x in chosen}
+        for x in chosen:  # warm each worker's caches and connections
+            burst(base, headers, x, 4, 2, Samples())
+        rng = random.Random(1)
+        for r in range(args.rounds):
+            order = chosen[:]
+            rng.shuffle(order)
+            for x in order:
+                burst(base, headers, x, args.requests, args.concurrency, samples[x.label])
+            print(f"round {r + 1} of {args.rounds} done", flush=True)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+
+    floor = statistics.median(samples[chosen[0].label].latencies)
+    rows = []
+    for x in chosen:
+        s = samples[x.label]
+        queries, size = shape[x.label]
+        p50 = statistics.median(s.latencies)
+        rows.append(
+            {
+                "target": x.label,
+                "p50_ms": round(1000 * p50, 1),
+                "p95_ms": round(1000 * pct(s.latencies, 95), 1),
+                "rps": round(len(s.latencies) / s.wall, 1),
+                "queries": queries,
+                "bytes": size,
+                "ratio": round(p50 / floor, 2),
+                "errors": s.errors,
+            }
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": _machine(),
+        "rounds": args.rounds,
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+    }
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(table(rows, meta))
+
+
+def table(rows: list[dict], meta: dict) -> str:
+    lines = [
+        f"{meta['when']}, {meta['machine']}; {meta['rounds']} rounds × {meta['requests']} requests a target, "
+        f"{meta['concurrency']} at once",
+        "",
+        "| page or endpoint | p50 ms | p95 ms | req/s | queries | bytes | × floor p50 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        err = f" ({r['errors']} errors)" if r["errors"] else ""
+        lines.append(
+            f"| {r['target']}{err} | {r['p50_ms']} | {r['p95_ms']} | {r['rps']} | {r['queries']} | "
+            f"{r['bytes']:,} | {r['ratio']} |"
+        )
+    return "\n".join(lines)
+
+
+def _machine() -> str:
+    cores = os.cpu_count()
+    try:
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        mem = int(next(x for x in meminfo if x.startswith("MemTotal")).split()[1]) // 2**20
+    except (OSError, StopIteration):
+        mem = 0
+    return f"{cores} cores, {mem} GiB, load {os.getloadavg()[0]:.1f} at the end"
+
+
+def _create_database(url: str) -> None:
+    """The benchmark's database, created when missing (PostgreSQL)."""
+    if not url.startswith("postgres"):
+        return
+    import psycopg
+
+    base, _, name = url.rpartition("/")
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+if __name__ == "__main__":
+    main()
