@@ -315,8 +315,9 @@ def test_a_count_that_fits_previews_before_after_the_bar_and_the_nodes_with_room
     # 3.74 + 1.0 + outside PyTorch 0.35 + NVLink buffers 1.8 + CUDA graphs 1
     assert "weights 3.7 GiB" in text and "7.9 GiB a card of 71.7 GiB usable" in text
     assert "communication buffers 1.8 GiB" in text
-    # the whole command line the engine gets, the TP width included
-    assert "vllm serve meta-llama/Llama-3.1-8B-Instruct --port {port}" in text
+    # the whole argument list the engine gets, the TP width included (the program itself is the
+    # node agent's own, from its configuration: the launch policy never takes it from the catalog)
+    assert '<code class="launch">meta-llama/Llama-3.1-8B-Instruct --port {port}' in text
     assert "--tensor-parallel-size 4 --max-model-len 32768" in text
     assert "<code>--max-model-len 32768</code>" in text
     assert "Room beside the running replicas on <strong>gpu-1, gpu-2</strong>" in text

@@ -25,9 +25,13 @@ def _value(rule: ValueRule) -> str:
         return "JSON object with only " + ", ".join(
             f"`{k}` ({v.replace('_', ' ')})" for k, v in rule.keys.items()
         )
-    text = {"switch": "no value", "name": "a plain name", "bool": "1/0, true/false", "token": "a token"}[
-        rule.kind
-    ]
+    text = {
+        "switch": "no value",
+        "name": "a plain name",
+        "bool": "1/0, true/false",
+        "token": "a token",
+        "figures": "name=number pairs",
+    }[rule.kind]
     return text + (" — **secret**: write-only, fingerprinted, redacted" if rule.secret else "")
 
 

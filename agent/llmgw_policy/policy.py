@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 POLICY_PATH = Path(__file__).with_name("policy.toml")
-KINDS = ("switch", "int", "float", "choice", "name", "bool", "token", "json")
+KINDS = ("switch", "int", "float", "choice", "name", "bool", "token", "figures", "json")
 JSON_KINDS = ("int", "float", "bool", "name", "int_list")
 PLACEHOLDERS = ("{source}", "{port}", "{model}")
 
@@ -39,6 +39,8 @@ _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 _TOKEN = re.compile(r"[A-Za-z0-9_.~+/=:-]{1,512}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# name=number pairs, comma-separated: figures only, so nothing a path, host or code could hide in.
+_FIGURES = re.compile(r"[a-z_]{1,32}=\d{1,9}(\.\d{1,6})?(,[a-z_]{1,32}=\d{1,9}(\.\d{1,6})?){0,31}")
 _BOOLS = {"1", "0", "true", "false", "yes", "no", "on", "off"}
 _PLACEHOLDER = re.compile(r"\{(source|port|model)\}")
 # huggingface_hub's validate_repo_id: [\w.-] names, at most 96 characters,
@@ -456,6 +458,8 @@ def _value_problem(rule: ValueRule, value: str) -> str | None:
         return (
             None if _TOKEN.fullmatch(value) else "must be a token of letters, digits and _.~+/=:- (no spaces)"
         )
+    if rule.kind == "figures":
+        return None if _FIGURES.fullmatch(value) else "must be name=number pairs separated by commas"
     if rule.kind == "json":
         return _json_problem(rule, value)
     return None
