@@ -285,7 +285,7 @@ def test_a_replica_started_on_the_standin_shows_planned_and_measured_memory(
     memory = "weights=14.96,non_torch=0.30,activation=1.26,kv_cache=53.29,cuda_graph=0.64,total=79.65,fraction=0.9,context=8192,sequences=13.3"
     with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, env={"STANDIN_MEMORY": memory}) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
-        fleet.change_profile(args=["--max-model-len", "8192"])
+        fleet.change_profile(args=["--max-num-seqs", "64"])  # any allowed change makes it stale
         with acting_as(Actor(via="cli", name="pytest")):
             op = restart_start(model_name=MODEL, ready_timeout=30)
         assert run_operation(op.pk) == "succeeded"
@@ -305,8 +305,9 @@ def test_a_replica_started_on_the_standin_shows_planned_and_measured_memory(
         assert weights.locator("td.planned").inner_text() == "14.96 GiB"
         assert weights.locator("td.measured").inner_text() == "14.96 GiB"
         kv = table.locator("tr.term-kv")
-        # planned: 8192 tokens x 131072 bytes = 1 GiB; measured: 53.29 GiB over 13.3 sequences
-        assert kv.locator("td.planned").inner_text() == "1.00 GiB"
+        # planned: the model's 131072 tokens x 131072 bytes = 16 GiB (a profile may not set the
+        # context flag: that is the context operation's); measured: 53.29 GiB over 13.3 sequences
+        assert kv.locator("td.planned").inner_text() == "16.00 GiB"
         assert kv.locator("td.measured").inner_text() == f"{53.29 / 13.3:.2f} GiB"
         assert table.locator("tr.term-activation td.measured").inner_text() == "1.26 GiB"
         assert "planned when it started" in page.locator("#memory").inner_text()
