@@ -70,6 +70,9 @@ class AuditEntry(models.Model):
         db_table = "catalog_auditentry"
         ordering = ["-id"]
         verbose_name_plural = "audit entries"
+        # Leads read the log (the model's own view permission) and export it (this one); the roles that
+        # carry them are issue 12's groups, the pages that check them issue 13's.
+        permissions = [("export_auditentry", "Can export audit entries")]
         constraints = [via_is_valid("audit_via_valid")]
 
     def __str__(self) -> str:
