@@ -3,11 +3,16 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from access.rules import PUBLIC, requires
 from catalog.views import models, nodes, replicas
 
 urlpatterns = [
-    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
-    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path(
+        "accounts/login/",
+        requires(PUBLIC)(auth_views.LoginView.as_view(redirect_authenticated_user=True)),
+        name="login",
+    ),
+    path("accounts/logout/", requires(PUBLIC)(auth_views.LogoutView.as_view()), name="logout"),
     # The operator pages; the models list is home.
     path("", models.model_list, name="model-list"),
     path("models/<str:name>/", models.model_detail, name="model-detail"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
@@ -20,9 +19,16 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from access.rules import requires
 from catalog.errors import DomainError
 from catalog.models import ServedModel
-from catalog.views.common import RESTART, redirect_or_location, render_page, require_perm, wants_partial
+from catalog.views.common import (
+    RESTART,
+    VIEW_OPERATION,
+    redirect_or_location,
+    render_page,
+    wants_partial,
+)
 from operations.models import RestartOperation, RestartStep
 from operations.selectors import operations_with_steps
 from operations.services.start import operation_cancel as cancel_operation
@@ -61,7 +67,7 @@ def progress_context(request: HttpRequest, operation: RestartOperation, **extra:
     }
 
 
-@login_required
+@requires(VIEW_OPERATION)
 @require_GET
 def operation_list(request: HttpRequest) -> HttpResponse:
     qs = (
@@ -84,7 +90,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@login_required
+@requires(VIEW_OPERATION)
 @require_GET
 def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     operation = get_object_or_404(operations_with_steps(), pk=pk)
@@ -92,10 +98,9 @@ def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render_page(request, "operations/operation_detail.html", context, partial="progress")
 
 
-@login_required
+@requires(RESTART)
 @require_POST
 def operation_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    require_perm(request, RESTART)
     get_object_or_404(RestartOperation, pk=pk)
     error = ""
     try:
@@ -119,11 +124,10 @@ def operation_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect_or_location(request, reverse("operation-detail", args=[pk]))
 
 
-@login_required
+@requires(RESTART)
 @require_POST
 def model_restart(request: HttpRequest, name: str) -> HttpResponse:
     """Restart the model's stale replicas on their profile; the model's page then shows it live."""
-    require_perm(request, RESTART)
     model = get_object_or_404(ServedModel, name=name)
     try:
         operation = restart_start(model_name=model.name)

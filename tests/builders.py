@@ -9,7 +9,7 @@ import itertools
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
+from django.contrib.auth.models import Group, Permission
 
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 
@@ -99,9 +99,25 @@ def replica(
     return r
 
 
-def user(username: str = "someone", *perms: str, password: str = "pw-for-tests-only-123"):
+def user(
+    username: str = "someone",
+    *perms: str,
+    password: str = "pw-for-tests-only-123",
+    roles: tuple[str, ...] = ("viewer",),
+):
+    """A user in ``roles`` (a viewer unless told otherwise; ``roles=()`` for none) with ``perms`` besides."""
     u = get_user_model().objects.create_user(username=username, password=password)
+    u.groups.set(Group.objects.filter(name__in=roles))
     for perm in perms:
         app, codename = perm.split(".")
         u.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
     return u
+
+
+def token(owner: Any, name: str = "ci", days: int = 1) -> str:
+    """A new API token's secret for ``owner``, made by the service (so its creation is audited)."""
+    from access.services import token_create
+    from audit.actor import Actor, acting_as
+
+    with acting_as(Actor(via="cli", name="pytest")):
+        return token_create(user=owner, name=name, days=days)[1]

@@ -41,8 +41,8 @@ def test_the_move_to_the_audit_and_operations_apps_keeps_the_rows_and_the_chain(
     operation = restart_start(model_name=replica.profile.model.name, replicas=[replica.name], actor=actor)
     entries = list(AuditEntry.objects.order_by("id").values_list("id", "hash"))
     assert entries and verify_chain() == []
-    viewer = User.objects.get(username="viewer")
-    assert viewer.has_perm("audit.view_auditentry") and viewer.has_perm("operations.view_restartoperation")
+    lead = User.objects.get(username="lead")
+    assert lead.has_perm("audit.view_auditentry") and lead.has_perm("operations.view_restartoperation")
 
     _migrate(BEFORE_THE_MOVE)
     # As the code before the move left things: its content types and its task paths.
@@ -63,8 +63,8 @@ def test_the_move_to_the_audit_and_operations_apps_keeps_the_rows_and_the_chain(
     assert RestartStep.objects.filter(operation_id=operation.pk, old_replica=replica).count() == 1
     assert DBTaskResult.objects.filter(task_path="operations.tasks.run_restart").exists()
     assert not DBTaskResult.objects.filter(task_path__startswith="catalog.").exists()
-    viewer = User.objects.get(username="viewer")  # a fresh object: permissions are cached per instance
-    assert viewer.has_perm("audit.view_auditentry") and viewer.has_perm("operations.view_restartoperation")
+    lead = User.objects.get(username="lead")  # a fresh object: permissions are cached per instance
+    assert lead.has_perm("audit.view_auditentry") and lead.has_perm("operations.view_restartoperation")
     assert not Permission.objects.filter(
         content_type__app_label="catalog", codename="view_auditentry"
     ).exists()

@@ -138,15 +138,37 @@ def test_the_layout_carries_htmx_the_csrf_header_and_the_navigation(viewer):
     page = viewer.get("/").content.decode()
     assert '<script src="/static/vendor/htmx.min.js" defer></script>' in page
     assert 'hx-headers=\'{"X-CSRFToken": "' in page
-    for href in (
-        'href="/nodes/"',
-        'href="/operations/"',
-        'href="/admin/audit/auditentry/"',
-        'href="/admin/"',
-        'href="/api/docs/"',
-    ):
+    for href in ('href="/nodes/"', 'href="/operations/"', 'href="/api/docs/"'):
         assert href in page
     assert "cdn" not in page.lower()
+
+
+NAV = {
+    "Models": 'href="/"',
+    "Nodes": 'href="/nodes/"',
+    "Operations": 'href="/operations/"',
+    "Audit": 'href="/admin/audit/auditentry/"',
+    "Admin": 'href="/admin/"',
+    "API docs": 'href="/api/docs/"',
+}
+
+
+@pytest.mark.parametrize(
+    "roles, shown",
+    [
+        ((), {"API docs"}),
+        (("viewer",), {"Models", "Nodes", "Operations", "API docs"}),
+        (("operator",), {"Models", "Nodes", "Operations", "API docs"}),
+        (("editor",), {"Models", "Nodes", "Operations", "Admin", "API docs"}),
+        (("lead",), {"Models", "Nodes", "Operations", "Audit", "Admin", "API docs"}),
+        (("admin",), set(NAV)),
+    ],
+)
+def test_the_navigation_shows_only_what_the_user_may_open(roles, shown):
+    # The models list, or for a user with no role its 403 page: the same layout.
+    page = signed_in(b.user("someone", roles=roles)).get("/").content.decode()
+    nav = page[page.index('<nav aria-label="Main">') : page.index("</nav>")]
+    assert {label for label, href in NAV.items() if f"{href}" in nav and f">{label}</a>" in nav} == shown
 
 
 @pytest.mark.parametrize("url", PAGES)

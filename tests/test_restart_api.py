@@ -40,7 +40,8 @@ def test_anonymous_and_users_without_the_permission_cannot_restart(llama):
     response = client_for(b.user("viewer")).post(RESTART, {"replicas": ["llama-1"]}, format="json")
     assert response.status_code == 403
     assert response.json() == {
-        "detail": "You need the 'restart model' permission to restart a model's replicas.",
+        "detail": "You need the permission 'Can restart a model's replicas' (catalog.restart_model): "
+        "the operator role gives it.",
         "code": "permission_denied",
     }
     assert not RestartOperation.objects.exists()

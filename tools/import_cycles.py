@@ -22,6 +22,7 @@ PACKAGES = {
     "catalog": ROOT,
     "operations": ROOT,
     "llmgw_web": ROOT,
+    "access": ROOT,
     "llmgw_agent": ROOT / "agent",
 }
 

@@ -8,8 +8,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from access.rules import Rule
 from catalog.api.inputs import StrictInput, StrictIntegerField
-from catalog.api.permissions import CanResize
 from catalog.planning.types import ROOM_NODES_NAMED
 from catalog.services.resize import model_resize, model_set_context
 
@@ -154,7 +154,7 @@ _refusals = {
 
 
 class ResizeView(APIView):
-    permission_classes = [CanResize]
+    required_permission: Rule = "catalog.resize_model"
 
     @extend_schema(
         operation_id="models_gpus",
@@ -178,7 +178,7 @@ class ResizeView(APIView):
 
 
 class ContextView(APIView):
-    permission_classes = [CanResize]
+    required_permission: Rule = "catalog.resize_model"
 
     @extend_schema(
         operation_id="models_context",

@@ -1,11 +1,21 @@
 from __future__ import annotations
 
 from django.urls import include, path
+from rest_framework import routers
 from rest_framework.routers import DefaultRouter
 
+from access.rules import SIGNED_IN, Rule
 from catalog.api import resize, views, whoami
 
+
+class APIRootView(routers.APIRootView):
+    """The API's index of endpoints: any signed-in user may read the list."""
+
+    required_permission: Rule = SIGNED_IN
+
+
 router = DefaultRouter()
+router.APIRootView = APIRootView
 router.register("gpu-classes", views.GPUClassViewSet, basename="api-gpuclass")
 router.register("nodes", views.NodeViewSet, basename="api-node")
 router.register("models", views.ServedModelViewSet, basename="api-model")

@@ -9,6 +9,7 @@ from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import viewsets
 
+from access.rules import Rule, model_permissions
 from catalog.api import serializers as s
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 from catalog.services import catalog as services
@@ -51,6 +52,7 @@ def _crud_schema(name: str) -> Callable[[type], type]:
 
 @_crud_schema("GPU class")
 class GPUClassViewSet(ServiceViewSet):
+    required_permission: Rule = model_permissions(GPUClass)
     queryset = GPUClass.objects.all()
     serializer_class = s.GPUClassSerializer
     filterset_fields = ["name", "compute_capability"]
@@ -67,6 +69,7 @@ _cards = Prefetch(
 
 @_crud_schema("node")
 class NodeViewSet(ServiceViewSet):
+    required_permission: Rule = model_permissions(Node)
     queryset = Node.objects.prefetch_related(_cards)
     serializer_class = s.NodeSerializer
     filterset_fields = ["state", "name"]
@@ -78,6 +81,7 @@ class NodeViewSet(ServiceViewSet):
 
 @_crud_schema("model")
 class ServedModelViewSet(ServiceViewSet):
+    required_permission: Rule = model_permissions(ServedModel)
     queryset = ServedModel.objects.prefetch_related(
         Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class"))
     )
@@ -91,6 +95,7 @@ class ServedModelViewSet(ServiceViewSet):
 
 @_crud_schema("profile")
 class ProfileViewSet(ServiceViewSet):
+    required_permission: Rule = model_permissions(Profile)
     queryset = Profile.objects.select_related("model", "gpu_class")
     serializer_class = s.ProfileSerializer
     filterset_fields = ["engine", "model__name", "gpu_class__name"]
@@ -100,6 +105,7 @@ class ProfileViewSet(ServiceViewSet):
 
 @_crud_schema("replica")
 class ReplicaViewSet(ServiceViewSet):
+    required_permission: Rule = model_permissions(Replica)
     queryset = Replica.objects.select_related("profile__model").prefetch_related(
         Prefetch("shards", queryset=Shard.objects.select_related("card__node"))
     )

@@ -9,16 +9,17 @@ authentication and DRF, with nothing of the fleet in it.
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import permissions, serializers
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from access.rules import SIGNED_IN, Rule
 from audit.actor import current_actor
 
 
 class WhoAmIView(APIView):
-    permission_classes = [permissions.IsAuthenticated]
+    required_permission: Rule = SIGNED_IN
 
     @extend_schema(
         summary="The signed-in user and this request's id",

@@ -104,9 +104,5 @@ REPLICAS = [
     ("mistral-7b-1", "mistral-7b", "gpu-l1", [1, 2], 8006),
 ]
 
-USERS = [
-    # username, superuser, permissions
-    ("admin", True, []),
-    ("operator", False, ["view", "resize_model", "restart_model"]),
-    ("viewer", False, ["view"]),
-]
+# One demo user per role (access/roles.py), named after it; admin is a superuser as well.
+USERS = ["viewer", "operator", "editor", "lead", "admin"]

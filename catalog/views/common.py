@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
 
 RESIZE = "catalog.resize_model"
 RESTART = "catalog.restart_model"
+VIEW_MODEL = "catalog.view_servedmodel"
+VIEW_NODE = "catalog.view_node"
+VIEW_REPLICA = "catalog.view_replica"
+VIEW_OPERATION = "operations.view_restartoperation"
 
 
 def wants_partial(request: HttpRequest) -> bool:
@@ -36,12 +39,6 @@ def render_page(
     response = render(request, name, context, status=status)
     patch_vary_headers(response, ("HX-Request",))
     return response
-
-
-def require_perm(request: HttpRequest, perm: str) -> None:
-    """403 unless the signed-in user holds ``perm``: checked on the server, whatever the page showed."""
-    if not request.user.has_perm(perm):
-        raise PermissionDenied(f"You need the {perm.split('.')[-1].replace('_', ' ')!r} permission.")
 
 
 def redirect_or_location(request: HttpRequest, url: str) -> HttpResponse:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -22,6 +21,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from access.rules import requires
 from catalog.errors import DomainError
 from catalog.forms import CPU, ContextForm, ModelFilterForm, ResizeForm
 from catalog.models import Profile, Replica, ServedModel, Shard, live_replicas_q, stale_replicas_q
@@ -30,9 +30,9 @@ from catalog.services.resize import model_resize, model_set_context
 from catalog.views.common import (
     RESIZE,
     RESTART,
+    VIEW_MODEL,
     redirect_or_location,
     render_page,
-    require_perm,
     wants_partial,
 )
 from catalog.views.display import Preview, hue, profile_memory, shape_facts
@@ -91,7 +91,7 @@ def models_with_usage(models: list[ServedModel]) -> list[ServedModel]:
     return list(qs)
 
 
-@login_required
+@requires(VIEW_MODEL)
 @require_GET
 def model_list(request: HttpRequest) -> HttpResponse:
     form = ModelFilterForm.for_catalog(request.GET or None)
@@ -192,7 +192,7 @@ def _detail_context(
     }
 
 
-@login_required
+@requires(VIEW_MODEL)
 @require_GET
 def model_detail(request: HttpRequest, name: str) -> HttpResponse:
     model = get_object_or_404(ServedModel, name=name)
@@ -231,8 +231,7 @@ CONTEXT_CHANGE = ChangeKind("context", "context", "tokens", ContextForm, model_s
 
 
 def _model_and_form(request: HttpRequest, name: str, change: ChangeKind) -> tuple[ServedModel, Any]:
-    """The model and the bound form, for a user with the resize permission (403 otherwise)."""
-    require_perm(request, RESIZE)
+    """The model and the bound form (the view has checked the resize permission)."""
     model = get_object_or_404(ServedModel, name=name)
     profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
     return model, change.form_class(request.POST, model=model, profiles=profiles)
@@ -296,25 +295,25 @@ def _applied_sentence(change: Change) -> str:
     return text
 
 
-@login_required
+@requires(RESIZE)
 @require_POST
 def resize_preview(request: HttpRequest, name: str) -> HttpResponse:
     return _preview(request, name, RESIZE_CHANGE)
 
 
-@login_required
+@requires(RESIZE)
 @require_POST
 def resize_apply(request: HttpRequest, name: str) -> HttpResponse:
     return _apply(request, name, RESIZE_CHANGE)
 
 
-@login_required
+@requires(RESIZE)
 @require_POST
 def context_preview(request: HttpRequest, name: str) -> HttpResponse:
     return _preview(request, name, CONTEXT_CHANGE)
 
 
-@login_required
+@requires(RESIZE)
 @require_POST
 def context_apply(request: HttpRequest, name: str) -> HttpResponse:
     return _apply(request, name, CONTEXT_CHANGE)

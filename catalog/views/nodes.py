@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
@@ -21,10 +20,11 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET
 
+from access.rules import requires
 from catalog.forms import NodeFilterForm
 from catalog.models import Card, Node, Replica
 from catalog.selectors import cards_of, fleet_summary, nodes_matching
-from catalog.views.common import render_page
+from catalog.views.common import VIEW_NODE, render_page
 from catalog.views.display import hue
 
 # Nodes on a page: a tile per card is about 170 bytes, so 50 nodes of 8 cards stay well under 200 kB;
@@ -128,7 +128,7 @@ def legend(node_grids: list[NodeGrid]) -> list[tuple[str, str, int]]:
     return sorted((tuple(v) for v in seen.values()), key=lambda v: v[0])
 
 
-@login_required
+@requires(VIEW_NODE)
 @require_GET
 def node_list(request: HttpRequest) -> HttpResponse:
     form = NodeFilterForm.for_fleet(request.GET or None)
@@ -159,7 +159,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@login_required
+@requires(VIEW_NODE)
 @require_GET
 def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     node = get_object_or_404(Node, name=name)

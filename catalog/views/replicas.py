@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
+from access.rules import requires
 from catalog.models import Replica
 from catalog.planning.measured import compare, drift
 from catalog.planning.units import gib
 from catalog.services.fit import profile_memory
-from catalog.views.common import render_page
+from catalog.views.common import VIEW_REPLICA, render_page
 from catalog.views.display import hue
 
 
@@ -35,7 +35,7 @@ def _fmt(n: int | None, term: str) -> str:
     return f"{n:,}" if term == "kv_tokens" else f"{gib(n, 2)} GiB"
 
 
-@login_required
+@requires(VIEW_REPLICA)
 @require_GET
 def replica_detail(request: HttpRequest, name: str) -> HttpResponse:
     replica = get_object_or_404(

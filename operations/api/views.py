@@ -10,8 +10,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from access.rules import Rule
 from catalog.api.inputs import StrictInput, StrictIntegerField, StrictNumberField
-from catalog.api.permissions import CanRestart
 from catalog.api.serializers import ErrorSerializer
 from catalog.models import Profile, Replica, ServedModel
 from operations.models import RestartOperation, RestartStep
@@ -128,7 +128,7 @@ _refusals = {
 
 
 class RestartView(APIView):
-    permission_classes = [CanRestart]
+    required_permission: Rule = "catalog.restart_model"
 
     @extend_schema(
         operation_id="models_restart",
@@ -171,6 +171,8 @@ class OperationViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = RestartOperationSerializer
     filterset_class = OperationFilter
     lookup_value_regex = r"\d+"
+    # Reads need the operation's view permission; the one write, cancel, the restart permission.
+    required_permission: Rule = {"GET": "operations.view_restartoperation", "POST": "catalog.restart_model"}
 
     @extend_schema(
         request=None,
@@ -182,7 +184,7 @@ class OperationViewSet(viewsets.ReadOnlyModelViewSet):
             409: OpenApiResponse(ErrorSerializer, description="finished: it has already ended"),
         },
     )
-    @action(detail=True, methods=["post"], permission_classes=[CanRestart])
+    @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         operation_id = int(pk or 0)
         operation_cancel(operation_id=operation_id)

@@ -5,10 +5,11 @@ import secrets
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
+from django.contrib.auth.models import Group
 from django.core.management.base import CommandParser
 from django.db import transaction
 
+from access.roles import role
 from catalog.demo import fleet
 from catalog.management.base import ActorCommand
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
@@ -25,7 +26,8 @@ class Command(ActorCommand):
         parser.add_argument(
             "--users",
             action="store_true",
-            help="also create the admin, operator and viewer accounts with fresh passwords, and print them",
+            help="also create one account per role (viewer, operator, editor, lead, admin) with a fresh password, "
+            "and print them",
         )
 
     def act(self, *args: Any, **options: Any) -> None:
@@ -127,23 +129,13 @@ class Command(ActorCommand):
 
     def _users(self) -> None:
         User = get_user_model()
-        view = Permission.objects.filter(
-            content_type__app_label__in=["catalog", "operations", "audit"], codename__startswith="view_"
-        )
         lines = []
-        for username, superuser, perms in fleet.USERS:
+        for username in fleet.USERS:
             user = User.objects.filter(username=username).first() or User(username=username)
-            user.is_staff = superuser
-            user.is_superuser = superuser
+            user.is_superuser = user.is_staff = username == "admin"
             password = secrets.token_urlsafe(12)
             user.set_password(password)
             user.save()
-            if "view" in perms:
-                user.user_permissions.add(*view)
-            named = [p for p in perms if p != "view"]
-            if named:
-                user.user_permissions.add(
-                    *Permission.objects.filter(content_type__app_label="catalog", codename__in=named)
-                )
-            lines.append(f"  {username:<9} {password}")
+            user.groups.set([Group.objects.get(name=username)])
+            lines.append(f"  {username:<9} {password}   ({role(username).does})")
         self.stdout.write("sign in at http://127.0.0.1:8000/ with one of:\n" + "\n".join(lines))
