@@ -36,9 +36,13 @@ MODELS = [f"scale-{i}" for i in range(4)]
 PER_MODEL = 16
 PASSWORD = "bench-scale-password-not-for-anything-real"  # noqa: S105 - a scratch database's user
 
-# A worker's operation is taken over once its heartbeat is this old (production: 60 s).
+# A worker's operation is taken over once its heartbeat is this old (production: 60 s); the stale
+# threshold must be above the longest agent call (llmgw_web/settings.py), so those are shortened too.
 FAST_TAKEOVER = {
     "LLMGW_OPERATION_STALE_SECONDS": "6",
+    "LLMGW_AGENT_TIMEOUT_SECONDS": "3",
+    "LLMGW_AGENT_WAIT_SECONDS": "2",
+    "LLMGW_AGENT_STOP_SECONDS": "5",
     "LLMGW_OPERATION_HEARTBEAT_SECONDS": "1",
     "LLMGW_OPERATION_SWEEP_SECONDS": "2",
 }

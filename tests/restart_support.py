@@ -219,12 +219,16 @@ def assert_nothing_half_done() -> None:
 
 # --- a worker process -----------------------------------------------------------------------------
 
+# Short, and allowed: the stale threshold is above the longest agent call (3 + 1 s, and a 4 s stop:
+# the test agents' stop grace is 2 s, and the stand-in exits on SIGTERM at once).
 WORKER_ENV = {
     "LLMGW_OPERATION_POLL_SECONDS": "0.1",
     "LLMGW_OPERATION_HEARTBEAT_SECONDS": "0.5",
-    "LLMGW_OPERATION_STALE_SECONDS": "3",
+    "LLMGW_OPERATION_STALE_SECONDS": "5",
     "LLMGW_OPERATION_SWEEP_SECONDS": "1",
-    "LLMGW_AGENT_TIMEOUT_SECONDS": "5",
+    "LLMGW_AGENT_TIMEOUT_SECONDS": "3",
+    "LLMGW_AGENT_WAIT_SECONDS": "1",
+    "LLMGW_AGENT_STOP_SECONDS": "4",
 }
 
 
