@@ -244,6 +244,8 @@ class OperationRun:
                         if RestartOperation.objects.filter(pk=op.pk, cancel_requested=True).exists():
                             cancelled = True
                             break
+                        if running and self._cards_still_held(step_id):
+                            break  # a step under way frees them: the next to end may be it
                     queue.popleft()
                     if pool is None:
                         if self._run_step(step_id) == RestartStep.State.FAILED:
@@ -271,6 +273,29 @@ class OperationRun:
         ):
             cancelled = True
         return self._finish(cancelled=cancelled)
+
+    def _cards_still_held(self, step_id: int) -> bool:
+        """Whether the cards the plan gave this step are still held by another replica.
+
+        The plan (``place_restart``) counts in waves of ``max_parallel``: a step's cards may be
+        ones an earlier wave's old replica frees. The run starts a step as soon as any one ends,
+        so the step whose turn comes may find its cards not yet freed; it then waits for the steps
+        under way instead of failing. With none under way it starts, and fails saying the fleet
+        changed, as a plan that no longer holds must.
+        """
+        step = RestartStep.objects.filter(pk=step_id).values(
+            "planned_node", "planned_cards", "old_replica_id"
+        )
+        planned = step.first()
+        if planned is None or not planned["planned_node"]:
+            return False
+        return (
+            Shard.objects.filter(
+                card__node__name=planned["planned_node"], card__index__in=planned["planned_cards"]
+            )
+            .exclude(replica_id=planned["old_replica_id"])
+            .exists()
+        )
 
     def _run_step_in_thread(self, step_id: int) -> str:
         try:
