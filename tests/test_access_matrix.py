@@ -36,6 +36,7 @@ READ = frozenset(ROLES)  # every role reads the pages and the API; a user with n
 OPERATE = frozenset({"operator", "admin"})
 EDIT = frozenset({"editor", "admin"})
 ADMIN_SITE = frozenset({"editor", "lead", "admin"})  # access.open_admin
+AUDIT = frozenset({"lead", "admin"})
 ONLY_ADMIN = frozenset({"admin"})
 NOBODY: frozenset[str] = frozenset()
 
@@ -61,6 +62,11 @@ PAGES_AND_API: dict[str, dict[str, frozenset[str]]] = {
     "operation-cancel": {"POST": OPERATE},
     "schema": {"GET": SIGNED_IN},
     "api-docs": {"GET": SIGNED_IN},
+    "audit:entry_list": {"GET": AUDIT},
+    "audit:entry_detail": {"GET": AUDIT},
+    "audit:entry_export": {"GET": AUDIT},
+    "api-audit-list": {"GET": AUDIT},
+    "api-audit-export": {"GET": AUDIT},
     "api-root": {"GET": SIGNED_IN},
     "api-whoami": {"GET": SIGNED_IN},
     "api-model-gpus": {"POST": OPERATE},
@@ -87,7 +93,7 @@ ADMIN_MODELS = {
     "auth.group": AdminRule(ONLY_ADMIN, ONLY_ADMIN, ONLY_ADMIN),
     "auth.user": AdminRule(ONLY_ADMIN, ONLY_ADMIN, ONLY_ADMIN),
     "django_tasks_database.dbtaskresult": AdminRule(ONLY_ADMIN, NOBODY, NOBODY),
-    "audit.auditentry": AdminRule(frozenset({"lead", "admin"}), NOBODY, NOBODY),
+    "audit.auditentry": AdminRule(AUDIT, NOBODY, NOBODY),
     "catalog.gpuclass": CATALOG,
     "catalog.node": CATALOG,
     "catalog.servedmodel": CATALOG,
@@ -100,7 +106,7 @@ ADMIN_MODELS = {
 ADMIN_APPS = {
     "auth": ONLY_ADMIN,
     "django_tasks_database": ONLY_ADMIN,
-    "audit": frozenset({"lead", "admin"}),
+    "audit": AUDIT,
     "catalog": ADMIN_SITE,
     "operations": ADMIN_SITE,
 }
@@ -231,6 +237,7 @@ def world(actor: Any) -> dict[str, Any]:
             "replicas": replica.name,
             "profiles": str(profile.pk),
             "operations": str(operation.pk),
+            "audit": str(entry.pk),
         },
     }
 
@@ -252,6 +259,8 @@ def url_of(case: Case, world: dict[str, Any]) -> str:
             return ".json" if converter == "drf_format_suffix" else "json"
         if name == "url":
             return "nowhere/"
+        if name == "kind":
+            return "csv"
         if name == "object_id" and admin is not None:
             meta = admin.model._meta
             obj = world["objects"][f"{meta.app_label}.{meta.model_name}"]

@@ -20,6 +20,8 @@ from audit.actor import Actor
 from audit.services import audit_record, changed_fields, snapshot
 from catalog.errors import DomainError, conflict, declared
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from catalog.planning.types import TEXT_SHAPE_FIELDS
+from operations.services.busy import refuse_while_restarting
 
 M = TypeVar("M", bound=models.Model)
 
@@ -369,6 +371,8 @@ def profile_save(
         if before is not None:
             proposed = snapshot(obj)
             if any(before.get(f) != proposed.get(f) for f in SERVING_FIELDS):
+                # Under the model's row lock: a restart that starts after this sees the new revision whole.
+                refuse_while_restarting(model.pk, doing=f"changing what its {obj.name} profile runs")
                 obj.revision = int(before["revision"]) + 1
 
     return _save(instance, actor=actor, before_save=guard, message=message, action=action)
@@ -416,7 +420,5 @@ def model_import(
             ensure_not_declared(instance)
         instance.source = source
         for field, value in shape.items():
-            setattr(
-                instance, field, value if value is not None or field not in ("dtype", "attention") else ""
-            )
+            setattr(instance, field, value if value is not None or field not in TEXT_SHAPE_FIELDS else "")
         return _save(instance, actor=actor, message=message or f"shape imported from {source}")
