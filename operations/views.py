@@ -89,7 +89,11 @@ def operation_list(request: HttpRequest) -> HttpResponse:
 def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     operation = get_object_or_404(operations_with_steps(), pk=pk)
     context = {"section": "operations", **progress_context(request, operation)}
-    return render_page(request, "operations/operation_detail.html", context, partial="progress")
+    response = render_page(request, "operations/operation_detail.html", context, partial="progress")
+    if wants_partial(request):
+        # The model page's replicas section refreshes on this, so it changes with the card.
+        response["HX-Trigger"] = "restart-progress"
+    return response
 
 
 @login_required
