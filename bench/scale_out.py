@@ -36,9 +36,13 @@ MODELS = [f"scale-{i}" for i in range(4)]
 PER_MODEL = 16
 PASSWORD = "bench-scale-password-not-for-anything-real"  # noqa: S105 - a scratch database's user
 
-# A worker's operation is taken over once its heartbeat is this old (production: 60 s).
+# A worker's operation is taken over once its heartbeat is this old (production: 60 s); the stale
+# threshold must be above the longest agent call (llmgw_web/settings.py), so those are shortened too.
 FAST_TAKEOVER = {
     "LLMGW_OPERATION_STALE_SECONDS": "6",
+    "LLMGW_AGENT_TIMEOUT_SECONDS": "3",
+    "LLMGW_AGENT_WAIT_SECONDS": "2",
+    "LLMGW_AGENT_STOP_SECONDS": "5",
     "LLMGW_OPERATION_HEARTBEAT_SECONDS": "1",
     "LLMGW_OPERATION_SWEEP_SECONDS": "2",
 }
@@ -54,7 +58,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT / "agent"))
     from agent_testing import free_port
 
-    from bench.localfleet import local_fleet, process, scratch_database, worker
+    from bench.localfleet import local_fleet, made_stale, process, scratch_database, worker
     from bench.pages import sign_in
 
     env = scratch_database(args.database_url)
@@ -108,8 +112,7 @@ def main() -> int:
         sessions = [sign_in(base, "bench", PASSWORD) for base in webs]
 
         for model in MODELS:
-            profile = Profile.objects.get(pk=fleet.profiles[model].pk)
-            profile.env = {**profile.env, "SCALE_RUN": "1"}
+            profile = made_stale(Profile.objects.get(pk=fleet.profiles[model].pk), 1)
             with acting_as(actor):
                 services.profile_save(instance=profile)
         ops = []

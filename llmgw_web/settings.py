@@ -204,6 +204,23 @@ if LLMGW_AGENT_WAIT_SECONDS > 30:
 LLMGW_OPERATION_MAX_ATTEMPTS = env_int("LLMGW_OPERATION_MAX_ATTEMPTS", 3, minimum=1)
 LLMGW_AGENT_TIMEOUT_SECONDS = env_float("LLMGW_AGENT_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 LLMGW_REPLICA_PORT_BASE = env_int("LLMGW_REPLICA_PORT_BASE", 8100, minimum=1024)
+# How long a stop waits for the agent's answer: the agent answers once the engine is gone (its
+# stop_grace_seconds, 10 by default, then SIGKILL and up to 10 s more), so at least that.
+LLMGW_AGENT_STOP_SECONDS = env_float("LLMGW_AGENT_STOP_SECONDS", 25.0, minimum=0.5)
+# A worker holds its operation only while its heartbeat is fresh; the heartbeat beats from its own
+# thread, but a takeover while an agent call is still in flight would let two workers act on one
+# step's replica, so the stale threshold must be above the longest agent call a worker makes.
+_LONGEST_AGENT_CALL = max(
+    LLMGW_AGENT_TIMEOUT_SECONDS + LLMGW_AGENT_WAIT_SECONDS,
+    LLMGW_AGENT_STOP_SECONDS,
+)
+if LLMGW_OPERATION_STALE_SECONDS <= _LONGEST_AGENT_CALL:
+    raise ImproperlyConfigured(
+        f"LLMGW_OPERATION_STALE_SECONDS ({LLMGW_OPERATION_STALE_SECONDS}) must be above the longest agent call "
+        f"a worker makes ({_LONGEST_AGENT_CALL:g} s: the larger of LLMGW_AGENT_TIMEOUT_SECONDS + "
+        "LLMGW_AGENT_WAIT_SECONDS, and LLMGW_AGENT_STOP_SECONDS), or a worker still waiting for an agent "
+        "would be taken over: raise it, or shorten those."
+    )
 
 # Where the cluster's declared models live (TOML); refusals point here.
 # Directories a model's source may be a path under (comma- or colon-separated); empty: Hugging

@@ -21,7 +21,6 @@ from catalog.models import Node
 # DELETE answers only once the process is gone: SIGTERM, ``grace`` seconds,
 # then SIGKILL and a few seconds more (the agent waits up to 10 s for that).
 STOP_MARGIN_SECONDS = 15.0
-DEFAULT_STOP_GRACE_SECONDS = 10.0
 
 
 class AgentCallFailed(Exception):
@@ -95,7 +94,8 @@ class AgentClient:
         """DELETE: answers once the process is gone. A replica the agent does not
         know is as stopped as it gets: answered as such, not as an error."""
         params = {} if grace is None else {"grace": f"{grace:g}"}
-        wait = (DEFAULT_STOP_GRACE_SECONDS if grace is None else grace) + STOP_MARGIN_SECONDS
+        # LLMGW_AGENT_STOP_SECONDS bounds the agent's own grace; a grace asked for gets its margin.
+        wait = settings.LLMGW_AGENT_STOP_SECONDS if grace is None else grace + STOP_MARGIN_SECONDS
         try:
             return self._call(
                 "DELETE",

@@ -42,6 +42,10 @@ class Logged:
     kv: float | None = None  # one full-context sequence: KV memory / maximum concurrency
     cuda_graph: float | None = None
     weights_from_log: bool = False  # the checkpoint's size is not known here; the log's stands in
+    # V1 logs print no split of the profile: ``non_torch`` then holds what the
+    # budget keeps beside weights and KV cache (total x utilization - "Model
+    # loading took" - the KV cache), activation peak and non-torch memory together.
+    combined: bool = False
     excluded: str = ""  # why this point is shown but not held to the bound
     notes: str = ""
 
@@ -152,6 +156,41 @@ R1_DISTILL_1_5B = Shape(  # deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B config.jso
     weight_bytes=round(3.34 * GIB),
     hidden_size=1536,
     intermediate_size=8960,
+    vocab_size=151936,
+)
+
+DEEPSEEK_R1_AWQ = Shape(  # deepseek-ai/DeepSeek-R1 config.json (tests/fixtures' copy); AWQ 4-bit weights
+    layers=61,
+    attention_heads=128,
+    kv_heads=128,
+    attention="mla",
+    kv_bytes_per_token=61 * (512 + 64) * 2,  # one latent (kv_lora_rank) and one rope key a layer
+    weight_bytes=round(21.21 * 16 * GIB),  # the log's 21.21 GiB a card at TP 16
+    hidden_size=7168,
+    intermediate_size=18432,
+    vocab_size=129280,
+)
+QWEN3_30B_A3B = Shape(  # Qwen/Qwen3-30B-A3B config.json; total_size 61064245248 (hf-configs README, quoted)
+    layers=48,
+    attention_heads=32,
+    kv_heads=4,
+    head_dim=128,
+    attention="gqa",
+    kv_bytes_per_token=2 * 48 * 4 * 128 * 2,
+    weight_bytes=61_064_245_248,
+    hidden_size=2048,
+    intermediate_size=6144,
+    vocab_size=151936,
+)
+QWEN3_235B_A22B = Shape(  # Qwen/Qwen3-235B-A22B config.json: 94 layers, 4 KV heads of 128
+    layers=94,
+    attention_heads=64,
+    kv_heads=4,
+    head_dim=128,
+    attention="gqa",
+    kv_bytes_per_token=2 * 94 * 4 * 128 * 2,
+    hidden_size=4096,
+    intermediate_size=12288,
     vocab_size=151936,
 )
 
@@ -288,6 +327,47 @@ POINTS: tuple[Logged, ...] = (
         notes="8 GiB card; the sampler's peak dominates",
     ),
     Logged(
+        source="https://github.com/vllm-project/vllm/pull/14447",
+        engine="vllm",
+        version="0.8.3rc2 (V0)",
+        model="DeepSeek-R1 AWQ (wanzhenchn/DeepSeek-R1-AWQ)",
+        kind="MLA, MoE, quantized",
+        shape=DEEPSEEK_R1_AWQ,
+        tp=16,
+        card_gib=23.58,
+        context=2048,
+        # max_seq_len 2048 without chunked prefill; CUDA graphs captured for 8, 4, 2, 1
+        # sequences, which V0 caps at max_num_seqs.
+        args=(*v0_batch(2048)[2:], "--max-num-seqs", "8", "--gpu-memory-utilization", "0.99"),
+        weights=21.21,
+        non_torch=0.20,
+        activation=0.37,
+        weights_from_log=True,
+        notes="16 x RTX 3090; 'model weights take 21.21GiB; non_torch_memory takes 0.20GiB; "
+        "PyTorch activation peak memory takes 0.37GiB' on every worker",
+    ),
+    Logged(
+        source="https://github.com/vllm-project/vllm/issues/17469",
+        engine="vllm",
+        version="0.8.5 (V1)",
+        model="Qwen/Qwen3-30B-A3B",
+        kind="MoE",
+        shape=QWEN3_30B_A3B,
+        tp=4,
+        # A10: 'GPU 0 has a total capacity of 22.18 GiB' (OpenBMB/MiniCPM-V#640, an A10 24G)
+        card_gib=22.18,
+        context=8192,
+        args=(),  # 0.8.5's defaults: utilization 0.9, 2048 batch tokens, 256 sequences
+        weights=14.2474,
+        # 22.18 x 0.9 - 14.2474 (Model loading took) - 198,784 tokens x 24 KiB (the KV cache)
+        non_torch=22.18 * 0.9 - 14.2474 - 198_784 * 2 * 48 * 1 * 128 * 2 / GIB,
+        activation=0.0,
+        combined=True,
+        kv=198_784 * 2 * 48 * 1 * 128 * 2 / GIB / 24.27,
+        notes="4 x A10; 'GPU KV cache size: 198,784 tokens', 'Maximum concurrency for 8,192 tokens "
+        "per request: 24.27x'; one KV head of 128 a card at TP 4",
+    ),
+    Logged(
         source="https://github.com/vllm-project/vllm/pull/10511",
         engine="vllm",
         version="0.6.5.dev (the profiler rewrite)",
@@ -355,12 +435,19 @@ def table() -> str:
     ]
     for i, point in enumerate(POINTS, 1):
         c = plan(point)
+        beside = c.terms.get("non_torch", 0) + c.terms.get("comm_buffers", 0)
         terms = [
             f"weights {point.weights:.2f}/{c.memory.weights / GIB:.2f}"
             + (" (from the log)" if point.weights_from_log else ""),
-            f"activation {point.activation:.2f}/{c.terms.get('activation', 0):.2f}",
-            f"non-torch {point.non_torch:.2f}/{c.terms.get('non_torch', 0) + c.terms.get('comm_buffers', 0):.2f}",
         ]
+        if point.combined:
+            terms.append(
+                f"activation and non-torch {point.non_torch:.2f}/{beside + c.terms.get('activation', 0):.2f}"
+                " (budget - weights - KV cache)"
+            )
+        else:
+            terms.append(f"activation {point.activation:.2f}/{c.terms.get('activation', 0):.2f}")
+            terms.append(f"non-torch {point.non_torch:.2f}/{beside:.2f}")
         if point.kv is not None:
             terms.append(f"KV {point.kv:.2f}/{c.memory.kv / GIB:.2f}")
         else:

@@ -49,7 +49,9 @@ def fast_restarts(settings: Any) -> Any:
     settings.LLMGW_OPERATION_HEARTBEAT_SECONDS = 0.5
     settings.LLMGW_OPERATION_STALE_SECONDS = 5
     settings.LLMGW_OPERATION_SWEEP_SECONDS = 1
-    settings.LLMGW_AGENT_TIMEOUT_SECONDS = 5.0
+    settings.LLMGW_AGENT_TIMEOUT_SECONDS = 3.0
+    settings.LLMGW_AGENT_WAIT_SECONDS = 1.0
+    settings.LLMGW_AGENT_STOP_SECONDS = 4.0
     settings.LLMGW_REPLICA_PORT_BASE = port_block()
     return settings
 

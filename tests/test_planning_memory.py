@@ -331,3 +331,29 @@ def test_the_cache_holds_what_is_left_of_the_budget():
     room = memory.budget - memory.weights - memory.overhead
     assert memory.kv_tokens == int(room / (memory.kv / 8192))
     assert memory.sequences == round(room / memory.kv, 2)
+
+
+def test_trtllm_gives_its_cache_a_fraction_of_what_is_left_after_the_weights():
+    # TensorRT-LLM's KvCacheConfig.free_gpu_memory_fraction (0.9) is of the
+    # memory free once the weights and activations are in
+    # (_torch/pyexecutor/_util.py), not of the whole card: its budget is what
+    # is held plus 0.9 of the rest. The planning figure beside the weights is
+    # the registry's runtime_gib, 2 GiB.
+    held = LLAMA_WEIGHTS + 2 * GIB
+    memory = card_memory(engine("trtllm"), LLAMA, 1, 8192, None, total=H100)
+    assert memory.weights == LLAMA_WEIGHTS and memory.overhead == 2 * GIB
+    assert memory.budget == held + int((H100 - held) * 0.9)
+    assert "left" in memory.budget_how
+    half = card_memory(
+        engine("trtllm"),
+        LLAMA,
+        1,
+        8192,
+        None,
+        total=H100,
+        args=("--kv_cache_free_gpu_memory_fraction", "0.5"),
+    )
+    assert half.budget == held + int((H100 - held) * 0.5)
+    # a larger model leaves less: the budget is not a fixed share of the card
+    big = card_memory(engine("trtllm"), replace(LLAMA, weight_bytes=60 * GIB), 1, 8192, None, total=H100)
+    assert big.budget - big.weights - big.overhead == int((H100 - 62 * GIB) * 0.9)

@@ -103,3 +103,33 @@ def test_database_connections_are_kept_and_checked_by_default():
 def test_a_long_poll_longer_than_the_agent_waits_is_refused():
     bad = manage("check", DJANGO_DEBUG="1", LLMGW_AGENT_WAIT_SECONDS="31")
     assert bad.returncode != 0 and "LLMGW_AGENT_WAIT_SECONDS must be at most 30" in bad.stderr
+
+
+def test_a_stale_threshold_not_above_the_longest_agent_call_is_refused():
+    # A stop waits up to LLMGW_AGENT_STOP_SECONDS (25 s by default): 20 s would let a worker be taken over
+    # while it still waits for an agent.
+    bad = manage("check", DJANGO_DEBUG="1", LLMGW_OPERATION_STALE_SECONDS="20")
+    assert bad.returncode != 0, bad.stdout
+    assert "LLMGW_OPERATION_STALE_SECONDS (20) must be above the longest agent call" in bad.stderr
+    assert "(25 s:" in bad.stderr
+    # The long poll counts too: a 10 s timeout and a 10 s wait need more than 20 s.
+    bad = manage(
+        "check",
+        DJANGO_DEBUG="1",
+        LLMGW_OPERATION_STALE_SECONDS="20",
+        LLMGW_AGENT_STOP_SECONDS="5",
+        LLMGW_AGENT_TIMEOUT_SECONDS="10",
+        LLMGW_AGENT_WAIT_SECONDS="10",
+    )
+    assert bad.returncode != 0 and "(20 s:" in bad.stderr
+    # The shortest allowed: 2 s, with calls that end sooner.
+    good = manage(
+        "check",
+        DJANGO_DEBUG="1",
+        LLMGW_OPERATION_STALE_SECONDS="2",
+        LLMGW_OPERATION_HEARTBEAT_SECONDS="0.5",
+        LLMGW_AGENT_STOP_SECONDS="1.5",
+        LLMGW_AGENT_TIMEOUT_SECONDS="1",
+        LLMGW_AGENT_WAIT_SECONDS="0.5",
+    )
+    assert good.returncode == 0, good.stderr

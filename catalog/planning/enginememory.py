@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-BUDGET_RULES = ("fraction", "sglang", "none")
+BUDGET_RULES = ("fraction", "free_fraction", "sglang", "none")
 SLIDING_RULES = ("batch", "window", "full")
 
 # Every term the planner can show; an engine's sources must name each it uses.
@@ -129,7 +129,7 @@ def parse_memory(table: Any, fail: Callable[[str, str], Exception]) -> EngineMem
     if sliding not in SLIDING_RULES:
         raise fail("memory.sliding", f"must be one of {', '.join(SLIDING_RULES)}, not {sliding!r}")
     values["sliding"] = sliding
-    if rule == "fraction" and "budget_flag" not in values:
+    if rule in ("fraction", "free_fraction") and "budget_flag" not in values:
         raise fail("memory.budget_flag", "a fraction budget needs the engine's flag for it")
 
     excepted = table.get("large_card_except", [])

@@ -190,11 +190,15 @@ def engine_budget(
     usable: int | None,
     n: int,
     args: Sequence[str] = (),
+    held: int = 0,
 ) -> tuple[int | None, str, Term | None]:
     """(what the engine may fill a card with, how, a term it keeps outside).
 
     The engine's own budget from its flag or default, capped by the class's
     usable memory. With the card's total unknown, the class's usable memory.
+    ``held`` is what the card holds before the KV cache (weights and the
+    terms beside them): a "free_fraction" engine (TensorRT-LLM) gives its
+    cache that fraction of what is left after them.
     """
     mem = eng.memory
     rule = mem.budget_rule
@@ -208,6 +212,14 @@ def engine_budget(
         fraction = given if given is not None and 0 < given <= 1 else mem.budget_default
         own = int(total * fraction)
         how = f"{gib(total, 2)} GiB x {mem.budget_flag} {fraction:g}"
+    elif rule == "free_fraction":
+        fraction = given if given is not None and 0 < given <= 1 else mem.budget_default
+        free = max(total - held, 0)
+        own = held + int(free * fraction)
+        how = (
+            f"{gib(held, 2)} GiB held + {mem.budget_flag} {fraction:g} x the "
+            f"{gib(free, 2)} GiB left of {gib(total, 2)} GiB"
+        )
     else:  # sglang
         if given is not None and 0 < given <= 1:
             fraction = given
@@ -353,7 +365,10 @@ def card_memory(
         return None
     kv_each, _ = kv
     terms = overhead_terms(engine, shape, n, args=args, total=total, class_name=class_name)
-    own, how, outside = engine_budget(engine, total=total, usable=budget, n=n, args=args)
+    inside = sum(t.bytes for t in terms if t.inside)
+    own, how, outside = engine_budget(
+        engine, total=total, usable=budget, n=n, args=args, held=weights_each + inside
+    )
     if outside is not None:
         terms.append(outside)
     overhead = sum(t.bytes for t in terms if t.inside)

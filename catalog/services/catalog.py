@@ -20,6 +20,7 @@ from audit.actor import Actor
 from audit.services import audit_record, changed_fields, snapshot
 from catalog.errors import DomainError, conflict, declared
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from operations.services.busy import refuse_while_restarting
 
 M = TypeVar("M", bound=models.Model)
 
@@ -369,6 +370,8 @@ def profile_save(
         if before is not None:
             proposed = snapshot(obj)
             if any(before.get(f) != proposed.get(f) for f in SERVING_FIELDS):
+                # Under the model's row lock: a restart that starts after this sees the new revision whole.
+                refuse_while_restarting(model.pk, doing=f"changing what its {obj.name} profile runs")
                 obj.revision = int(before["revision"]) + 1
 
     return _save(instance, actor=actor, before_save=guard, message=message, action=action)

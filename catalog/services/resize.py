@@ -19,7 +19,7 @@ from catalog.errors import DomainError, conflict, not_found
 from catalog.models import Profile, ServedModel, stale_replicas_q
 from catalog.planning import Change, plan_context, plan_resize
 from catalog.services.catalog import profile_save
-from operations.models import RestartOperation
+from operations.services.busy import refuse_while_restarting
 from operations.services.start import restart_start
 
 
@@ -110,16 +110,11 @@ def _apply(model: ServedModel, change: Change, *, action: str, message: str, act
     return replace(change, restarted=len(stale), operation=operation.pk)
 
 
-def _refuse_while_restarting(model: ServedModel, change: Change) -> None:
-    """A change while a restart of the model runs would be overtaken by it: refused, before and at apply."""
-    running = RestartOperation.objects.filter(model=model, state__in=RestartOperation.ACTIVE_STATES).first()
-    if running is not None:
-        raise conflict(
-            "busy",
-            f"Restart #{running.pk} of {model.name} is {running.state}: wait until it ends, or cancel it, "
-            "then change the profile.",
-            change=change.as_dict(),
-        )
+def _refuse_while_restarting(model: ServedModel, action: str) -> None:
+    """A change while a restart of the model runs would be overtaken by it: refused before it is
+    planned (a dry run says so too, whatever the plan would find), and again under the model's lock."""
+    doing = "resizing it" if action == "resize" else "changing its context"
+    refuse_while_restarting(model.pk, doing=doing)
 
 
 def _change_model(
@@ -137,14 +132,13 @@ def _change_model(
         model = ServedModel.objects.filter(name=name).first()
         if model is None:
             raise not_found(f"No model {name!r} in the catalog.")
-        change = _plan(planner, model, profile, **kw)
-        _refuse_while_restarting(model, change)
-        return change
+        _refuse_while_restarting(model, action)
+        return _plan(planner, model, profile, **kw)
     try:
         with transaction.atomic():
             model = _lock_model(name)
+            _refuse_while_restarting(model, action)
             change = _plan(planner, model, profile, **kw)
-            _refuse_while_restarting(model, change)
             return _apply(model, change, action=action, message=describe(change), actor=actor)
     except OperationalError as exc:
         if _is_lock_conflict(exc):

@@ -14,12 +14,19 @@ locked or no longer claimable and returns "not_claimed" without touching
 anything, so two workers never run the same operation, hence never the same
 step.
 
-Heartbeat. While it runs, the worker writes ``heartbeat_at`` every
-``LLMGW_OPERATION_HEARTBEAT_SECONDS`` (between polls of the agents, and while
-waiting for parallel steps), with ``WHERE worker = me AND state = running``.
-When that matches no row, another worker has taken the operation over (this
-one was paused or cut off for longer than the stale threshold): it stops at
-once, touching nothing more.
+Heartbeat and fencing. Each claim is numbered (``attempts``: the lease's
+*epoch*). While it runs, the worker writes ``heartbeat_at`` every
+``LLMGW_OPERATION_HEARTBEAT_SECONDS`` from a thread of its own, so that a long
+agent call (a stop waiting for an engine, a long poll) does not starve it,
+with ``WHERE worker = me AND attempts = my epoch AND state = running``. And
+every write the runner makes (a step's state, a replica, its cards, the end)
+first locks the operation's row under the same condition (``Lease.hold``), in
+the write's own transaction: once another worker has claimed the operation,
+the first one's next write matches nothing, and it stops there, touching
+nothing more. So a worker that was paused, or cut off, for longer than the
+stale threshold cannot write a step another worker now runs, nor anything
+after the operation ended. The settings refuse a stale threshold that is not
+above the longest agent call a worker makes (``llmgw_web/settings.py``).
 
 Takeover. django-tasks-db has no lease: a worker killed mid-task leaves its
 task "RUNNING" forever and nobody runs it again. So a *sweep* looks for
@@ -43,10 +50,10 @@ sweep 30 s) a killed worker's operation is taken up again within about 90 s,
 as long as another worker is free: a db_worker runs one task at a time, so
 run two or more.
 
-Limits: a worker that loses its hold notices at its next heartbeat and may
-write once more in between (a step's state); the worker that took over
-reads the records afresh and carries on from them, and the agents are only
-ever sent the spec recorded for a replica.
+Limits: a fenced worker may still have an agent call in flight when it
+loses its hold (its answer is then dropped); the worker that took over reads
+the records afresh and carries on from them, and the agents are only ever
+sent the spec recorded for a replica, so the call repeated is harmless.
 """
 
 from __future__ import annotations
@@ -131,25 +138,73 @@ def claim(operation_id: int, worker: str) -> RestartOperation | None:
     return op
 
 
-class Lease:
-    """This worker's hold on an operation: ``tick()`` keeps it fresh and raises
-    ``OperationLost`` once another worker has taken the operation over.
+def threads_share_the_database() -> bool:
+    """False for an in-memory SQLite database (the tests'): its connections
+    lock whole tables, so threads with connections of their own would trip
+    over each other (steps then run one after the other, heartbeats inline)."""
+    name = str(connection.settings_dict.get("NAME") or "")
+    return connection.vendor != "sqlite" or not (name == ":memory:" or "mode=memory" in name)
 
-    Safe to call from several threads: one heartbeat at a time, each thread
-    with its own database connection.
+
+class Lease:
+    """This worker's hold on an operation, claim number ``epoch``.
+
+    ``start()`` beats from a thread of its own (``tick()`` then only says
+    whether the hold was lost); without it, ``tick()`` beats inline. ``hold()``,
+    inside a write's transaction, locks the operation's row if this worker
+    still holds it, and raises ``OperationLost`` if not. Safe to call from
+    several threads, each with its own database connection.
     """
 
-    def __init__(self, operation_id: int, worker: str):
+    def __init__(self, operation_id: int, worker: str, *, epoch: int | None = None):
         self.operation_id = operation_id
         self.worker = worker
+        self.epoch = epoch  # None: any claim of this worker's (tests that build a lease by hand)
         self.interval = settings.LLMGW_OPERATION_HEARTBEAT_SECONDS
         self._last = time.monotonic()
         self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
         self.lost = threading.Event()
 
+    def _mine(self) -> Q:
+        q = Q(pk=self.operation_id, worker=self.worker, state=RestartOperation.State.RUNNING)
+        return q if self.epoch is None else q & Q(attempts=self.epoch)
+
+    # -- the heartbeat ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Beat from a thread until ``stop()`` (or the hold is lost)."""
+        if self._thread is not None or not threads_share_the_database():
+            return
+        self._thread = threading.Thread(
+            target=self._beat_until_stopped, name=f"heartbeat-{self.operation_id}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _beat_until_stopped(self) -> None:
+        try:
+            while not self._stopped.wait(self.interval) and not self.lost.is_set():
+                with self._lock:
+                    try:
+                        self._beat()
+                    except OperationLost:
+                        return
+        finally:
+            connection.close()  # the thread's own connection
+
     def tick(self) -> None:
+        """Raise ``OperationLost`` once the hold is lost; beat inline when no thread beats."""
         if self.lost.is_set():
             raise OperationLost()
+        if self._thread is not None:
+            return
         if time.monotonic() - self._last < self.interval or not self._lock.acquire(blocking=False):
             return
         try:
@@ -159,19 +214,34 @@ class Lease:
 
     def _beat(self) -> None:
         try:
-            held = RestartOperation.objects.filter(
-                pk=self.operation_id, worker=self.worker, state=RestartOperation.State.RUNNING
-            ).update(heartbeat_at=timezone.now())
-        except OperationalError:  # a busy database: the next tick tries again, well before the threshold
+            held = RestartOperation.objects.filter(self._mine()).update(heartbeat_at=timezone.now())
+        except OperationalError:  # a busy database: the next beat tries again, well before the threshold
             log.warning("restart #%s: heartbeat not written", self.operation_id, exc_info=True)
             return
         self._last = time.monotonic()
         if not held:
-            log.warning(
-                "restart #%s: taken over by another worker; %s stops here", self.operation_id, self.worker
-            )
-            self.lost.set()
+            self._lose()
+
+    # -- the fence ----------------------------------------------------------------------------
+
+    def hold(self) -> None:
+        """In a write's transaction: lock the operation's row while this worker holds it;
+        ``OperationLost`` (and nothing written) once another worker has claimed it."""
+        if self.lost.is_set():
             raise OperationLost()
+        if not list(RestartOperation.objects.select_for_update().filter(self._mine()).values_list("pk")[:1]):
+            self._lose()
+
+    def _lose(self) -> None:
+        if not self.lost.is_set():
+            log.warning(
+                "restart #%s: taken over by another worker; %s (claim %s) stops here",
+                self.operation_id,
+                self.worker,
+                self.epoch,
+            )
+        self.lost.set()
+        raise OperationLost()
 
 
 # --- the queue ----------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from catalog.secrets import profile_secrets, redact
 from catalog.services.fit import profile_memory
 from operations.agents import AgentCallFailed, AgentClient, describe_failure
 from operations.models import RestartOperation, RestartStep
-from operations.services.lease import Lease, OperationLost, claim, worker_name
+from operations.services.lease import Lease, OperationLost, claim, threads_share_the_database, worker_name
 from operations.services.placement import (
     best_fit,
     free_port,
@@ -81,10 +81,14 @@ def run_operation(operation_id: int, *, worker: str | None = None) -> str:
         if op is None:
             return "not_claimed"
         log.info("%s: running restart #%s (attempt %s)", worker, op.pk, op.attempts)
+        lease = Lease(op.pk, worker, epoch=op.attempts)
+        lease.start()
         try:
-            return OperationRun(op, Lease(op.pk, worker), actor).run()
+            return OperationRun(op, lease, actor).run()
         except OperationLost:
             return "lost"
+        finally:
+            lease.stop()
 
 
 class StepFailed(Exception):
@@ -112,13 +116,6 @@ def _replacement(step: RestartStep) -> tuple[Replica, dict[str, Any]]:
     return step.new_replica, step.spec
 
 
-def _threads_can_share_the_database() -> bool:
-    """False for an in-memory SQLite database (the tests'): its connections
-    lock whole tables, so steps in threads would trip over each other."""
-    name = str(connection.settings_dict.get("NAME") or "")
-    return connection.vendor != "sqlite" or not (name == ":memory:" or "mode=memory" in name)
-
-
 class OperationRun:
     """One worker's run of a claimed operation."""
 
@@ -129,7 +126,7 @@ class OperationRun:
         self.poll = settings.LLMGW_OPERATION_POLL_SECONDS
         self.wait = settings.LLMGW_AGENT_WAIT_SECONDS
         # Steps in threads (each with its own connection), or one after the other.
-        self.threaded = self.op.max_parallel > 1 and _threads_can_share_the_database()
+        self.threaded = self.op.max_parallel > 1 and threads_share_the_database()
         self.secrets = [
             secret
             for profile in Profile.objects.filter(model_id=self.op.model_id)
@@ -161,6 +158,7 @@ class OperationRun:
 
         @transaction.atomic
         def write() -> Replica:
+            self.lease.hold()
             replica = Replica.objects.select_for_update().get(pk=replica_id)
             held = [str(s.card) for s in Shard.objects.filter(replica=replica).select_related("card__node")]
             before = self._replica_after(replica, held)
@@ -205,9 +203,11 @@ class OperationRun:
         if isinstance(fields.get("reason"), str):
             # An engine's log tail or an agent's sentence may echo a secret of the profile's.
             fields["reason"] = redact(fields["reason"], self.secrets)
+        with transaction.atomic():
+            self.lease.hold()
+            RestartStep.objects.filter(pk=step.pk).update(**fields)
         for name, value in fields.items():
             setattr(step, name, value)
-        RestartStep.objects.filter(pk=step.pk).update(**fields)
 
     def _finish_step(self, step: RestartStep, state: str, reason: str) -> str:
         reason = redact(reason, self.secrets)
@@ -244,6 +244,8 @@ class OperationRun:
                         if RestartOperation.objects.filter(pk=op.pk, cancel_requested=True).exists():
                             cancelled = True
                             break
+                        if running and self._cards_still_held(step_id):
+                            break  # a step under way frees them: the next to end may be it
                     queue.popleft()
                     if pool is None:
                         if self._run_step(step_id) == RestartStep.State.FAILED:
@@ -271,6 +273,29 @@ class OperationRun:
         ):
             cancelled = True
         return self._finish(cancelled=cancelled)
+
+    def _cards_still_held(self, step_id: int) -> bool:
+        """Whether the cards the plan gave this step are still held by another replica.
+
+        The plan (``place_restart``) counts in waves of ``max_parallel``: a step's cards may be
+        ones an earlier wave's old replica frees. The run starts a step as soon as any one ends,
+        so the step whose turn comes may find its cards not yet freed; it then waits for the steps
+        under way instead of failing. With none under way it starts, and fails saying the fleet
+        changed, as a plan that no longer holds must.
+        """
+        step = RestartStep.objects.filter(pk=step_id).values(
+            "planned_node", "planned_cards", "old_replica_id"
+        )
+        planned = step.first()
+        if planned is None or not planned["planned_node"]:
+            return False
+        return (
+            Shard.objects.filter(
+                card__node__name=planned["planned_node"], card__index__in=planned["planned_cards"]
+            )
+            .exclude(replica_id=planned["old_replica_id"])
+            .exists()
+        )
 
     def _run_step_in_thread(self, step_id: int) -> str:
         try:
@@ -422,6 +447,7 @@ class OperationRun:
 
         @transaction.atomic
         def write() -> bool:
+            self.lease.hold()
             lock_placement()
             profile = Profile.objects.select_related("model", "gpu_class").get(pk=self.op.profile_id)
             if planned is not None:
@@ -548,6 +574,7 @@ class OperationRun:
 
         @transaction.atomic
         def swap() -> Replica | None:
+            self.lease.hold()
             profile = Profile.objects.select_related("model").get(pk=self.op.profile_id)
             current = Replica.objects.select_for_update().get(pk=old.pk)
             if (
@@ -821,6 +848,7 @@ class OperationRun:
 
         @transaction.atomic
         def write() -> tuple[Replica, dict[str, Any]]:
+            self.lease.hold()
             lock_placement()
             row = Replica.objects.select_for_update().get(pk=replica.pk)
             old_port, port = row.port, free_port(node, after=row.port)
@@ -883,9 +911,8 @@ class OperationRun:
 
         @transaction.atomic
         def write() -> str:
+            self.lease.hold()
             current = RestartOperation.objects.select_for_update().get(pk=op.pk)
-            if current.state != RestartOperation.State.RUNNING or current.worker != self.lease.worker:
-                raise OperationLost()
             failed_before = RestartStep.objects.filter(operation=op, state=RestartStep.State.FAILED).exists()
             why = (
                 "cancelled by request"

@@ -24,6 +24,7 @@ from catalog.planning import engines
 from catalog.planning.placement import Placement, place_restart
 from catalog.services.fit import refuse_unless_fits
 from operations.models import RestartOperation, RestartStep
+from operations.services.busy import busy_refusal
 from operations.services.specs import check_launchable
 from operations.tasks import enqueue_restart
 
@@ -130,11 +131,7 @@ def _default_cause(chosen: list[Replica], *, named: bool) -> str:
 
 
 def _busy(op: RestartOperation) -> DomainError:
-    return conflict(
-        "busy",
-        f"Restart #{op.pk} of {op.model.name} is {op.state.replace('_', ' ')}: wait until it "
-        "ends, or cancel it, then try again.",
-    )
+    return busy_refusal(op, doing="starting another restart of it")
 
 
 def restart_start(
