@@ -74,6 +74,18 @@ class AuditEntry(models.Model):
         # carry them are issue 12's groups, the pages that check them issue 13's.
         permissions = [("export_auditentry", "Can export audit entries")]
         constraints = [via_is_valid("audit_via_valid")]
+        # The audit list's filters, each with the id after it: a filtered keyset page (newest or
+        # oldest first, any depth) is one range scan of one of these (audit/selectors.py).
+        indexes = [
+            models.Index(fields=["actor", "id"], name="audit_actor_id"),
+            models.Index(fields=["object_type", "id"], name="audit_type_id"),
+            models.Index(fields=["object_type", "object_key", "id"], name="audit_type_key_id"),
+            models.Index(fields=["object_key", "id"], name="audit_key_id"),
+            models.Index(fields=["action", "id"], name="audit_action_id"),
+            models.Index(fields=["via", "id"], name="audit_via_id"),
+            models.Index(fields=["request_id", "id"], name="audit_request_id"),
+            models.Index(fields=["at", "id"], name="audit_at_id"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_type} {self.object_key}"

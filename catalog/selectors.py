@@ -11,13 +11,13 @@ from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, 
 from catalog.planning import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
 from catalog.planning.placement import LiveReplica, NodeCards
 from catalog.planning.plan import Fleet
-from catalog.planning.types import SHAPE_FIELDS
+from catalog.planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
 
 
 def shape_of(model: ServedModel) -> Shape:
     values = {f: getattr(model, f) for f in SHAPE_FIELDS}
     # The model keeps an unknown text as "", the planner as None.
-    values.update(dtype=model.dtype or None, attention=model.attention or None)
+    values.update({f: values[f] or None for f in TEXT_SHAPE_FIELDS})
     return Shape(context_length=model.context_length, **values)
 
 
