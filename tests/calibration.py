@@ -408,12 +408,6 @@ POINTS: tuple[Logged, ...] = (
 # Seen and not held, with why (shown in docs/memory-model.md).
 NOT_HELD = (
     (
-        "https://github.com/vllm-project/vllm/issues/23278",
-        "openai/gpt-oss-120b on one H100, vLLM 0.10.1: 'Model loading took 65.97 GiB' for 60.77 GiB of "
-        "files: MXFP4 experts repacked for the Marlin kernel on a card without FP4. The planner plans the "
-        "files' size; this expansion is not modelled.",
-    ),
-    (
         "https://github.com/nlzy/vllm-gfx906/issues/10",
         "gemma-3-27b AWQ at TP 2 on MI50 (a ROCm fork without flash attention): activation grows with the "
         "square of the context (2.87 GiB at 4K, 10.32 at 8K). Not the CUDA engine the planner models.",
