@@ -179,11 +179,12 @@ def test_a_step_whose_planned_cards_were_taken_fails_saying_so_and_changes_nothi
 
 
 @pytest.mark.postgres  # steps run in threads only where connections can share the database
-def test_a_parallel_step_whose_planned_cards_an_earlier_step_still_holds_waits_for_them(tmp_path, actor):
+def test_a_parallel_step_whose_planned_cards_are_still_held_lets_a_later_step_go_first(tmp_path, actor):
     # Two nodes of three cards, four replicas, one card free on each. At two at a time the plan puts
-    # llama-1 and llama-2 on the free cards, then llama-3 on gpu-a card 0, which llama-1 frees.
-    # llama-1's engine ignores SIGTERM, so its step ends 2 s after llama-2's: llama-3's turn comes
-    # while its card is still held. It waits for llama-1's step rather than failing.
+    # llama-1 and llama-2 on the free cards, then llama-3 on the card llama-1 frees and llama-4 on
+    # the one llama-2 frees. llama-1's engine ignores SIGTERM, so its step ends 2 s after
+    # llama-2's: when llama-3's turn comes its card is still held. llama-4, whose card is free,
+    # goes first, and llama-3 starts once llama-1's step has freed its card; none fails.
     with fleet_of(tmp_path, cards=3) as fleet:
         fleet.start("llama-1", "gpu-a", [0], env={"STANDIN_IGNORE_SIGTERM": "1"})
         fleet.start("llama-2", "gpu-b", [0])
@@ -202,8 +203,8 @@ def test_a_parallel_step_whose_planned_cards_an_earlier_step_still_holds_waits_f
         steps = {s.old_replica.name: s for s in steps_of(op)}
         for name, step in steps.items():
             assert (step.state, step.node, step.cards) == ("succeeded", *planned[name]), step.reason
-        # llama-2's step ended first, and llama-3's started only once llama-1's had freed gpu-a card 0.
-        assert steps["llama-2"].finished_at < steps["llama-1"].finished_at <= steps["llama-3"].started_at
+        assert steps["llama-2"].finished_at < steps["llama-4"].started_at < steps["llama-1"].finished_at
+        assert steps["llama-1"].finished_at <= steps["llama-3"].started_at
         assert sum(fleet.ready_on_agents().values()) == 4
         assert_nothing_half_done()
 
