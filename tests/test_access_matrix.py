@@ -49,6 +49,7 @@ PAGES_AND_API: dict[str, dict[str, frozenset[str]]] = {
     "logout": {"POST": EVERYONE},
     "model-list": {"GET": READ},
     "model-detail": {"GET": READ},
+    "model-replicas": {"GET": READ},
     "model-resize-preview": {"POST": OPERATE},
     "model-resize": {"POST": OPERATE},
     "model-context-preview": {"POST": OPERATE},
