@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from typing import Any
 
@@ -98,8 +99,8 @@ class AuditEntry(models.Model):
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise AuditLogIsAppendOnly("audit entries are never deleted")
 
-    def compute_hash(self) -> str:
-        """The hash of this entry's content and the previous entry's hash."""
+    def canonical(self) -> bytes:
+        """What the hash covers: the content and the previous entry's hash, in one fixed spelling."""
         content = {
             "prev": self.prev_hash,
             "at": self.at.isoformat(),
@@ -115,5 +116,11 @@ class AuditEntry(models.Model):
             "message": self.message,
             "request_id": self.request_id,
         }
-        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        return json.dumps(content, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+    def compute_hash(self, key: bytes | None = None) -> str:
+        """The entry's hash: HMAC-SHA256 with ``key``; without one, the plain SHA-256 of entries
+        written before keyed hashes (anyone with the database can recompute those)."""
+        if key is None:
+            return hashlib.sha256(self.canonical()).hexdigest()
+        return hmac.new(key, b"llmgw-audit-entry\n" + self.canonical(), hashlib.sha256).hexdigest()

@@ -76,6 +76,10 @@ def lead_user():
     return b.user("lead", "audit.view_auditentry", "audit.export_auditentry")
 
 
+@pytest.mark.django_db(
+    transaction=True
+)  # the worker's heartbeat thread reads the operation from its own connection
+@pytest.mark.usefixtures("audit_flushable")
 def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_and_both_exports(tmp_path):
     lead = lead_user()
     root = b.user("root")
@@ -254,6 +258,8 @@ def test_keyset_pages_walk_the_whole_filtered_log_both_ways(actor):
     )
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("audit_flushable")
 def test_history_panels_on_the_model_node_and_operation_pages(tmp_path):
     lead = b.user("lead", "audit.view_auditentry", "catalog.resize_model")
     with fleet_of(tmp_path, nodes=("gpu-a",), cards=2) as fleet:
