@@ -601,6 +601,12 @@ NOT_HELD = (
         "square of the context (2.87 GiB at 4K, 10.32 at 8K). Not the CUDA engine the planner models.",
     ),
     (
+        "https://github.com/vllm-project/vllm/issues/15766",
+        "gemma-3-27b-it (sliding-window layers) on 8 x T4 with vLLM 0.8.2 (V0): 6.74 GiB of weights, 0.11 "
+        "non-torch and 1.66 activation a card, but the stored copy of the thread cuts off the command (TP and "
+        "context unknown) and the activation holds the vision encoder's profile, which is not modelled.",
+    ),
+    (
         "https://github.com/vllm-project/vllm/pull/12126",
         "Llama-3.2-11B-Vision: 36.63 GiB of activation from profiling the vision encoder; multimodal "
         "encoders are not modelled.",
