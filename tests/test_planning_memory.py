@@ -293,6 +293,20 @@ def test_a_long_batch_makes_the_forward_pass_the_peak():
     assert act.how.startswith("forward pass")
 
 
+def test_at_tp_above_one_the_forward_pass_holds_the_all_reduce_output_too():
+    # vLLM's CudaCommunicator.all_reduce returns a new tensor, so each
+    # row-parallel layer's partial output and its sum are alive together:
+    # one more hidden-sized copy a batch token at TP > 1, none at TP 1.
+    args = ("--max-num-batched-tokens", "20000")
+    tp1 = card_memory(engine("vllm"), LLAMA, 1, 20000, None, args=args)
+    tp2 = card_memory(engine("vllm"), LLAMA, 2, 20000, None, args=args)
+    (act1,) = [t for t in tp1.terms if t.name == "activation"]
+    (act2,) = [t for t in tp2.terms if t.name == "activation"]
+    assert act1.bytes == 20000 * 2 * (3 * 14336 + 3 * 4096)
+    assert act2.bytes == 20000 * 2 * (3 * 14336 // 2 + 4 * 4096)
+    assert "4 x 4096" in act2.how
+
+
 def test_enforce_eager_drops_the_cuda_graphs():
     memory = card_memory(engine("vllm"), LLAMA, 2, 8192, None, args=("--enforce-eager",))
     assert "cuda_graph" not in [t.name for t in memory.terms]
