@@ -76,7 +76,7 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
         else Q(pk__in=[])
     )
     rows = (
-        Card.objects.values("node__name", "node__state", "gpu_class__name")
+        Card.objects.values("node__name", "node__state", "node__reachable", "gpu_class__name")
         .annotate(
             cards=Count("id"), free=Count("id", filter=Q(shard__isnull=True)), own=Count("id", filter=own)
         )
@@ -85,7 +85,7 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
     return [
         NodeRoom(
             node=r["node__name"],
-            ready=r["node__state"] == "ready",
+            ready=r["node__state"] == "ready" and r["node__reachable"],
             gpu_class=r["gpu_class__name"],
             cards=r["cards"],
             free=r["free"],
@@ -185,6 +185,7 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
         Card.objects.values(
             "node__name",
             "node__state",
+            "node__reachable",
             "gpu_class_id",
             "gpu_class__name",
             "index",
@@ -203,14 +204,16 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
         is_live = held and r["shard__replica__state"] in live
         mine = profile is not None and is_live and r["shard__replica__profile_id"] == profile.pk
         key = (r["node__name"], r["gpu_class__name"])
-        count = counts.setdefault(key, [r["node__state"] == "ready", 0, 0, 0])
+        # A node is used only when the operator has it ready and its agent answers (the reconciler).
+        usable = r["node__state"] == "ready" and r["node__reachable"]
+        count = counts.setdefault(key, [usable, 0, 0, 0])
         count[1] += 1
         count[2] += 0 if held else 1
         count[3] += 1 if mine else 0
         if profile is None or profile.gpu_class_id is None:
             continue
         if r["gpu_class_id"] == profile.gpu_class_id:
-            ready, indices, free = by_node.setdefault(r["node__name"], (r["node__state"] == "ready", [], []))
+            ready, indices, free = by_node.setdefault(r["node__name"], (usable, [], []))
             indices.append(r["index"])
             if not held:
                 free.append(r["index"])

@@ -219,6 +219,10 @@ WORKER_ENV = {
     "LLMGW_AGENT_TIMEOUT_SECONDS": "3",
     "LLMGW_AGENT_WAIT_SECONDS": "1",
     "LLMGW_AGENT_STOP_SECONDS": "4",
+    # An agent away for longer than this fails the step (an agent restarted in 6 s is waited for).
+    "LLMGW_AGENT_ABSENT_SECONDS": "12",
+    "LLMGW_RESTART_SETTLE_SECONDS": "0.3",
+    "LLMGW_RECONCILE_SECONDS": "2",
 }
 
 
