@@ -9,3 +9,6 @@ class AuditConfig(AppConfig):
     name = "audit"
     verbose_name = "Audit log"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from audit import checks  # noqa: F401 - registers the deploy checks

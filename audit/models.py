@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from typing import Any
 
@@ -74,6 +75,18 @@ class AuditEntry(models.Model):
         # carry them are issue 12's groups, the pages that check them issue 13's.
         permissions = [("export_auditentry", "Can export audit entries")]
         constraints = [via_is_valid("audit_via_valid")]
+        # The audit list's filters, each with the id after it: a filtered keyset page (newest or
+        # oldest first, any depth) is one range scan of one of these (audit/selectors.py).
+        indexes = [
+            models.Index(fields=["actor", "id"], name="audit_actor_id"),
+            models.Index(fields=["object_type", "id"], name="audit_type_id"),
+            models.Index(fields=["object_type", "object_key", "id"], name="audit_type_key_id"),
+            models.Index(fields=["object_key", "id"], name="audit_key_id"),
+            models.Index(fields=["action", "id"], name="audit_action_id"),
+            models.Index(fields=["via", "id"], name="audit_via_id"),
+            models.Index(fields=["request_id", "id"], name="audit_request_id"),
+            models.Index(fields=["at", "id"], name="audit_at_id"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_type} {self.object_key}"
@@ -86,8 +99,8 @@ class AuditEntry(models.Model):
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise AuditLogIsAppendOnly("audit entries are never deleted")
 
-    def compute_hash(self) -> str:
-        """The hash of this entry's content and the previous entry's hash."""
+    def canonical(self) -> bytes:
+        """What the hash covers: the content and the previous entry's hash, in one fixed spelling."""
         content = {
             "prev": self.prev_hash,
             "at": self.at.isoformat(),
@@ -103,5 +116,11 @@ class AuditEntry(models.Model):
             "message": self.message,
             "request_id": self.request_id,
         }
-        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        return json.dumps(content, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+    def compute_hash(self, key: bytes | None = None) -> str:
+        """The entry's hash: HMAC-SHA256 with ``key``; without one, the plain SHA-256 of entries
+        written before keyed hashes (anyone with the database can recompute those)."""
+        if key is None:
+            return hashlib.sha256(self.canonical()).hexdigest()
+        return hmac.new(key, b"llmgw-audit-entry\n" + self.canonical(), hashlib.sha256).hexdigest()

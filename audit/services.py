@@ -10,12 +10,11 @@ from django.db import connection, models
 from django.utils import timezone
 
 from audit.actor import Actor, current_actor
+from audit.chain import CHAIN_LOCK_KEY, GENESIS_HASH, Checkpoint, audit_key, chain_problems
 from audit.models import AuditEntry
 from llmgw_web.db import hold_lock
 
-GENESIS_HASH = "0" * 64
-# One lock for the chain: each entry must see the hash of the one committed before it.
-_CHAIN_LOCK_KEY = 0x6C6C6D67  # "llmg"
+__all__ = ["GENESIS_HASH", "audit_record", "changed_fields", "snapshot", "verify_chain"]
 
 SECRET_FIELDS = frozenset({"agent_token"})
 
@@ -64,7 +63,7 @@ def audit_record(
     if not connection.in_atomic_block:
         raise RuntimeError("audit_record must run inside the transaction of the change it records")
     actor = actor or current_actor()
-    hold_lock(_CHAIN_LOCK_KEY)
+    hold_lock(CHAIN_LOCK_KEY)
     prev = AuditEntry.objects.order_by("-id").values_list("hash", flat=True).first() or GENESIS_HASH
     entry = AuditEntry(
         at=timezone.now(),
@@ -81,7 +80,7 @@ def audit_record(
         request_id=actor.request_id[:64],
         prev_hash=prev,
     )
-    entry.hash = entry.compute_hash()
+    entry.hash = entry.compute_hash(audit_key())
     entry.save()
     return entry
 
@@ -91,14 +90,6 @@ def changed_fields(before: dict[str, Any] | None, after: dict[str, Any] | None) 
     return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
 
 
-def verify_chain() -> list[str]:
-    """Problems in the chain: an entry altered, removed or inserted. Empty when intact."""
-    problems: list[str] = []
-    prev = GENESIS_HASH
-    for entry in AuditEntry.objects.order_by("id").iterator():
-        if entry.prev_hash != prev:
-            problems.append(f"entry {entry.pk}: the entry before it was removed or altered")
-        if entry.compute_hash() != entry.hash:
-            problems.append(f"entry {entry.pk}: its content does not match its hash (altered)")
-        prev = entry.hash
-    return problems
+def verify_chain(checkpoint: Checkpoint | None = None) -> list[str]:
+    """Each entry that does not match, as a sentence naming it, lowest id first. Empty when intact."""
+    return [str(p) for p in chain_problems(checkpoint)]

@@ -17,7 +17,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-only-secret-key-not-for-any-deployment-0123456789abcdef"
 # Replicas from 20000 up: below the kernel's ephemeral range (32768 on Linux), above the agents'.
-PORT_BASE = 20000
+# BENCH_PORT_BASE moves them, so that two benchmarks on one machine keep apart.
+PORT_BASE = int(os.environ.get("BENCH_PORT_BASE", "20000"))
 
 
 def scratch_database(url: str) -> dict[str, str]:
@@ -60,6 +61,16 @@ class LocalFleet:
             if log.exists():
                 count += log.read_text(errors="replace").count(f"llmgw-agent: starting replica {name} ")
         return count
+
+
+def made_stale(profile: Any, run: int) -> Any:
+    """``profile`` with a new revision's worth of change: an argument the launch policy allows
+    (a profile's own environment variables are refused unless the policy lists them)."""
+    args = list(profile.args)
+    if "--max-num-seqs" in args:
+        del args[args.index("--max-num-seqs") : args.index("--max-num-seqs") + 2]
+    profile.args = [*args, "--max-num-seqs", str(64 + run)]
+    return profile
 
 
 @contextlib.contextmanager

@@ -58,7 +58,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT / "agent"))
     from agent_testing import free_port
 
-    from bench.localfleet import local_fleet, process, scratch_database, worker
+    from bench.localfleet import local_fleet, made_stale, process, scratch_database, worker
     from bench.pages import sign_in
 
     env = scratch_database(args.database_url)
@@ -112,8 +112,7 @@ def main() -> int:
         sessions = [sign_in(base, "bench", PASSWORD) for base in webs]
 
         for model in MODELS:
-            profile = Profile.objects.get(pk=fleet.profiles[model].pk)
-            profile.env = {**profile.env, "SCALE_RUN": "1"}
+            profile = made_stale(Profile.objects.get(pk=fleet.profiles[model].pk), 1)
             with acting_as(actor):
                 services.profile_save(instance=profile)
         ops = []

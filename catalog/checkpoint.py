@@ -126,6 +126,8 @@ class CheckpointShape:
     intermediate_size: int | None = None
     vocab_size: int | None = None
     replicated_bytes: int = 0
+    expert_intermediate_size: int | None = None
+    expert_format: str | None = None
     context_length: int | None = None
     notes: tuple[str, ...] = ()
 
@@ -314,6 +316,7 @@ def shape_from_config(
         expert_bytes = _derived_expert_bytes(cfg, layers, hidden, weight_param_bytes, notes)
 
     intermediate, replicated = _activation_sizes(cfg, layers, hidden, weight_param_bytes, mla)
+    expert_intermediate, expert_format = _expert_storage(cfg)
 
     if cfg.defaults_used:
         used = ", ".join(f"{name} {value}" for name, value in cfg.defaults_used.items())
@@ -336,8 +339,22 @@ def shape_from_config(
         intermediate_size=intermediate,
         vocab_size=cfg.count("vocab_size", "padded_vocab_size"),
         replicated_bytes=replicated,
+        expert_intermediate_size=expert_intermediate,
+        expert_format=expert_format,
         notes=notes.as_tuple(),
     )
+
+
+def _expert_storage(cfg: _Config) -> tuple[int | None, str | None]:
+    """The routed experts' width and quantization method (None for a dense
+    model or experts in the checkpoint's dtype)."""
+    if not cfg.count(*EXPERT_NAMES, minimum=0):
+        return None, None
+    # Mixtral and gpt-oss size their experts with intermediate_size.
+    intermediate = cfg.count("moe_intermediate_size") or cfg.count("intermediate_size")
+    quant = cfg.find("quantization_config")
+    method = quant[1].get("quant_method") if quant is not None and isinstance(quant[1], dict) else None
+    return intermediate, method if isinstance(method, str) and method else None
 
 
 def _activation_sizes(

@@ -256,3 +256,20 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL") or "INFO"},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# The audit log's tamper evidence (docs/design.md, "The audit log"). Each entry's hash is an HMAC with
+# this key, which the database never holds, so nobody with only the database can recompute the chain.
+# Unset, it is derived from DJANGO_SECRET_KEY (and `check --deploy` says to set it: rotating the secret
+# key would then orphan the chain). Never change it once entries are written with it.
+LLMGW_AUDIT_KEY = env_str("LLMGW_AUDIT_KEY") or ""
+if LLMGW_AUDIT_KEY and len(LLMGW_AUDIT_KEY) < 32:
+    raise ImproperlyConfigured(
+        "LLMGW_AUDIT_KEY is too short: give at least 32 characters (python -c "
+        "'import secrets; print(secrets.token_urlsafe(48))')."
+    )
+# Where `audit_checkpoint` appends its signed checkpoints (one JSON line each); the worker writes one
+# every LLMGW_AUDIT_CHECKPOINT_SECONDS. Keep the file, or ship the lines, off the database's host.
+LLMGW_AUDIT_CHECKPOINT_FILE = env_str("LLMGW_AUDIT_CHECKPOINT_FILE") or str(
+    VAR_DIR / "audit-checkpoints.jsonl"
+)
+LLMGW_AUDIT_CHECKPOINT_SECONDS = env_float("LLMGW_AUDIT_CHECKPOINT_SECONDS", 300.0, minimum=1.0)

@@ -8,8 +8,10 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/", include("audit.api.urls")),
     path("api/", include("operations.api.urls")),
     path("api/", include("catalog.api.urls")),
+    path("audit/", include("audit.urls")),
     path("", include("operations.urls")),
     path("", include("catalog.urls")),
 ]

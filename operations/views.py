@@ -20,6 +20,8 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from audit.selectors import operation_q
+from audit.views import history_context
 from catalog.errors import DomainError
 from catalog.models import ServedModel
 from catalog.views.common import RESTART, redirect_or_location, render_page, require_perm, wants_partial
@@ -88,7 +90,11 @@ def operation_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     operation = get_object_or_404(operations_with_steps(), pk=pk)
-    context = {"section": "operations", **progress_context(request, operation)}
+    context = {
+        "section": "operations",
+        **progress_context(request, operation),
+        **history_context(request, operation_q(operation.pk), operation=str(operation.pk)),
+    }
     return render_page(request, "operations/operation_detail.html", context, partial="progress")
 
 

@@ -35,6 +35,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _flush_past_the_append_only_triggers() -> Iterator[None]:
+    """pytest-django empties the tables after a transactional test with one ``TRUNCATE``, which the
+    audit log's statement trigger refuses, as it must for everyone else. The tests connect as a
+    superuser, who may lift the triggers for that one transaction (``session_replication_role``): the
+    flush alone, never a test's own SQL."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    original = DatabaseOperations.sql_flush
+
+    def sql_flush(self: Any, style: Any, tables: Any, **kwargs: Any) -> list[str]:
+        statements = original(self, style, tables, **kwargs)
+        return ["SET LOCAL session_replication_role = replica", *statements] if statements else statements
+
+    DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]
+    yield
+    DatabaseOperations.sql_flush = original  # type: ignore[method-assign]
+
+
 @pytest.fixture
 def actor(db):
     """Acting as a named test command, as a management command would."""

@@ -72,13 +72,23 @@ class Fleet:
         assert shard is not None, f"{replica.name} holds no cards"
         return self.agents[shard.card.node.name]
 
-    def start(self, name: str, node: str, cards: list[int], *, port: int | None = None) -> Replica:
-        """A replica of the profile recorded ready, and really started (and ready) on its agent."""
+    def start(
+        self,
+        name: str,
+        node: str,
+        cards: list[int],
+        *,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Replica:
+        """A replica of the profile recorded ready, and really started (and ready) on its agent;
+        ``env`` is added to its engine's environment there (the stand-in's behaviour, for one replica)."""
         port = port or settings.LLMGW_REPLICA_PORT_BASE - 30 + len(self.replicas)
         replica = b.replica(self.profile, self.nodes[node], cards, name=name, port=port)
         spec = replica_spec(
             Profile.objects.select_related("model").get(pk=self.profile.pk), port=port, cards=cards
         )
+        spec["env"] = {**spec["env"], **(env or {})}
         with self.agents[node].client() as http:
             response = http.put(f"/v1/replicas/{name}", json=spec)
             assert response.status_code == 201, response.text

@@ -46,6 +46,8 @@ SHAPE_FIELDS = {
     "intermediate_size",
     "vocab_size",
     "replicated_bytes",
+    "expert_intermediate_size",
+    "expert_format",
 }
 
 
@@ -289,7 +291,28 @@ REAL = [
 
 # The sizes of the engine's activation peak and the replicated weights, read
 # beside the shape; their own test follows.
-ACTIVATION_FIELDS = {"hidden_size", "intermediate_size", "vocab_size", "replicated_bytes"}
+ACTIVATION_FIELDS = {
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "replicated_bytes",
+    "expert_intermediate_size",
+    "expert_format",
+}
+
+
+@pytest.mark.parametrize(
+    ("fixture", "width", "storage"),
+    [
+        ("meta-llama__Llama-3.1-8B-Instruct", None, None),  # dense
+        ("Qwen__Qwen3-30B-A3B", 768, None),  # moe_intermediate_size, experts in bf16
+        ("openai__gpt-oss-20b", 2880, "mxfp4"),  # intermediate_size; quantization_config mxfp4
+        ("mistralai__Mixtral-8x7B-v0.1", 14336, None),
+    ],
+)
+def test_the_routed_experts_width_and_storage(fixture, width, storage):
+    shape = shape_from_config(load(fixture))
+    assert (shape.expert_intermediate_size, shape.expert_format) == (width, storage)
 
 
 @pytest.mark.parametrize(
@@ -598,6 +621,8 @@ def test_gpt2_style_spellings() -> None:
         "intermediate_size": None,
         "vocab_size": None,
         "replicated_bytes": 0,
+        "expert_intermediate_size": None,
+        "expert_format": None,
     }
 
 

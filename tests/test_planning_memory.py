@@ -6,6 +6,7 @@ safetensors index's total_size); each test writes out its arithmetic.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -357,3 +358,46 @@ def test_trtllm_gives_its_cache_a_fraction_of_what_is_left_after_the_weights():
     # a larger model leaves less: the budget is not a fixed share of the card
     big = card_memory(engine("trtllm"), replace(LLAMA, weight_bytes=60 * GIB), 1, 8192, None, total=H100)
     assert big.budget - big.weights - big.overhead == int((H100 - 62 * GIB) * 0.9)
+
+
+def _gpt_oss(name: str, total_size: int) -> Shape:
+    import json
+    from pathlib import Path
+
+    from catalog.checkpoint import shape_from_config
+
+    config = json.loads((Path(__file__).parent / "fixtures" / "hf-configs" / f"{name}.json").read_text())
+    read = shape_from_config(config, index={"metadata": {"total_size": total_size}, "weight_map": {}})
+    return Shape(**{k: v for k, v in read.as_fields().items()})
+
+
+def test_vllm_pads_mxfp4_experts_as_its_marlin_kernel_needs():
+    # vllm mxfp4.py (Marlin, cards without native FP4): each card's expert width
+    # rounded up to 128, the hidden size to 256. gpt-oss-120b: 36 layers x 128
+    # experts x 3 x 2880 x 2880 at 17/32 bytes = 60,913,582,080 bytes of experts;
+    # the rest (65,248,815,744 - that) splits as usual.
+    shape = _gpt_oss("openai__gpt-oss-120b", 65_248_815_744)
+    experts = 36 * 128 * 3 * 2880 * 2880 * 17 // 32
+    assert shape.expert_bytes == experts and shape.expert_format == "mxfp4"
+    rest = 65_248_815_744 - experts
+    # TP 1: 2880 -> 2944, 2880 -> 3072
+    one = card_memory(engine("vllm"), shape, 1, 8192, None)
+    assert one.weights == rest + math.ceil(experts * (2944 / 2880) * (3072 / 2880))
+    # vllm-project/vllm#23278, one H100, vLLM 0.10.1: "Model loading took 65.9651 GiB"
+    assert one.weights / GIB == pytest.approx(65.9651, rel=0.005)
+    # TP 2: 1440 -> 1536 a card, the hidden size still 3072: 13.8% over the even share
+    # (the router gates, whole on every card, beside)
+    gates = shape.replicated_bytes
+    assert gates == 36 * 2880 * 128 * 2
+    two = card_memory(engine("vllm"), shape, 2, 8192, None)
+    padded = math.ceil(experts / 2 * (1536 / 1440) * (3072 / 2880))
+    assert two.weights == math.ceil((rest - gates) / 2) + padded + gates
+    assert two.weights > 65_248_815_744 / 2 * 1.1
+    # SGLang's padding is not in the registry: its share is the even one
+    sglang = card_memory(engine("sglang"), shape, 2, 8192, None)
+    assert sglang.weights == math.ceil((65_248_815_744 - gates) / 2) + gates
+
+
+def test_a_dense_or_unpadded_checkpoint_splits_evenly():
+    plain = card_memory(engine("vllm"), LLAMA, 2, 8192, None)
+    assert plain.weights == LLAMA_WEIGHTS // 2

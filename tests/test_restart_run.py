@@ -178,6 +178,37 @@ def test_a_step_whose_planned_cards_were_taken_fails_saying_so_and_changes_nothi
         assert old.state == "ready" and answers(old.port)
 
 
+@pytest.mark.postgres  # steps run in threads only where connections can share the database
+def test_a_parallel_step_whose_planned_cards_are_still_held_lets_a_later_step_go_first(tmp_path, actor):
+    # Two nodes of three cards, four replicas, one card free on each. At two at a time the plan puts
+    # llama-1 and llama-2 on the free cards, then llama-3 on the card llama-1 frees and llama-4 on
+    # the one llama-2 frees. llama-1's engine ignores SIGTERM, so its step ends 2 s after
+    # llama-2's: when llama-3's turn comes its card is still held. llama-4, whose card is free,
+    # goes first, and llama-3 starts once llama-1's step has freed its card; none fails.
+    with fleet_of(tmp_path, cards=3) as fleet:
+        fleet.start("llama-1", "gpu-a", [0], env={"STANDIN_IGNORE_SIGTERM": "1"})
+        fleet.start("llama-2", "gpu-b", [0])
+        fleet.start("llama-3", "gpu-a", [1])
+        fleet.start("llama-4", "gpu-b", [1])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, max_parallel=2, ready_timeout=30)
+        planned = {s.old_replica.name: (s.planned_node, s.planned_cards) for s in steps_of(op)}
+        assert planned == {
+            "llama-1": ("gpu-a", [2]),
+            "llama-2": ("gpu-b", [2]),
+            "llama-3": ("gpu-a", [0]),
+            "llama-4": ("gpu-b", [0]),
+        }
+        assert run_operation(op.pk) == "succeeded"
+        steps = {s.old_replica.name: s for s in steps_of(op)}
+        for name, step in steps.items():
+            assert (step.state, step.node, step.cards) == ("succeeded", *planned[name]), step.reason
+        assert steps["llama-2"].finished_at < steps["llama-4"].started_at < steps["llama-1"].finished_at
+        assert steps["llama-1"].finished_at <= steps["llama-3"].started_at
+        assert sum(fleet.ready_on_agents().values()) == 4
+        assert_nothing_half_done()
+
+
 def test_a_replacement_never_ready_fails_at_its_deadline_and_the_old_one_keeps_serving(tmp_path, actor):
     with fleet_of(tmp_path) as fleet:
         old = fleet.start("llama-1", "gpu-a", [0])

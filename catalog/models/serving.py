@@ -52,6 +52,15 @@ class ServedModel(models.Model):
         default=0,
         help_text="Weights every tensor-parallel card holds whole (router gates, MLA down-projections).",
     )
+    expert_intermediate_size = models.PositiveIntegerField(
+        null=True, blank=True, help_text="One routed expert's MLP width (moe_intermediate_size)."
+    )
+    expert_format = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        help_text="The routed experts' quantization (mxfp4): some engines pad such expert tensors.",
+    )
     declared = models.BooleanField(
         default=False, help_text="Comes from the cluster settings file; read-only here."
     )

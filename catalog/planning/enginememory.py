@@ -48,6 +48,9 @@ class EngineMemory:
     kv_block_flag: str | None = None
     kv_dtype_flags: tuple[str, ...] = ()
     kv_dtype_bytes: Mapping[str, float] = field(default_factory=dict)
+    # expert format -> (multiple one card's expert width is rounded up to,
+    # multiple the hidden size is rounded up to) in the expert tensors
+    expert_padding: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     sliding: str = "window"
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -74,7 +77,7 @@ _INTS = {
 _FLAGS = {"budget_flag", "batch_tokens_flag", "max_seqs_flag", "kv_block_flag"}
 _FLAG_LISTS = {"eager_flags", "kv_dtype_flags"}
 _STRINGS = {"version", "budget_rule", "sliding"}
-_OTHER = {"large_card_except", "kv_dtype_bytes", "sources"}
+_OTHER = {"large_card_except", "kv_dtype_bytes", "expert_padding", "sources"}
 
 
 def parse_memory(table: Any, fail: Callable[[str, str], Exception]) -> EngineMemory:
@@ -145,6 +148,19 @@ def parse_memory(table: Any, fail: Callable[[str, str], Exception]) -> EngineMem
     if values.get("kv_dtype_flags") and "auto" not in dtypes:
         raise fail("memory.kv_dtype_bytes", "must say what 'auto' (no flag) takes")
     values["kv_dtype_bytes"] = {str(k): float(v) for k, v in dtypes.items()}
+
+    padding = table.get("expert_padding", {})
+    if not isinstance(padding, dict) or not all(
+        isinstance(v, list)
+        and len(v) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v)
+        for v in padding.values()
+    ):
+        raise fail(
+            "memory.expert_padding",
+            "must map each expert format to [width multiple, hidden multiple], such as mxfp4 = [128, 256]",
+        )
+    values["expert_padding"] = {str(k): (v[0], v[1]) for k, v in padding.items()}
 
     sources = table.get("sources", {})
     if not isinstance(sources, dict) or not all(isinstance(v, str) and v.strip() for v in sources.values()):

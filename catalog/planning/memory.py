@@ -169,18 +169,42 @@ def weights_on_cards(eng: Engine, shape: Shape) -> int | None:
     return max(shape.weight_bytes - experts, 0)
 
 
+def expert_padding(eng: Engine, shape: Shape, tp: int) -> float:
+    """How much larger one card's routed-expert tensors are than their share
+    of the checkpoint: engines pad some formats' expert width (per card) and
+    hidden size to a kernel's multiple (engines.toml expert_padding). 1 when
+    nothing is padded or the sizes are unknown."""
+    rule = eng.memory.expert_padding.get(shape.expert_format or "")
+    width, hidden = shape.expert_intermediate_size, shape.hidden_size
+    if rule is None or not width or not hidden or not shape.expert_bytes or not eng.experts_on_card:
+        return 1.0
+    width_multiple, hidden_multiple = rule
+    per_card = width // tp
+    if per_card < 1:
+        return 1.0
+    return (ceil_div(per_card, width_multiple) * width_multiple / (width / tp)) * (
+        ceil_div(hidden, hidden_multiple) * hidden_multiple / hidden
+    )
+
+
 def weights_per_card(eng: Engine, shape: Shape, n: int) -> int | None:
     """One card's share: the split part over ``n``, plus the replicated part
-    whole on each card of a tensor-parallel replica."""
+    whole on each card of a tensor-parallel replica, with the routed experts
+    as large as the engine pads them."""
     weights = weights_on_cards(eng, shape)
     if weights is None:
         return None
     if eng.spread == "single" or n <= 1:
-        return weights
-    if eng.spread == "layers":
+        tp = 1
+    elif eng.spread == "layers":
         return ceil_div(weights, n)
-    replicated = min(shape.replicated_bytes, weights)
-    return ceil_div(weights - replicated, n) + replicated
+    else:
+        tp = n
+    padding = expert_padding(eng, shape, tp)
+    experts = min(shape.expert_bytes or 0, weights) if padding != 1.0 else 0
+    replicated = min(shape.replicated_bytes, weights - experts) if tp > 1 else 0
+    rest = weights - experts - replicated
+    return ceil_div(rest, tp) + math.ceil(experts / tp * padding) + replicated
 
 
 def engine_budget(

@@ -37,7 +37,11 @@ SHAPE_FIELDS = (
     "intermediate_size",
     "vocab_size",
     "replicated_bytes",
+    "expert_intermediate_size",
+    "expert_format",
 )
+# The shape's text fields: the catalog's model keeps an unknown one as "", the planner as None.
+TEXT_SHAPE_FIELDS = ("dtype", "attention", "expert_format")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,10 @@ class Shape:
     intermediate_size: int | None = None
     vocab_size: int | None = None
     replicated_bytes: int = 0
+    # The routed experts' own width and storage format ("mxfp4"): engines pad
+    # some formats' expert tensors (engines.toml expert_padding).
+    expert_intermediate_size: int | None = None
+    expert_format: str | None = None
     context_length: int | None = None
 
 

@@ -20,6 +20,7 @@ from audit.actor import Actor
 from audit.services import audit_record, changed_fields, snapshot
 from catalog.errors import DomainError, conflict, declared
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from catalog.planning.types import TEXT_SHAPE_FIELDS
 from operations.services.busy import refuse_while_restarting
 
 M = TypeVar("M", bound=models.Model)
@@ -419,7 +420,5 @@ def model_import(
             ensure_not_declared(instance)
         instance.source = source
         for field, value in shape.items():
-            setattr(
-                instance, field, value if value is not None or field not in ("dtype", "attention") else ""
-            )
+            setattr(instance, field, value if value is not None or field not in TEXT_SHAPE_FIELDS else "")
         return _save(instance, actor=actor, message=message or f"shape imported from {source}")

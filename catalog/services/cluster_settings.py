@@ -11,7 +11,7 @@ from django.db import transaction
 
 from catalog.errors import DomainError
 from catalog.models import GPUClass, Profile, ServedModel
-from catalog.planning.types import SHAPE_FIELDS
+from catalog.planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
 from catalog.services.catalog import model_save, profile_delete, profile_save
 
 MODEL_KEYS = {"name", "source", "context_length", "checkpoint", "profiles", *SHAPE_FIELDS}
@@ -95,7 +95,7 @@ def sync_cluster_settings(*, path: Path) -> SyncResult:
                 model = ServedModel(name=m["name"])
             model.source = m["source"]
             for key, value in shape.items():
-                if key in ("dtype", "attention") and value is None:
+                if key in TEXT_SHAPE_FIELDS and value is None:
                     value = ""
                 setattr(model, key, value)
             model.declared, model.declared_in = True, where

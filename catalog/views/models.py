@@ -22,6 +22,8 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from audit.selectors import model_history_q
+from audit.views import history_context
 from catalog.errors import DomainError
 from catalog.forms import CPU, ContextForm, ModelFilterForm, ResizeForm
 from catalog.models import Profile, Replica, ServedModel, Shard, live_replicas_q, stale_replicas_q
@@ -189,6 +191,7 @@ def _detail_context(
         "context_form": context_form if can_resize else None,
         "resize_preview": resize_preview,
         "context_preview": context_preview,
+        **history_context(request, model_history_q(model.name), object_type="model", object=model.name),
     }
 
 

@@ -21,6 +21,8 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET
 
+from audit.selectors import node_history_q
+from audit.views import history_context
 from catalog.forms import NodeFilterForm
 from catalog.models import Card, Node, Replica
 from catalog.selectors import cards_of, fleet_summary, nodes_matching
@@ -194,5 +196,12 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     return render_page(
         request,
         "catalog/node_detail.html",
-        {"section": "nodes", "node": node, "grid": grid, "replicas": replicas, "legend": legend([grid])},
+        {
+            "section": "nodes",
+            "node": node,
+            "grid": grid,
+            "replicas": replicas,
+            "legend": legend([grid]),
+            **history_context(request, node_history_q(node.name), object_type="node", object=node.name),
+        },
     )

@@ -267,7 +267,12 @@ class OperationRun:
                         if RestartOperation.objects.filter(pk=op.pk, cancel_requested=True).exists():
                             cancelled = True
                             break
-                    queue.popleft()
+                        if running:
+                            ready = self._next_with_its_cards(queue, resume)
+                            if ready is None:
+                                break  # the steps under way free the cards: wait for the next to end
+                            step_id = ready
+                    queue.remove(step_id)
                     if pool is None:
                         if self._run_step(step_id) == RestartStep.State.FAILED:
                             stopping = op.stop_at_first_failure
@@ -294,6 +299,42 @@ class OperationRun:
         ):
             cancelled = True
         return self._finish(cancelled=cancelled)
+
+    def _next_with_its_cards(self, queue: deque[int], resume: list[int]) -> int | None:
+        """The first queued step whose planned cards no other replica holds now, or None.
+
+        The plan (``place_restart``) counts in waves of ``max_parallel``: a step's cards may be
+        ones an earlier wave's old replica frees. The run starts a step as soon as any one ends,
+        so the step whose turn comes may find its cards not yet freed; a later step whose cards
+        are free starts in its place (the plan gave those cards to that step alone, so taking
+        them early changes no other step's), and with none, the run waits for the steps under
+        way. With none under way, the first step starts and fails saying the fleet changed, as a
+        plan that no longer holds must.
+        """
+        pending = [pk for pk in queue if pk not in resume]
+        planned = {
+            r["pk"]: r
+            for r in RestartStep.objects.filter(pk__in=pending).values(
+                "pk", "planned_node", "planned_cards", "old_replica_id"
+            )
+        }
+        nodes = {r["planned_node"] for r in planned.values() if r["planned_node"]}
+        held = {
+            (node, index): replica
+            for node, index, replica in Shard.objects.filter(card__node__name__in=nodes).values_list(
+                "card__node__name", "card__index", "replica_id"
+            )
+        }
+        for pk in pending:
+            step = planned.get(pk)
+            if step is None or not step["planned_node"]:
+                return pk
+            holders = {
+                held.get((step["planned_node"], i), step["old_replica_id"]) for i in step["planned_cards"]
+            }
+            if holders <= {step["old_replica_id"]}:
+                return pk
+        return None
 
     def _run_step_in_thread(self, step_id: int) -> str:
         try:

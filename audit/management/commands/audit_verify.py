@@ -2,22 +2,55 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from audit.chain import CheckpointRefused, chain_problems, latest_checkpoint
 from audit.models import AuditEntry
-from audit.services import verify_chain
 
 
 class Command(BaseCommand):
     help = (
-        "Check the audit log's hash chain: every entry must match its hash and carry the hash of the one "
-        "before it. Exits 1, listing each problem, when an entry was altered or removed."
+        "Check the audit log: every entry must match its keyed hash (an HMAC with LLMGW_AUDIT_KEY, which the "
+        "database never holds) and carry the hash of the entry before it, and the log must end where the "
+        "latest signed checkpoint (audit_checkpoint) says it did. Exits 1 naming the first entry that does "
+        "not match, then every other. DETECTS, even by someone with full database access (triggers off, "
+        "superuser): an entry altered; an entry removed, inserted or moved; an entry forged or the chain "
+        "rewritten with recomputed hashes (they need the key); the newest entries removed, as far as the "
+        "latest checkpoint goes; the whole log emptied; a checkpoint line edited or forged. CANNOT DETECT: "
+        "the newest entries written after the latest checkpoint being removed (the worker writes one every "
+        "LLMGW_AUDIT_CHECKPOINT_SECONDS; that is the window); anything by whoever holds LLMGW_AUDIT_KEY; the "
+        "checkpoint file itself being replaced by an older one (keep it, or ship its lines, off the "
+        "database's host); a change that never reached the log (the catalog's row triggers and "
+        "catalog_changes list those); entries written before keyed hashes (plain SHA-256) beyond what the "
+        "checkpoints recorded of them."
     )
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        problems = verify_chain()
-        if problems:
-            raise CommandError("the audit log was tampered with:\n  " + "\n  ".join(problems), returncode=1)
-        self.stdout.write(
-            f"the audit log is intact: {AuditEntry.objects.count()} entries, each chained to the last"
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--checkpoint",
+            default=None,
+            help="the checkpoint file to check against (default: LLMGW_AUDIT_CHECKPOINT_FILE); its last line counts",
         )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        path = options["checkpoint"] or settings.LLMGW_AUDIT_CHECKPOINT_FILE
+        try:
+            checkpoint = latest_checkpoint(path)
+        except CheckpointRefused as exc:
+            raise CommandError(f"the checkpoint cannot be trusted: {exc}", returncode=1) from exc
+        problems = chain_problems(checkpoint)
+        if problems:
+            raise CommandError(
+                f"the audit log was tampered with: the first entry that does not match is #{problems[0].entry}.\n  "
+                + "\n  ".join(str(p) for p in problems),
+                returncode=1,
+            )
+        count = AuditEntry.objects.count()
+        anchored = (
+            f"; it ends at or after the checkpoint of {checkpoint.at} ({checkpoint.count} entries up to "
+            f"#{checkpoint.last_id})"
+            if checkpoint
+            else f"; no checkpoint in {path}, so a removed tail would not show (run audit_checkpoint)"
+        )
+        self.stdout.write(f"the audit log is intact: {count} entries, each chained to the last{anchored}")

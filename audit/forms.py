@@ -1,0 +1,38 @@
+"""The audit list's filters: the page, the API and the exports read them through this form."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from audit.models import Via
+
+
+class AuditFilterForm(forms.Form):
+    """Every field optional; a bad value (a date that is no date, an operation that is no number) is an
+    error naming the field, and nothing is listed."""
+
+    who = forms.CharField(required=False, max_length=150, label="Who", help_text="user or command name")
+    object_type = forms.CharField(required=False, max_length=64, label="Object type")
+    object = forms.CharField(required=False, max_length=200, label="Object name")
+    action = forms.CharField(required=False, max_length=64, label="Action")
+    via = forms.ChoiceField(required=False, choices=[("", "any"), *Via.choices], label="Via")
+    since = forms.DateField(required=False, label="From", widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, label="To", widget=forms.DateInput(attrs={"type": "date"}))
+    request_id = forms.CharField(required=False, max_length=64, label="Request id")
+    operation = forms.IntegerField(required=False, min_value=1, label="Operation")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        since, until = data.get("since"), data.get("until")
+        if since and until and since > until:
+            raise forms.ValidationError("“From” is after “To”: swap the dates.")
+        return data
+
+    def errors_sentence(self) -> str:
+        parts = []
+        for field, errors in self.errors.items():
+            where = "" if field == "__all__" else f"{field}: "
+            parts.append(where + " ".join(str(e) for e in errors))
+        return "; ".join(parts)

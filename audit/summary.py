@@ -1,0 +1,121 @@
+"""An entry's summary line and its field-by-field diff, in the operators' words.
+
+"llama-3.1-8b/h100: 1 → 2 cards" reads better than a list of changed columns:
+a profile's spread is said as its card count, the columns as the pages name
+them, and what has no words of its own falls back to the entry's message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from audit.models import AuditEntry
+
+# The pages' words for the columns an operator changes most.
+LABELS = {
+    "gpus_per_node": "cards per node",
+    "tp": "TP",
+    "pp": "pipeline stages",
+    "nodes": "nodes",
+    "args": "arguments",
+    "env": "environment",
+    "revision": "revision",
+    "usable_mib": "usable memory (MiB)",
+    "memory_mib": "memory (MiB)",
+    "agent_url": "agent URL",
+    "agent_token": "agent token",
+    "state": "state",
+    "context_length": "context length",
+    "gpu_class": "GPU class",
+}
+SPREAD = ("gpus_per_node", "tp", "nodes", "pp")
+
+
+def label(field: str) -> str:
+    return LABELS.get(field, field.replace("_", " "))
+
+
+def cards(snapshot: dict[str, Any]) -> int | None:
+    """A profile's card count, as ``Profile.cards`` counts it."""
+    try:
+        per_node = max(int(snapshot.get("gpus_per_node") or 1), int(snapshot.get("tp") or 1), 1)
+        nodes = max(int(snapshot.get("nodes") or 1), int(snapshot.get("pp") or 0), 1)
+    except (TypeError, ValueError):
+        return None
+    return per_node * nodes
+
+
+def short(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "none"
+    return str(value)
+
+
+def changed(entry: AuditEntry) -> list[str]:
+    before, after = entry.before or {}, entry.after or {}
+    if not entry.before or not entry.after:
+        return []
+    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+
+
+def summarize(entry: AuditEntry) -> str:
+    """One line saying what changed: spread as cards, the rest as "label before → after"."""
+    name = entry.object_key
+    if entry.before is None and entry.after is not None and entry.action in ("create", "import"):
+        return f"{entry.object_type} {entry.object_repr} added"
+    if entry.after is None and entry.before is not None and entry.action == "delete":
+        return f"{entry.object_type} {entry.object_repr} removed"
+    fields = changed(entry)
+    if not fields:
+        return entry.message or f"{entry.action} {entry.object_type} {name}"
+    before, after = entry.before or {}, entry.after or {}
+    parts = []
+    if entry.object_type == "profile" and any(f in SPREAD for f in fields):
+        was, now = cards(before), cards(after)
+        if was != now:
+            parts.append(f"{was} → {now} cards")
+        fields = [f for f in fields if f not in SPREAD]
+    for field in fields:
+        if field == "revision":
+            continue  # follows every change of what runs: said by the change itself
+        parts.append(f"{label(field)} {short(before.get(field))} → {short(after.get(field))}")
+    if not parts:
+        parts = [f"revision {before.get('revision')} → {after.get('revision')}"]
+    return f"{name}: " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    field: str
+    label: str
+    before: str
+    after: str
+    changed: bool
+
+
+def pretty(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, indent=2, sort_keys=True)
+    return "" if value is None else str(value)
+
+
+def diff_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[DiffRow]:
+    """Every field of either side, the changed ones marked (both sides present: an update)."""
+    b, a = before or {}, after or {}
+    both = before is not None and after is not None
+    return [
+        DiffRow(
+            field=k,
+            label=label(k),
+            before=pretty(b.get(k)) if before is not None else "",
+            after=pretty(a.get(k)) if after is not None else "",
+            changed=both and b.get(k) != a.get(k),
+        )
+        for k in sorted(set(b) | set(a))
+    ]

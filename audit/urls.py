@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from audit import views
+
+app_name = "audit"
+
+urlpatterns = [
+    path("", views.entry_list, name="entry_list"),
+    path("<int:pk>/", views.entry_detail, name="entry_detail"),
+    path("export.<str:kind>", views.entry_export, name="entry_export"),
+]

@@ -1,0 +1,127 @@
+"""The leads' pages: the audit list with its filters, an entry, and the exports.
+
+Reading needs ``audit.view_auditentry``, exporting ``audit.export_auditentry``;
+both are checked here on the server, whatever the page showed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http.response import HttpResponseBase
+from django.shortcuts import get_object_or_404, render
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET
+
+from audit.export import KINDS, export_response
+from audit.forms import AuditFilterForm
+from audit.models import AuditEntry
+from audit.selectors import entries_matching, entries_of_request, keyset_page
+from audit.summary import diff_rows, summarize
+
+VIEW = "audit.view_auditentry"
+EXPORT = "audit.export_auditentry"
+PAGE_SIZE = 50
+
+
+def require(request: HttpRequest, perm: str) -> None:
+    if not request.user.has_perm(perm):
+        raise PermissionDenied(f"You need the {perm.split('.')[-1].replace('_', ' ')!r} permission.")
+
+
+def _int(value: str | None) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        return None
+    return number if number >= 0 else None
+
+
+def filter_query(form: AuditFilterForm) -> str:
+    """The filters as a query string, for the pager's and the exports' links."""
+    if not form.is_valid():
+        return ""
+    return urlencode({k: str(v) for k, v in form.cleaned_data.items() if v not in (None, "")})
+
+
+@login_required
+@require_GET
+def entry_list(request: HttpRequest) -> HttpResponse:
+    require(request, VIEW)
+    form = AuditFilterForm(request.GET)
+    context: dict[str, Any] = {
+        "section": "audit",
+        "form": form,
+        "can_export": request.user.has_perm(EXPORT),
+    }
+    if not form.is_valid():
+        context.update(page=None, error=form.errors_sentence(), query="")
+        return render(request, "audit/entry_list.html", context, status=400)
+    page = keyset_page(
+        entries_matching(form.cleaned_data),
+        before=_int(request.GET.get("before")),
+        after=_int(request.GET.get("after")),
+        size=PAGE_SIZE,
+    )
+    context.update(
+        page=page,
+        rows=[(e, summarize(e)) for e in page.entries],
+        query=filter_query(form),
+    )
+    return render(request, "audit/entry_list.html", context)
+
+
+@login_required
+@require_GET
+def entry_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    require(request, VIEW)
+    entry = get_object_or_404(AuditEntry, pk=pk)
+    together = list(entries_of_request(entry.request_id)[:200]) if entry.request_id else [entry]
+    return render(
+        request,
+        "audit/entry_detail.html",
+        {
+            "section": "audit",
+            "entry": entry,
+            "summary": summarize(entry),
+            "rows": diff_rows(entry.before, entry.after),
+            "together": [(e, summarize(e)) for e in together],
+            "operation": entry.request_id.removeprefix("restart-")
+            if entry.request_id.startswith("restart-")
+            else (entry.object_key if entry.object_type == "restart" else ""),
+        },
+    )
+
+
+@login_required
+@require_GET
+def entry_export(request: HttpRequest, kind: str) -> HttpResponseBase:
+    require(request, EXPORT)
+    if kind not in KINDS:
+        return HttpResponseBadRequest(f"No export as {kind!r}: ask for csv or jsonl.")
+    form = AuditFilterForm(request.GET)
+    if not form.is_valid():
+        return HttpResponseBadRequest(
+            f"The filters are wrong, nothing was exported: {form.errors_sentence()}"
+        )
+    return export_response(entries_matching(form.cleaned_data), kind)
+
+
+def history_context(request: HttpRequest, q: Any, **filters: str) -> dict[str, Any]:
+    """A page's history panel: the newest entries ``q`` matches, and the audit list filtered to them
+    (``filters``). None (no panel) for a user who may not read the log."""
+    from django.urls import reverse
+
+    from audit.selectors import history
+
+    if not request.user.has_perm(VIEW):
+        return {"history": None}
+    return {
+        "history": [(e, summarize(e)) for e in history(q)],
+        "history_url": reverse("audit:entry_list") + ("?" + urlencode(filters) if filters else ""),
+    }

@@ -1,0 +1,345 @@
+"""Tamper evidence that holds against database access, tried as an attacker would.
+
+As the application's role (which owns nothing, README "The database's two
+roles") the database refuses every change to the log. As a superuser with
+the triggers off, anything can be changed: then ``audit_verify``, with the
+key the database never holds and the latest signed checkpoint, names the
+first entry that does not match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import uuid
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import DatabaseError, connection, connections, transaction
+from rest_framework.test import APIClient
+
+from audit.actor import Actor, acting_as
+from audit.chain import checkpoint_append, checkpoint_now, latest_checkpoint
+from audit.models import AuditEntry
+from audit.services import audit_record, verify_chain
+from catalog.models import GPUClass
+from catalog.services import catalog as services
+from tests import builders as b
+
+pytestmark = pytest.mark.django_db
+
+
+def entries(n: int = 24) -> list[AuditEntry]:
+    with transaction.atomic():
+        for i in range(n):
+            audit_record(action="update", object_type="node", object_key=f"gpu-{i}", message=f"change {i}")
+    return list(AuditEntry.objects.order_by("id"))
+
+
+def checkpoint(tmp_path: Path) -> Path:
+    path = tmp_path / "checkpoints.jsonl"
+    checkpoint_append(path, checkpoint_now())
+    return path
+
+
+def superuser_sql(*statements: str) -> None:
+    """As the tables' superuser, the triggers off for the statements, back on after."""
+    with connection.cursor() as c:
+        c.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        c.execute("ALTER TABLE catalog_auditentry DISABLE TRIGGER USER")
+        for sql in statements:
+            c.execute(sql)
+        c.execute("ALTER TABLE catalog_auditentry ENABLE TRIGGER USER")
+
+
+def verify_fails(path: Path) -> str:
+    with pytest.raises(CommandError) as err:
+        call_command("audit_verify", "--checkpoint", str(path), stdout=StringIO())
+    assert err.value.returncode == 1
+    return str(err.value)
+
+
+def first_bad(path: Path) -> int:
+    text = verify_fails(path)
+    return int(text.split("the first entry that does not match is #")[1].split(".")[0])
+
+
+def plain_rehash_from(start: AuditEntry, *, message: str) -> list[str]:
+    """The SQL an attacker without the key would write: the entry's content changed and every hash from it
+    on recomputed as plain SHA-256 (the hash before keyed ones), so each still chains to the one before."""
+    statements, prev = [], start.prev_hash
+    for entry in AuditEntry.objects.filter(id__gte=start.pk).order_by("id"):
+        if entry.pk == start.pk:
+            entry.message = message
+        entry.prev_hash = prev
+        entry.hash = hashlib.sha256(entry.canonical()).hexdigest()
+        statements.append(
+            f"UPDATE catalog_auditentry SET message = '{entry.message}', prev_hash = '{entry.prev_hash}', "
+            f"hash = '{entry.hash}' WHERE id = {entry.pk}"
+        )
+        prev = entry.hash
+    return statements
+
+
+@pytest.fixture
+def app_role(db):
+    """A role of the application's kind, granted as README says (``db_app_role``), for this test."""
+    name = f"llmgw_app_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as c:
+        c.execute(f"CREATE ROLE {name} NOLOGIN")
+    call_command("db_app_role", name, stdout=StringIO())
+    yield name
+    with connection.cursor() as c:
+        c.execute("RESET ROLE")
+        c.execute(f"DROP OWNED BY {name}")
+        c.execute(f"DROP ROLE {name}")
+
+
+@pytest.mark.postgres
+def test_as_the_application_role_changes_go_through_and_the_log_refuses_update_delete_truncate_and_disabling_triggers(
+    app_role,
+):
+    root = b.user("root")
+    root.is_superuser = True
+    root.save()
+    with connection.cursor() as c:
+        c.execute(f"SET ROLE {app_role}")
+    # The application works as that role: a change through the API is saved and audited.
+    api = APIClient()
+    api.force_authenticate(root)
+    response = api.post(
+        "/api/gpu-classes/",
+        {"name": "l4-24g", "memory_mib": 23034, "usable_mib": 20000, "compute_capability": "8.9"},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    assert AuditEntry.objects.filter(object_key="l4-24g", via="api").count() == 1
+    refused = {
+        "UPDATE catalog_auditentry SET message = 'x'": "permission denied",
+        "DELETE FROM catalog_auditentry": "permission denied",
+        "TRUNCATE catalog_auditentry": "permission denied",
+        "ALTER TABLE catalog_auditentry DISABLE TRIGGER catalog_audit_no_update": "must be owner",
+        "ALTER TABLE catalog_auditentry DISABLE TRIGGER USER": "must be owner",
+        "DROP TRIGGER catalog_audit_no_truncate ON catalog_auditentry": "must be owner",
+    }
+    for sql, why in refused.items():
+        with pytest.raises(DatabaseError, match=why), transaction.atomic(), connection.cursor() as c:
+            c.execute(sql)
+    assert AuditEntry.objects.count() == 1
+
+
+@pytest.mark.postgres
+def test_even_the_owner_with_the_privileges_is_refused_truncate_by_the_statement_trigger(actor):
+    entries(2)
+    with (
+        pytest.raises(DatabaseError, match="append-only: TRUNCATE refused"),
+        transaction.atomic(),
+        connection.cursor() as c,
+    ):
+        c.execute("SET CONSTRAINTS ALL IMMEDIATE")  # else PostgreSQL refuses first for the pending FK checks
+        c.execute("TRUNCATE catalog_auditentry")
+    assert AuditEntry.objects.count() == 2
+
+
+@pytest.mark.postgres
+def test_db_app_role_refuses_a_superuser_or_the_owner():
+    with pytest.raises(CommandError, match="could disable the triggers"):
+        call_command("db_app_role", "postgres", stdout=StringIO())
+
+
+@pytest.mark.postgres
+def test_check_deploy_warns_when_the_application_connects_as_the_owner_or_a_superuser(actor):
+    from audit.checks import audit_deploy
+
+    ids = {m.id for m in audit_deploy()}
+    assert "audit.W002" in ids
+
+
+@pytest.mark.postgres
+def test_an_altered_entry_is_named(actor, tmp_path):
+    log = entries()
+    path = checkpoint(tmp_path)
+    superuser_sql(f"UPDATE catalog_auditentry SET message = 'nothing happened' WHERE id = {log[7].pk}")
+    assert first_bad(path) == log[7].pk
+
+
+@pytest.mark.postgres
+def test_a_deleted_entry_is_named_by_the_one_after_it(actor, tmp_path):
+    log = entries()
+    path = checkpoint(tmp_path)
+    superuser_sql(f"DELETE FROM catalog_auditentry WHERE id = {log[5].pk}")
+    assert first_bad(path) == log[6].pk
+
+
+@pytest.mark.postgres
+def test_two_entries_swapped_are_named(actor, tmp_path):
+    log = entries()
+    path = checkpoint(tmp_path)
+    a, z = log[3].pk, log[9].pk
+    superuser_sql(
+        f"UPDATE catalog_auditentry SET id = -1 WHERE id = {a}",
+        f"UPDATE catalog_auditentry SET id = {a} WHERE id = {z}",
+        f"UPDATE catalog_auditentry SET id = {z} WHERE id = -1",
+    )
+    assert first_bad(path) == a
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("removed", [1, 19])
+def test_the_newest_entries_removed_are_named_by_the_checkpoint(actor, tmp_path, removed):
+    log = entries()
+    path = checkpoint(tmp_path)
+    superuser_sql(f"DELETE FROM catalog_auditentry WHERE id >= {log[-removed].pk}")
+    assert verify_chain() == []  # the chain alone checks: only the checkpoint shows the tail went
+    text = verify_fails(path)
+    assert f"the first entry that does not match is #{log[-removed].pk}" in text
+    assert "its tail was removed" in text
+
+
+@pytest.mark.postgres
+def test_the_whole_log_emptied_is_detected(actor, tmp_path):
+    entries()
+    path = checkpoint(tmp_path)
+    superuser_sql("TRUNCATE catalog_auditentry")
+    assert "its tail was removed" in verify_fails(path)
+
+
+@pytest.mark.postgres
+def test_a_rewrite_with_recomputed_plain_hashes_is_named(actor, tmp_path):
+    log = entries()
+    path = checkpoint(tmp_path)
+    superuser_sql(*plain_rehash_from(log[10], message="rewritten"))
+    assert first_bad(path) == log[10].pk
+
+
+@pytest.mark.postgres
+def test_the_whole_chain_rewritten_with_plain_hashes_is_named_against_the_checkpoint(actor, tmp_path):
+    log = entries()
+    path = checkpoint(tmp_path)
+    superuser_sql(*plain_rehash_from(log[0], message="rewritten from the start"))
+    assert first_bad(path) == log[0].pk
+
+
+def test_a_forged_entry_appended_is_named(actor, tmp_path):
+    """No trigger needs lifting to append: INSERT is the application's right. Without the key, the
+    forger can only chain it by the plain hash."""
+    log = entries(5)
+    forged = AuditEntry(
+        at=log[-1].at,
+        actor="root",
+        via="cli",
+        action="delete",
+        object_type="node",
+        object_key="gpu-0",
+        object_repr="gpu-0",
+        prev_hash=log[-1].hash,
+    )
+    forged.hash = hashlib.sha256(forged.canonical()).hexdigest()
+    forged.save()
+    (problem,) = verify_chain()
+    assert problem.startswith(f"entry #{forged.pk}: a plain hash after keyed ones")
+
+
+def test_an_edited_checkpoint_line_is_refused(actor, tmp_path):
+    entries(3)
+    path = checkpoint(tmp_path)
+    path.write_text(path.read_text().replace('"count": 3', '"count": 2'))
+    text = verify_fails(path)
+    assert "line 1: its signature does not match" in text
+
+
+def test_an_intact_log_checks_against_its_checkpoint(actor, tmp_path):
+    entries(3)
+    path = checkpoint(tmp_path)
+    entries(2)  # written after the checkpoint: the log only has to end at or after it
+    out = StringIO()
+    call_command("audit_verify", "--checkpoint", str(path), stdout=out)
+    assert "intact: 5 entries" in out.getvalue() and "3 entries up to" in out.getvalue()
+    assert latest_checkpoint(path).count == 3
+
+
+def test_audit_verify_help_says_what_it_can_and_cannot_detect():
+    from audit.management.commands.audit_verify import Command
+
+    text = " ".join(Command().create_parser("manage.py", "audit_verify").format_help().split())
+    assert "DETECTS" in text and "CANNOT DETECT" in text and "after the latest checkpoint" in text
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_twenty_concurrent_writers_leave_one_valid_chain():
+    errors: list[BaseException] = []
+    start = threading.Barrier(20)
+
+    def writer(n: int) -> None:
+        try:
+            start.wait()
+            with acting_as(Actor(via="cli", name=f"writer-{n}")):
+                for i in range(5):
+                    with transaction.atomic():
+                        audit_record(action="update", object_type="node", object_key=f"w{n}-{i}")
+        except BaseException as exc:  # noqa: BLE001 - reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert AuditEntry.objects.count() == 100
+    assert verify_chain() == []
+    hashes = list(AuditEntry.objects.order_by("id").values_list("prev_hash", "hash"))
+    assert len({prev for prev, _ in hashes}) == 100  # no two entries claim the same predecessor
+
+
+def test_a_change_as_the_application_is_verified_with_the_key_not_a_plain_hash(actor):
+    services.gpu_class_save(
+        instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0")
+    )
+    entry = AuditEntry.objects.get()
+    assert entry.hash != hashlib.sha256(entry.canonical()).hexdigest()
+    assert verify_chain() == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_keeps_the_checkpoint_schedule_and_audit_verify_checks_against_its_latest(
+    tmp_path, settings
+):
+    from agent_testing import wait_until
+
+    from tests.restart_support import db_worker, port_block
+
+    path = tmp_path / "checkpoints.jsonl"
+    settings.LLMGW_AUDIT_CHECKPOINT_FILE = str(path)
+    settings.LLMGW_AUDIT_CHECKPOINT_SECONDS = 1.0
+    with acting_as(Actor(via="cli", name="pytest")):
+        entries(3)
+    call_command("audit_checkpoint", "--schedule", stdout=StringIO())
+    env = {"LLMGW_AUDIT_CHECKPOINT_FILE": str(path), "LLMGW_AUDIT_CHECKPOINT_SECONDS": "1"}
+    with db_worker(tmp_path, "w1", port_base=port_block(), extra_env=env):
+        wait_until(
+            lambda: path.exists() and len(path.read_text().splitlines()) >= 1,
+            timeout=30,
+            interval=0.2,
+            what="the worker's first checkpoint",
+        )
+        with acting_as(Actor(via="cli", name="pytest")):
+            entries(2)
+        wait_until(
+            lambda: getattr(latest_checkpoint(path), "count", 0) == 5 or None,
+            timeout=30,
+            interval=0.2,
+            what="a checkpoint counting the entries written since",
+        )
+    out = StringIO()
+    call_command("audit_verify", "--checkpoint", str(path), stdout=out)
+    assert "intact: 5 entries" in out.getvalue()
+    superuser_sql("DELETE FROM catalog_auditentry WHERE id = (SELECT max(id) FROM catalog_auditentry)")
+    assert "its tail was removed" in verify_fails(path)
