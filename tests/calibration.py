@@ -172,6 +172,33 @@ QWEN3_4B = Shape(  # Qwen/Qwen3-4B config.json (huggingface.co/Qwen/Qwen3-4B): 3
     vocab_size=151936,
 )
 
+QWEN3_32B_AWQ = Shape(  # Qwen/Qwen3-32B config.json (the AWQ checkpoint's is the same): 64 layers, 8 KV heads
+    layers=64,
+    attention_heads=64,
+    kv_heads=8,
+    head_dim=128,
+    attention="gqa",
+    kv_bytes_per_token=2 * 64 * 8 * 128 * 2,
+    weight_bytes=round(4.58 * 4 * GIB),  # the log's 4.58 GiB a card at TP 4
+    hidden_size=5120,
+    intermediate_size=25600,
+    vocab_size=151936,
+)
+R1_0528_QWEN3_8B = (
+    Shape(  # deepseek-ai/DeepSeek-R1-0528-Qwen3-8B config.json (Qwen3-8B): 36 layers, 8 KV heads
+        layers=36,
+        attention_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        attention="gqa",
+        kv_bytes_per_token=2 * 36 * 8 * 128 * 2,
+        weight_bytes=round(3.85 * 4 * GIB),  # the log's 3.85 GiB a card at TP 4
+        hidden_size=4096,
+        intermediate_size=12288,
+        vocab_size=151936,
+    )
+)
+
 DEEPSEEK_R1_AWQ = Shape(  # deepseek-ai/DeepSeek-R1 config.json (tests/fixtures' copy); AWQ 4-bit weights
     layers=61,
     attention_heads=128,
@@ -399,6 +426,103 @@ POINTS: tuple[Logged, ...] = (
         kv=3.06 / 2.23,
         weights_from_log=True,
         notes="RTX 2060 12 GB, fp16; 'Maximum concurrency for 10000 tokens per request: 2.23x'",
+    ),
+    Logged(
+        source="https://github.com/jackypanster/deploy-qwen/blob/6bace0f77213f196c0eec0898b4479f2fc4ea5de/logs/deploy-32k-startup.log",
+        engine="vllm",
+        version="0.8.5 (V0: 'Compute Capability < 8.0 is not supported by the V1 Engine')",
+        model="Qwen/Qwen3-30B-A3B",
+        kind="MoE",
+        shape=QWEN3_30B_A3B,
+        tp=4,
+        card_gib=21.66,
+        context=32768,
+        args=(
+            *V0,
+            "--max-num-batched-tokens",
+            "4096",
+            "--gpu-memory-utilization",
+            "0.93",
+            "--block-size",
+            "32",
+        ),
+        weights=14.25,
+        non_torch=0.20,
+        activation=1.40,
+        kv=4.30 / 5.73,
+        notes="4 x RTX 2080 Ti 22 GB over PCIe, fp16, chunked prefill; rank 0's profile (it runs the sampler, "
+        "1.40 GiB against 0.25 on the other ranks, so its cache is the smallest); 'Maximum concurrency for "
+        "32768 tokens per request: 5.73x'",
+    ),
+    Logged(
+        source="https://github.com/jackypanster/deploy-qwen/blob/c7039f6ac6e255cabea9541106152745ea20601d/blog-post.md",
+        engine="vllm",
+        version="0.8.5 (V0, the same cards as the point above)",
+        model="Qwen/Qwen3-30B-A3B",
+        kind="MoE",
+        shape=QWEN3_30B_A3B,
+        tp=4,
+        card_gib=21.66,
+        context=131072,
+        args=(
+            *V0,
+            "--max-num-batched-tokens",
+            "2048",
+            "--gpu-memory-utilization",
+            "0.92",
+            "--block-size",
+            "32",
+        ),
+        weights=14.27,
+        non_torch=0.20,
+        activation=1.39,
+        notes="YaRN x4 to 131072 tokens; KV not compared: the post's concurrency line (1.21x) does not match "
+        "its 4.07 GiB cache (1.36x at 24 KiB a token), so the two lines come from different runs",
+    ),
+    Logged(
+        source="https://github.com/jackypanster/qwen3-32b-awq/blob/b8df6b20754ead3591bfcdcdebe162f7fadbf608/log.output",
+        engine="vllm",
+        version="0.8.5 (V0: compute capability 7.5)",
+        model="Qwen/Qwen3-32B-AWQ",
+        kind="quantized",
+        shape=QWEN3_32B_AWQ,
+        tp=4,
+        card_gib=21.48,
+        context=32768,
+        args=(
+            "--max-num-seqs",
+            "64",
+            "--max-num-batched-tokens",
+            "32768",
+            "--gpu-memory-utilization",
+            "0.96",
+        ),
+        weights=4.58,
+        non_torch=0.20,
+        activation=2.74,
+        kv=13.10 / 6.55,
+        weights_from_log=True,
+        notes="4 x RTX 2080 Ti 22 GB over PCIe; the forward pass of 32768 batch tokens is the peak on every "
+        "rank; 'Maximum concurrency for 32768 tokens per request: 6.55x'",
+    ),
+    Logged(
+        source="https://github.com/jackypanster/deploy-DeepSeek-R1-0528-Qwen3-8B/blob/02cf841e06a979472256d8b157c07faaab6d549c/output.log",
+        engine="vllm",
+        version="0.8.5 (V0: compute capability 7.5)",
+        model="deepseek-ai/DeepSeek-R1-0528-Qwen3-8B",
+        kind="GQA",
+        shape=R1_0528_QWEN3_8B,
+        tp=4,
+        card_gib=21.48,
+        context=65536,
+        args=(*V0, "--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.93"),
+        weights=3.85,
+        non_torch=0.20,
+        activation=1.45,
+        kv=14.49 / 6.44,
+        weights_from_log=True,
+        notes="4 x RTX 2080 Ti 22 GB, fp16, --enforce-eager, chunked prefill above 32K; rank 0's sampler peak "
+        "(1.45 GiB, the other ranks 0.46); 'Maximum concurrency for 65536 tokens per request: 6.44x'",
     ),
     Logged(
         source="https://github.com/vllm-project/vllm/pull/10511",

@@ -67,7 +67,7 @@ def test_gqa_on_fewer_cards_than_kv_heads_splits_the_cache_by_card():
     assert memory.need == 4015130624 + 268435456 + VLLM_OVERHEAD  # 8.36 GiB
     assert memory.budget == 72 * GIB
     assert memory.fits
-    assert memory.per_card == "8.4 GiB a card of 4, of 72 usable"
+    assert memory.per_card == "8.4 GiB on each of 4 cards, of 72 GiB usable on each"
 
 
 def test_gqa_on_more_cards_than_kv_heads_keeps_one_head_a_card():
@@ -86,7 +86,7 @@ def test_the_full_context_of_llama_on_one_card():
     assert memory.kv == 16 * GIB
     assert memory.need == 16060522496 + 16 * GIB + VLLM_TP1  # no communication buffers at TP 1
     assert not memory.fits
-    assert memory.per_card == "33.5 GiB a card of 1, of 24 usable"
+    assert memory.per_card == "33.5 GiB on its 1 card, of 24 GiB usable"
 
 
 # deepseek-ai/DeepSeek-V3: 61 layers, MLA with kv_lora_rank 512 and
@@ -212,7 +212,7 @@ def test_card_memory_is_none_when_a_figure_is_unknown(shape, context):
 def test_without_a_budget_it_fits_and_says_no_budget():
     memory = card_memory(engine("vllm"), LLAMA, 4, 8192, None)
     assert memory.fits
-    assert memory.per_card == "8.4 GiB a card of 4"
+    assert memory.per_card == "8.4 GiB on each of 4 cards"
 
 
 def test_the_cache_splits_over_every_card_when_kv_heads_are_unknown():
@@ -291,6 +291,20 @@ def test_a_long_batch_makes_the_forward_pass_the_peak():
     (act,) = [t for t in memory.terms if t.name == "activation"]
     assert act.bytes == 20000 * 2 * (3 * 14336 + 3 * 4096)
     assert act.how.startswith("forward pass")
+
+
+def test_at_tp_above_one_the_forward_pass_holds_the_all_reduce_output_too():
+    # vLLM's CudaCommunicator.all_reduce returns a new tensor, so each
+    # row-parallel layer's partial output and its sum are alive together:
+    # one more hidden-sized copy a batch token at TP > 1, none at TP 1.
+    args = ("--max-num-batched-tokens", "20000")
+    tp1 = card_memory(engine("vllm"), LLAMA, 1, 20000, None, args=args)
+    tp2 = card_memory(engine("vllm"), LLAMA, 2, 20000, None, args=args)
+    (act1,) = [t for t in tp1.terms if t.name == "activation"]
+    (act2,) = [t for t in tp2.terms if t.name == "activation"]
+    assert act1.bytes == 20000 * 2 * (3 * 14336 + 3 * 4096)
+    assert act2.bytes == 20000 * 2 * (3 * 14336 // 2 + 4 * 4096)
+    assert "4 x 4096" in act2.how
 
 
 def test_enforce_eager_drops_the_cuda_graphs():

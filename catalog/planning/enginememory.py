@@ -37,6 +37,7 @@ class EngineMemory:
     large_card_except: tuple[str, ...] = ()
     activation_ffn: float = 0.0
     activation_hidden: float = 0.0
+    activation_hidden_tp: float = 0.0
     sampler_copies: float = 0.0
     non_torch_gib: float = 0.0
     comm_buffers_gib: float = 0.0
@@ -60,6 +61,7 @@ _FLOATS = {
     "large_card_gib": (0.0, 10_000.0),
     "activation_ffn": (0.0, 1_000.0),
     "activation_hidden": (0.0, 1_000.0),
+    "activation_hidden_tp": (0.0, 1_000.0),
     "sampler_copies": (0.0, 1_000.0),
     "non_torch_gib": (0.0, 1024.0),
     "comm_buffers_gib": (0.0, 1024.0),

@@ -305,12 +305,15 @@ def overhead_terms(
         seqs = min(max_seqs(eng, args, total, class_name), batch)
         hidden = shape.hidden_size or 0
         ffn = shape.intermediate_size or 0
-        forward = batch * MODEL_DTYPE * (mem.activation_ffn * ffn / tp + mem.activation_hidden * hidden)
+        # At TP > 1 each row-parallel layer's all-reduce writes a new
+        # hidden-sized tensor beside its input (activation_hidden_tp).
+        hidden_copies = mem.activation_hidden + (mem.activation_hidden_tp if tp > 1 else 0.0)
+        forward = batch * MODEL_DTYPE * (mem.activation_ffn * ffn / tp + hidden_copies * hidden)
         sampler = mem.sampler_copies * seqs * (shape.vocab_size or 0) * FP32
         if forward >= sampler:
             how = (
                 f"forward pass of {batch} batch tokens: {batch} x 2 bytes x "
-                f"({mem.activation_ffn:g} x {ffn}/{tp} + {mem.activation_hidden:g} x {hidden})"
+                f"({mem.activation_ffn:g} x {ffn}/{tp} + {hidden_copies:g} x {hidden})"
             )
         else:
             how = f"sampler: {mem.sampler_copies:g} x {seqs} sequences x {shape.vocab_size} vocabulary x 4 bytes"

@@ -131,6 +131,8 @@ class RestartOperationSerializer(serializers.ModelSerializer):
             "stop_at_first_failure",
             "requested_by",
             "via",
+            "cause",
+            "target_revision",
             "reason",
             "created_at",
             "started_at",
