@@ -122,6 +122,18 @@ QWEN2_5_7B_AWQ = Shape(  # Qwen/Qwen2.5-7B-Instruct-AWQ: the Qwen2.5-7B config, 
     intermediate_size=18944,
     vocab_size=152064,
 )
+QWEN2_5_7B = Shape(  # Qwen/Qwen2.5-7B-Instruct config.json (tests/fixtures' copy); total_size 15231233024
+    layers=28,
+    attention_heads=28,
+    kv_heads=4,
+    head_dim=128,
+    attention="gqa",
+    kv_bytes_per_token=2 * 28 * 4 * 128 * 2,
+    weight_bytes=15_231_233_024,
+    hidden_size=3584,
+    intermediate_size=18944,
+    vocab_size=152064,
+)
 QWEN2_5_32B = Shape(  # Qwen/Qwen2.5-32B-Instruct config.json
     layers=64,
     attention_heads=40,
@@ -525,6 +537,25 @@ POINTS: tuple[Logged, ...] = (
         "(1.45 GiB, the other ranks 0.46); 'Maximum concurrency for 65536 tokens per request: 6.44x'",
     ),
     Logged(
+        source="https://zhuanlan.zhihu.com/p/1916529253169734444",
+        engine="vllm",
+        version="0.8.5 (V0: a V100, compute capability 7.0)",
+        model="Qwen/Qwen2.5-7B-Instruct",
+        kind="GQA",
+        shape=QWEN2_5_7B,
+        tp=1,
+        card_gib=31.74,
+        context=32768,
+        # LLM(model=..., dtype="float16") with every other setting at its default:
+        # the config's 32768 tokens, no chunked prefill at 32K, so 32768 batch tokens
+        args=v0_batch(32768),
+        weights=14.25,
+        non_torch=0.09,
+        activation=4.35,
+        notes="V100 32 GB, fp16 (kaiyuan, 'vLLM显存管理详解', 2025-06-13); the forward pass of 32768 "
+        "batch tokens is the peak; KV not logged (no concurrency line)",
+    ),
+    Logged(
         source="https://github.com/vllm-project/vllm/pull/10511",
         engine="vllm",
         version="0.6.5.dev (the profiler rewrite)",
@@ -568,6 +599,12 @@ NOT_HELD = (
         "https://github.com/nlzy/vllm-gfx906/issues/10",
         "gemma-3-27b AWQ at TP 2 on MI50 (a ROCm fork without flash attention): activation grows with the "
         "square of the context (2.87 GiB at 4K, 10.32 at 8K). Not the CUDA engine the planner models.",
+    ),
+    (
+        "https://github.com/vllm-project/vllm/issues/15766",
+        "gemma-3-27b-it (sliding-window layers) on 8 x T4 with vLLM 0.8.2 (V0): 6.74 GiB of weights, 0.11 "
+        "non-torch and 1.66 activation a card, but the stored copy of the thread cuts off the command (TP and "
+        "context unknown) and the activation holds the vision encoder's profile, which is not modelled.",
     ),
     (
         "https://github.com/vllm-project/vllm/pull/12126",
