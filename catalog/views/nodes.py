@@ -28,8 +28,8 @@ from audit.views import history_context
 from catalog.forms import NodeFilterForm
 from catalog.models import Card, Node, Replica
 from catalog.selectors import cards_of, fleet_summary, nodes_matching
-from catalog.views.common import render_page
 from catalog.services.fit import profile_memory
+from catalog.views.common import render_page
 from catalog.views.display import hue
 from telemetry.models import NodeReading
 from telemetry.selectors import CardUse, card_use_of_nodes, last_seen_of_nodes
