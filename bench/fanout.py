@@ -11,7 +11,7 @@ stale) and a rolling restart of all 64 is started through the service; a real
 from its start to its end as the database records them, and the wall time from the request to
 the end. Ideal: ``ceil(64 / p)`` waves of one engine load each.
 
-The database is the benchmark's own (flushed at the start): BENCH_FANOUT_DATABASE_URL.
+The database is the benchmark's own (created anew at the start): BENCH_FANOUT_DATABASE_URL.
 """
 
 from __future__ import annotations

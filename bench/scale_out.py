@@ -14,7 +14,7 @@ succeeded, every replica was replaced, each replacement was launched once on its
 operation was run by two live workers at once, and the killed worker's operation was finished
 by the other.
 
-The database is its own (flushed at the start): BENCH_SCALE_DATABASE_URL.
+The database is its own (created anew at the start): BENCH_SCALE_DATABASE_URL.
 """
 
 from __future__ import annotations

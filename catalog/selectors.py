@@ -76,7 +76,7 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
         else Q(pk__in=[])
     )
     rows = (
-        Card.objects.values("node__name", "node__state", "gpu_class__name")
+        Card.objects.values("node__name", "node__state", "node__reachable", "gpu_class__name")
         .annotate(
             cards=Count("id"), free=Count("id", filter=Q(shard__isnull=True)), own=Count("id", filter=own)
         )
@@ -85,7 +85,7 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
     return [
         NodeRoom(
             node=r["node__name"],
-            ready=r["node__state"] == "ready",
+            ready=r["node__state"] == "ready" and r["node__reachable"],
             gpu_class=r["gpu_class__name"],
             cards=r["cards"],
             free=r["free"],
@@ -200,8 +200,10 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
     looked up once: at 8,000 cards a row per card carrying its node's, class's
     and holder's names as a dict cost more than all the rest of a dry run.
     """
+    # A node is used only when the operator has it ready and its agent answers (the reconciler says).
     nodes = {
-        pk: (name, state == "ready") for pk, name, state in Node.objects.values_list("id", "name", "state")
+        pk: (name, state == "ready" and reachable)
+        for pk, name, state, reachable in Node.objects.values_list("id", "name", "state", "reachable")
     }
     classes = dict(GPUClass.objects.values_list("id", "name"))
     model_live: dict[int, tuple[str, bool]] = {}  # the model's live replicas: name, and whether restarted

@@ -52,11 +52,12 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_htmx",
     "template_partials",
+    # Before django_tasks_db: its db_worker command is operations' (which schedules the periodic tasks).
+    "operations",
     "django_tasks",
     "django_tasks_db",
     "audit",
     "catalog",
-    "operations",
 ]
 
 MIDDLEWARE = [
@@ -207,6 +208,17 @@ LLMGW_REPLICA_PORT_BASE = env_int("LLMGW_REPLICA_PORT_BASE", 8100, minimum=1024)
 # How long a stop waits for the agent's answer: the agent answers once the engine is gone (its
 # stop_grace_seconds, 10 by default, then SIGKILL and up to 10 s more), so at least that.
 LLMGW_AGENT_STOP_SECONDS = env_float("LLMGW_AGENT_STOP_SECONDS", 25.0, minimum=0.5)
+# How long a step waits for a node's agent that does not answer (restarted, upgraded, a blip) before
+# it gives up: polls of a replacement, and stops, are asked again within this window.
+LLMGW_AGENT_ABSENT_SECONDS = env_float("LLMGW_AGENT_ABSENT_SECONDS", 30.0, minimum=0.0)
+# How long a replacement must stay ready before its old replica is stopped (as Kubernetes'
+# minReadySeconds); a restart may ask for another (settle_seconds).
+LLMGW_RESTART_SETTLE_SECONDS = env_float("LLMGW_RESTART_SETTLE_SECONDS", 10.0, minimum=0.0)
+# The reconciler (operations/services/reconcile.py): how often the workers compare the catalog with
+# what each node's agent runs, and how many agents it asks at once (each within
+# LLMGW_AGENT_TIMEOUT_SECONDS).
+LLMGW_RECONCILE_SECONDS = env_float("LLMGW_RECONCILE_SECONDS", 30.0, minimum=0.5)
+LLMGW_RECONCILE_PARALLEL = env_int("LLMGW_RECONCILE_PARALLEL", 16, minimum=1)
 # A worker holds its operation only while its heartbeat is fresh; the heartbeat beats from its own
 # thread, but a takeover while an agent call is still in flight would let two workers act on one
 # step's replica, so the stale threshold must be above the longest agent call a worker makes.

@@ -48,6 +48,22 @@ class RestartInput(StrictInput):
         max_value=MAX_READY_TIMEOUT,
         help_text="Seconds a replacement has to become ready before its step fails.",
     )
+    settle_seconds = StrictNumberField(
+        required=False,
+        default=None,
+        allow_null=True,
+        min_value=0,
+        max_value=MAX_READY_TIMEOUT,
+        help_text="Seconds a replacement must stay ready before its old replica is stopped (as Kubernetes' "
+        "minReadySeconds); one that falls over meanwhile fails its step and the old one keeps serving. "
+        "Default: LLMGW_RESTART_SETTLE_SECONDS.",
+    )
+    stop_at_first_failure = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Start no new step once one failed. Default false: every replica is still tried, so a fault "
+        "on one node does not leave the others on the old revision.",
+    )
 
 
 class RestartStepSerializer(serializers.ModelSerializer):
@@ -86,6 +102,18 @@ class RestartOperationSerializer(serializers.ModelSerializer):
         source="requested_by_name", read_only=True, help_text="Who asked (the user, or the command's name)."
     )
     mode = serializers.CharField(read_only=True)
+    abandoned = serializers.CharField(
+        source="abandoned_text",
+        read_only=True,
+        help_text='"abandoned: no worker has it (...)" while it is queued or running and no worker holds it; '
+        "empty otherwise.",
+    )
+    abandoned_seconds = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="How long no worker has held it; null while one does."
+    )
+    serving_after = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="Replicas of the model ready when it ended."
+    )
     steps = RestartStepSerializer(many=True, read_only=True)
 
     class Meta:
@@ -99,6 +127,8 @@ class RestartOperationSerializer(serializers.ModelSerializer):
             "in_place",
             "max_parallel",
             "ready_timeout",
+            "settle_seconds",
+            "stop_at_first_failure",
             "requested_by",
             "via",
             "cause",
@@ -111,6 +141,9 @@ class RestartOperationSerializer(serializers.ModelSerializer):
             "worker",
             "attempts",
             "cancel_requested",
+            "abandoned",
+            "abandoned_seconds",
+            "serving_after",
             "steps",
         ]
 
@@ -151,6 +184,8 @@ class RestartView(APIView):
             in_place=v["in_place"],
             max_parallel=v["max_parallel"],
             ready_timeout=v["ready_timeout"],
+            settle_seconds=v["settle_seconds"],
+            stop_at_first_failure=v["stop_at_first_failure"],
         )
         operation = operations_with_steps().get(pk=operation.pk)
         return Response(RestartOperationSerializer(operation).data, status=status.HTTP_202_ACCEPTED)

@@ -41,9 +41,10 @@ def free_port(node: Node, *, after: int | None = None) -> int:
     Nodes whose agents share a host (the demo, the tests) share its ports.
     """
     same_host = [n.pk for n in Node.objects.all() if n.agent_host == node.agent_host]
-    highest = Replica.objects.filter(live_replicas_q(), shards__card__node__in=same_host).aggregate(
-        top=Max("port")
-    )["top"]
+    # Replicas whose end is not confirmed may still hold their port: not reused.
+    highest = Replica.objects.filter(
+        state__in=Replica.HOLDING_STATES, shards__card__node__in=same_host
+    ).aggregate(top=Max("port"))["top"]
     base = settings.LLMGW_REPLICA_PORT_BASE
     port = base if highest is None or highest < base else highest + 1
     return port if after is None else max(port, after + 1)
@@ -51,6 +52,7 @@ def free_port(node: Node, *, after: int | None = None) -> int:
 
 def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Node, list[Card]] | None:
     """Free cards of the profile's class for one replica: on the ready node
+    whose agent answers (not cordoned, not down, not unreachable)
     with the fewest free cards that still has enough (ties by name), but first
     on a node that holds none of the model's other live replicas, so that one
     node going down does not take every replica of a model with it."""
@@ -63,7 +65,10 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
     free: dict[int, list[Card]] = {}
     for card in (
         Card.objects.filter(
-            gpu_class_id=profile.gpu_class_id, node__state=Node.State.READY, shard__isnull=True
+            gpu_class_id=profile.gpu_class_id,
+            node__state=Node.State.READY,
+            node__reachable=True,
+            shard__isnull=True,
         )
         .select_related("node")
         .order_by("node__name", "index")

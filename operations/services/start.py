@@ -12,7 +12,9 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.actor import Actor, current_actor
@@ -41,6 +43,8 @@ def _operation_after(op: RestartOperation, names: list[str]) -> dict[str, Any]:
         "in_place": op.in_place,
         "max_parallel": op.max_parallel,
         "ready_timeout": op.ready_timeout,
+        "settle_seconds": op.settle_seconds,
+        "stop_at_first_failure": op.stop_at_first_failure,
         "requested_by": op.requested_by_name,
         "via": op.via,
         "replicas": names,
@@ -50,7 +54,10 @@ def _operation_after(op: RestartOperation, names: list[str]) -> dict[str, Any]:
 
 
 def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replica]:
-    live = Replica.objects.filter(live_replicas_q(), profile__model=model).select_related("profile")
+    # A replica whose node does not answer ("unknown") is restarted too: its replacement goes elsewhere.
+    live = Replica.objects.filter(
+        live_replicas_q() | Q(state=Replica.State.UNKNOWN), profile__model=model
+    ).select_related("profile")
     if names:
         chosen = []
         for name in dict.fromkeys(names):
@@ -61,10 +68,10 @@ def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replic
                 raise DomainError(
                     "other_model", f"Replica {name} serves {replica.profile.model.name}, not {model.name}."
                 )
-            if not replica.is_live:
+            if not (replica.is_live or replica.state == Replica.State.UNKNOWN):
                 raise conflict(
                     "not_live",
-                    f"Replica {name} is {replica.state}: only starting, loading or ready "
+                    f"Replica {name} is {replica.state}: only starting, loading, ready or unknown "
                     "replicas are restarted.",
                 )
             chosen.append(replica)
@@ -141,6 +148,8 @@ def restart_start(
     in_place: bool | None = None,
     max_parallel: int = 1,
     ready_timeout: float = 600,
+    settle_seconds: float | None = None,
+    stop_at_first_failure: bool = False,
     actor: Actor | None = None,
     cause: str = "",
 ) -> RestartOperation:
@@ -148,7 +157,11 @@ def restart_start(
 
     ``in_place``: True stops each replica before its replacement starts; False
     restarts rolling only (a step without room beside fails); None rolls where
-    there is room and goes in place where not. Creates the operation and its
+    there is room and goes in place where not. ``settle_seconds``: how long
+    each replacement must stay ready before its old replica is stopped
+    (LLMGW_RESTART_SETTLE_SECONDS when None). ``stop_at_first_failure``:
+    start no new step once one failed (by default every replica is still
+    restarted, so one faulty node does not hold the rest back). Creates the operation and its
     steps and audits it; the worker's task is enqueued when the transaction
     commits, so this may run inside a caller's transaction (the resize's).
     The whole restart is played through first (catalog/planning/placement.py)
@@ -179,6 +192,20 @@ def restart_start(
             "invalid",
             f"ready_timeout must be a number of seconds above 0 and at most "
             f"{MAX_READY_TIMEOUT:g}, not {ready_timeout!r}.",
+        )
+    settle = settings.LLMGW_RESTART_SETTLE_SECONDS if settle_seconds is None else settle_seconds
+    if (
+        isinstance(settle, bool)
+        or not isinstance(settle, int | float)
+        or not 0 <= settle <= MAX_READY_TIMEOUT
+    ):
+        raise DomainError(
+            "invalid",
+            f"settle_seconds must be a number of seconds from 0 to {MAX_READY_TIMEOUT:g}, not {settle!r}.",
+        )
+    if not isinstance(stop_at_first_failure, bool):
+        raise DomainError(
+            "invalid", f"stop_at_first_failure must be true or false, not {stop_at_first_failure!r}."
         )
     actor = actor or current_actor()
     with transaction.atomic():
@@ -211,6 +238,8 @@ def restart_start(
             in_place=in_place,
             max_parallel=max_parallel,
             ready_timeout=float(ready_timeout),
+            settle_seconds=float(settle),
+            stop_at_first_failure=stop_at_first_failure,
             requested_by=actor.resolved_user,
             requested_by_name=actor.display_name[:150],
             via=actor.via,
@@ -244,7 +273,9 @@ def restart_start(
             after=_operation_after(op, names),
             actor=actor,
             message=f"restart #{op.pk} of {model.name} asked by {op.requested_by_name}: {len(names)} replica(s) "
-            f"({', '.join(names)}), {op.mode}, {max_parallel} at a time, {ready_timeout:g} s to be ready",
+            f"({', '.join(names)}), {op.mode}, {max_parallel} at a time, {ready_timeout:g} s to be ready, "
+            f"{settle:g} s to stay ready, "
+            + ("stopping at the first failed step" if stop_at_first_failure else "every replica tried"),
         )
         # robust: should the enqueue fail, the restart stays queued and the sweep enqueues it.
         transaction.on_commit(partial(enqueue_restart, op.pk), robust=True)
