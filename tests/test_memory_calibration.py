@@ -134,3 +134,35 @@ def test_one_tokens_kv_bytes_a_card_at_tp4_match_both_engines_logs(engine_name, 
     # and not the whole model's figure, nor one split past the KV heads
     whole = QWEN3_235B_A22B.kv_bytes_per_token
     assert whole is not None and planned_per_token == whole / 4
+
+
+# inspektor-gadget/ig-gpu-instructions, use-cases/vllm-gpu-memory-oom.md: vLLM
+# v0.19.0 on an A100 80GB PCIe, `vllm serve NousResearch/Llama-2-7b-hf
+# --max-model-len 2048`: "Available KV cache memory: 58.37 GiB", "GPU KV cache
+# size: 119,536 tokens". Llama-2-7B (config.json: 32 layers, 32 attention and
+# 32 key-value heads of 128) keeps a key and a value for every head.
+LLAMA_2_7B_KV_SOURCE = (
+    "https://github.com/inspektor-gadget/ig-gpu-instructions/blob/741efa793d11c86c07067e6f1a9cbdb9e848e68f/"
+    "use-cases/vllm-gpu-memory-oom.md"
+)
+
+
+def test_an_mha_models_kv_bytes_a_token_match_vllms_log():
+    from catalog.planning.engines import engine
+    from catalog.planning.memory import kv_per_card
+    from catalog.planning.types import Shape
+    from tests.calibration import GIB
+
+    llama_2_7b = Shape(
+        layers=32,
+        attention_heads=32,
+        kv_heads=32,
+        head_dim=128,
+        attention="mha",
+        kv_bytes_per_token=2 * 32 * 32 * 128 * 2,
+    )
+    kv = kv_per_card(engine("vllm"), llama_2_7b, 1, 2048)
+    assert kv is not None
+    assert kv[0] / 2048 == pytest.approx(58.37 * GIB / 119_536, rel=0.005), LLAMA_2_7B_KV_SOURCE
+    # one full-context sequence is a whole GiB, four times Llama-3-8B's (8 KV heads of 128)
+    assert kv[0] == GIB
