@@ -697,6 +697,19 @@ NOT_HELD = (
         "the two runs fall at +23% and -6% of a flat 0.35 GiB; a 10% bound cannot hold a model this small.",
     ),
     (
+        "https://github.com/inspektor-gadget/ig-gpu-instructions/blob/741efa793d11c86c07067e6f1a9cbdb9e848e68f/use-cases/vllm-gpu-memory-oom.md",
+        "NousResearch/Llama-2-7b-hf (MHA) with vLLM 0.19.0 on an A100 80GB PCIe at 2048 tokens: 'Model loading "
+        "took 12.55 GiB', 'Available KV cache memory: 58.37 GiB', 'GPU KV cache size: 119,536 tokens'. Its KV "
+        "bytes a token are held (tests/test_memory_calibration.py); its whole need is not: the post prints "
+        "no card total, so what the budget kept beside weights and cache cannot be read from it.",
+    ),
+    (
+        "https://github.com/llm-d/llm-d-benchmark/blob/0282dcf693ff0633bce345e1f1f72b27a37e6a79/config_explorer/empirical-vllm-memory-results.md",
+        "openai/gpt-oss-120b on one H100 in the same report as the gpt-oss-20b point: its row's figures (64.38 "
+        "+ 7.38 + 0.13 + 3.33 GiB) sum to 0.95 x 79.18 GiB, not to the 0.9 its row and the report's setup "
+        "give, and the report has no section for the run that would settle which; left out.",
+    ),
+    (
         "https://github.com/vllm-project/vllm/pull/12126",
         "Llama-3.2-11B-Vision: 36.63 GiB of activation from profiling the vision encoder; multimodal "
         "encoders are not modelled.",
