@@ -12,6 +12,7 @@ from catalog.planning import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Sha
 from catalog.planning.placement import LiveReplica, NodeCards
 from catalog.planning.plan import Fleet
 from catalog.planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
+from telemetry.selectors import foreign_held_card_ids
 
 
 def shape_of(model: ServedModel) -> Shape:
@@ -220,12 +221,14 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
     held: list[
         tuple[str, str, int, int]
     ] = []  # the model's live replicas' cards: node, class, index, replica
-    for node, cls, index, holder in Card.objects.values_list(
-        "node_id", "gpu_class_id", "index", "shard__replica_id"
+    # A card a process the catalog does not know holds memory on is not free, whatever the catalog says.
+    foreign = foreign_held_card_ids()
+    for card_id, node, cls, index, holder in Card.objects.values_list(
+        "id", "node_id", "gpu_class_id", "index", "shard__replica_id"
     ).order_by("index"):
         count = counts.setdefault((node, cls), [0, 0, 0])
         count[0] += 1
-        if holder is None:
+        if holder is None and card_id not in foreign:
             count[1] += 1
         elif holder in model_live:
             count[2] += model_live[holder][1]
@@ -233,7 +236,7 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
         if cls == restarted_class:
             indices, free = by_node.setdefault(node, ([], []))
             indices.append(index)
-            if holder is None:
+            if holder is None and card_id not in foreign:
                 free.append(index)
     rooms = sorted(
         (

@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "django_tasks_db",
     "audit",
     "catalog",
+    "telemetry",
 ]
 
 MIDDLEWARE = [
@@ -280,3 +281,15 @@ LLMGW_AUDIT_CHECKPOINT_FILE = env_str("LLMGW_AUDIT_CHECKPOINT_FILE") or str(
     VAR_DIR / "audit-checkpoints.jsonl"
 )
 LLMGW_AUDIT_CHECKPOINT_SECONDS = env_float("LLMGW_AUDIT_CHECKPOINT_SECONDS", 300.0, minimum=1.0)
+
+# Card telemetry (telemetry/): how long a card's samples are kept, and how old its latest reading
+# may be and still count (a foreign process seen longer ago than that no longer keeps placement off).
+LLMGW_TELEMETRY_HISTORY_SECONDS = env_float("LLMGW_TELEMETRY_HISTORY_SECONDS", 3600.0, minimum=60.0)
+LLMGW_TELEMETRY_STALE_SECONDS = env_float("LLMGW_TELEMETRY_STALE_SECONDS", 300.0, minimum=5.0)
+# /metrics (telemetry/views.py): off unless a token is set; Prometheus sends it as its bearer token.
+LLMGW_METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN") or ""
+if LLMGW_METRICS_TOKEN and len(LLMGW_METRICS_TOKEN) < 32:
+    raise ImproperlyConfigured(
+        "LLMGW_METRICS_TOKEN is too short: give at least 32 characters (python -c "
+        "'import secrets; print(secrets.token_urlsafe(32))')."
+    )

@@ -13,8 +13,11 @@ memory over vLLM's "Maximum concurrency" for that context.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from catalog.checkpoint import shape_from_config
 from catalog.planning.engines import engine
 from catalog.planning.memory import card_memory
 from catalog.planning.types import CardMemory, Shape
@@ -245,6 +248,34 @@ QWEN3_235B_A22B = Shape(  # Qwen/Qwen3-235B-A22B config.json: 94 layers, 4 KV he
     intermediate_size=12288,
     vocab_size=151936,
 )
+
+PHI_1_5 = Shape(  # microsoft/phi-1_5 config.json: 24 layers, 32 heads, num_key_value_heads null (MHA)
+    layers=24,
+    attention_heads=32,
+    kv_heads=32,
+    head_dim=64,
+    attention="mha",
+    kv_bytes_per_token=2 * 24 * 32 * 64 * 2,
+    weight_bytes=round(2.6419 * GIB),  # the log's "Loading model weights took 2.6419 GB"
+    hidden_size=2048,
+    intermediate_size=8192,
+    vocab_size=51200,
+)
+
+
+def _from_fixture(name: str, total_size: int) -> Shape:
+    """A shape read the way import_model reads it, from tests/fixtures/hf-configs."""
+    config = json.loads((Path(__file__).parent / "fixtures" / "hf-configs" / f"{name}.json").read_text())
+    read = shape_from_config(config, index={"metadata": {"total_size": total_size}, "weight_map": {}})
+    return Shape(**read.as_fields())
+
+
+# openai/gpt-oss-20b: 24 layers alternating sliding (window 128) and full
+# attention, MXFP4 experts; total_size 13761264768 (hf-configs README, quoted).
+GPT_OSS_20B = _from_fixture("openai__gpt-oss-20b", 13_761_264_768)
+# openai/gpt-oss-120b: 36 layers, 18 of them sliding (window 128); total_size as
+# tests/test_planning_memory.py quotes it.
+GPT_OSS_120B = _from_fixture("openai__gpt-oss-120b", 65_248_815_744)
 
 # V0 without chunked prefill profiles max(max_model_len, 2048) batch tokens
 # and 256 sequences (vllm/config.py SchedulerConfig, v0.6-0.8).
@@ -556,6 +587,49 @@ POINTS: tuple[Logged, ...] = (
         "batch tokens is the peak; KV not logged (no concurrency line)",
     ),
     Logged(
+        source="https://github.com/xlisp/jimw-vllm/blob/1906376f23119befadd5cd79c75fe2c9f05da1a5/README.md",
+        engine="vllm",
+        version="0.6.4.post1 (V0; the log's 'Initializing an LLM engine (v0.6.4.post1)')",
+        model="microsoft/phi-1_5",
+        kind="MHA",
+        shape=PHI_1_5,
+        tp=1,
+        card_gib=7.92,
+        context=2048,
+        args=v0_batch(2048),  # LLM(model="microsoft/phi-1_5"): every setting at its default
+        weights=2.6419,
+        non_torch=0.47,
+        activation=3.12 - 2.6419,  # peak_torch_memory - weights
+        kv=3.54 / 9.43,
+        cuda_graph=0.54,
+        weights_from_log=True,
+        notes="GeForce GTX 1080 8 GB, fp16, XFormers; 32 KV heads of 64 (num_key_value_heads null); 'Maximum "
+        "concurrency for 2048 tokens per request: 9.43x'; 'Graph capturing finished in 21 secs, took 0.54 GiB'",
+    ),
+    Logged(
+        source="https://github.com/llm-d/llm-d-benchmark/blob/0282dcf693ff0633bce345e1f1f72b27a37e6a79/config_explorer/empirical-vllm-memory-results.md",
+        engine="vllm",
+        version="0.11 (V1; the report's later revision pins vllm/vllm-openai:v0.11.0, and its "
+        "--kv-cache-memory advice is logged from 0.11)",
+        model="openai/gpt-oss-20b",
+        kind="sliding window, MoE, quantized",
+        shape=GPT_OSS_20B,
+        tp=1,
+        card_gib=79.18,
+        context=16000,
+        # --max-model-len 16000 --block-size 128 --enable-prefix-caching, utilization 0.9;
+        # an H100 takes 0.11's large-card defaults (8192 batch tokens, 1024 sequences)
+        args=("--block-size", "128"),
+        weights=13.47,
+        non_torch=0.13,
+        activation=7.38,
+        cuda_graph=0.39,
+        notes="H100 80 GB ('Free memory on device: 78.57/79.18 GiB on startup'), DEBUG log figures as the report "
+        "transcribes them: weights 13.47, torch peak increase 7.38, non-torch 0.13, CUDA graphs 0.39, KV cache "
+        "50.28 GiB (71.26 GiB in all); no concurrency line, so KV is not compared; the 1024-sequence sampler "
+        "run is the peak",
+    ),
+    Logged(
         source="https://github.com/vllm-project/vllm/pull/10511",
         engine="vllm",
         version="0.6.5.dev (the profiler rewrite)",
@@ -605,6 +679,35 @@ NOT_HELD = (
         "gemma-3-27b-it (sliding-window layers) on 8 x T4 with vLLM 0.8.2 (V0): 6.74 GiB of weights, 0.11 "
         "non-torch and 1.66 activation a card, but the stored copy of the thread cuts off the command (TP and "
         "context unknown) and the activation holds the vision encoder's profile, which is not modelled.",
+    ),
+    (
+        "https://github.com/dennislee22/vLLM-benchmarking/blob/0787d88e1a6fc0e37a4eaf3d3e691b36eda25352/log/vllm-120B-4gpuA10080GB-0.8GRAM-diff-nodes.log",
+        "gpt-oss-120b (sliding-window layers) with vLLM 0.10.1.1 (V1), TP 4 over four nodes of one A100 80 GB "
+        "each: 'Model loading took 17.2217 GiB', 'Available KV cache memory: 45.32 GiB', 'Maximum concurrency "
+        "for 16,384 tokens per request: 284.25x'. Its KV figure is held (tests/test_memory_calibration.py: "
+        "the sliding layers' allowance gives 45.32 / 284.25 GiB a sequence); its whole need is not: the log "
+        "prints no card total, TP across nodes is a layout the planner does not place, and the run uses "
+        "FlashInfer's sampler ('Using FlashInfer for top-p & top-k sampling'), which does not sort the logits.",
+    ),
+    (
+        "https://github.com/xlisp/jimw-vllm/blob/67edde203fc2f1dee434619310bd926abcefc7e8/quickstart.py",
+        "facebook/opt-125m (MHA) on the same 7.92 GiB card and vLLM 0.6.4.post1 as the phi-1_5 point, logged "
+        "twice with the same settings: non_torch_memory 0.15 GiB in one run and 0.43 GiB in the other "
+        "(ubuntu2404_560_12_6_vllm.py). On a 0.24 GiB model that noise alone is a third of the need, so "
+        "the two runs fall at +23% and -6% of a flat 0.35 GiB; a 10% bound cannot hold a model this small.",
+    ),
+    (
+        "https://github.com/inspektor-gadget/ig-gpu-instructions/blob/741efa793d11c86c07067e6f1a9cbdb9e848e68f/use-cases/vllm-gpu-memory-oom.md",
+        "NousResearch/Llama-2-7b-hf (MHA) with vLLM 0.19.0 on an A100 80GB PCIe at 2048 tokens: 'Model loading "
+        "took 12.55 GiB', 'Available KV cache memory: 58.37 GiB', 'GPU KV cache size: 119,536 tokens'. Its KV "
+        "bytes a token are held (tests/test_memory_calibration.py); its whole need is not: the post prints "
+        "no card total, so what the budget kept beside weights and cache cannot be read from it.",
+    ),
+    (
+        "https://github.com/llm-d/llm-d-benchmark/blob/0282dcf693ff0633bce345e1f1f72b27a37e6a79/config_explorer/empirical-vllm-memory-results.md",
+        "openai/gpt-oss-120b on one H100 in the same report as the gpt-oss-20b point: its row's figures (64.38 "
+        "+ 7.38 + 0.13 + 3.33 GiB) sum to 0.95 x 79.18 GiB, not to the 0.9 its row and the report's setup "
+        "give, and the report has no section for the run that would settle which; left out.",
     ),
     (
         "https://github.com/vllm-project/vllm/pull/12126",

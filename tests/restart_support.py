@@ -28,6 +28,7 @@ from agent_testing import (
     request,
     running_agent,
     standin_command,
+    standin_gpus,
     wait_until,
 )
 from django.conf import settings
@@ -66,6 +67,7 @@ class Fleet:
     model: ServedModel
     profile: Profile
     replicas: list[Replica] = field(default_factory=list)
+    gpu_dirs: dict[str, Path] = field(default_factory=dict)  # each node's stand-in nvidia-smi state
 
     def agent_of(self, replica: Replica) -> RunningAgent:
         shard = Shard.objects.select_related("card__node").filter(replica=replica).first()
@@ -132,10 +134,14 @@ def fleet_of(
     env: dict[str, str] | None = None,
     load_seconds: float = 0.5,
     policy_file: Path | None = None,
+    gpus: bool = False,
 ) -> Iterator[Fleet]:
     """Real agents, one per node, each with ``cards`` cards and the stand-in for vLLM;
-    the nodes, a model and its one-card vLLM profile in the catalog."""
+    the nodes, a model and its one-card vLLM profile in the catalog. With ``gpus``, each agent
+    reads its cards' telemetry from the stand-in nvidia-smi (``Fleet.gpu_dirs``)."""
     card_list = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(cards)]
+    gpu_dirs = {name: tmp_path / f"{name}-gpus" for name in nodes} if gpus else {}
+    agent_env = {name: standin_gpus(gpu_dirs[name], card_list) for name in gpu_dirs}
     with contextlib.ExitStack() as stack:
         agents = {
             name: stack.enter_context(
@@ -147,6 +153,7 @@ def fleet_of(
                     stop_grace_seconds=2,
                     ready_poll_seconds=0.1,
                     policy_file=policy_file,
+                    env=agent_env.get(name),
                 )
             )
             for name in nodes
@@ -168,7 +175,7 @@ def fleet_of(
                     env={"STANDIN_LOAD_SECONDS": str(load_seconds), **(env or {})},
                 )
             )
-        yield Fleet(agents=agents, nodes=recorded, model=model, profile=profile)
+        yield Fleet(agents=agents, nodes=recorded, model=model, profile=profile, gpu_dirs=gpu_dirs)
 
 
 @contextlib.contextmanager

@@ -387,3 +387,36 @@ def test_the_page_says_its_refusals_in_its_own_words(page, demo):
     text = refusal.inner_text()
     # The API's field name is not the page's: its checkbox says "In place".
     assert "in_place" not in text and "Restarting in place stops each replica" in text
+
+
+def test_the_nodes_grid_shows_each_cards_memory_used_beside_the_plan_and_marks_a_foreign_process(
+    page, tmp_path, fast_restarts, shots
+):
+    """Real agents read the stand-in nvidia-smi (as they read nvidia-smi on a GPU node); the
+    control plane samples them; the grid draws used against planned and marks the foreign card."""
+    from agent_testing import foreign_process
+
+    from telemetry.services import fleet_sample
+    from tests.restart_support import fleet_of
+
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4, gpus=True) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.start("llama-2", "gpu-b", [1])
+        with foreign_process(fleet.gpu_dirs["gpu-b"], [3], used_mib=20480):
+            assert fleet_sample() == {"gpu-a": True, "gpu-b": True}
+            b.user("viewer", password=PASSWORD)
+            sign_in(page, "viewer")
+            page.goto("/nodes/")
+            held = page.locator(".card.held")
+            assert held.count() == 2
+            for i in range(2):
+                line = held.nth(i).locator(".use").inner_text()
+                assert line.startswith("used 71.7 of 79.6 GiB · planned ") and "%" in line and "°C" in line
+                assert held.nth(i).locator(".usebar .used").is_visible()
+                assert held.nth(i).locator(".usebar .planned").count() == 1
+            foreign = page.locator(".card.foreign")
+            assert foreign.count() == 1
+            assert "foreign process: 20.0 GiB" in foreign.inner_text()
+            assert "card 3" in foreign.inner_text().lower()  # shown in capitals by the style sheet
+            assert page.locator(".node-head .seen").first.inner_text().startswith("agent seen ")
+            page.screenshot(path=shots / "nodes-telemetry.png", full_page=True)

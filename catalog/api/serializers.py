@@ -47,7 +47,20 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "name", "agent_url", "agent_token", "state", "cards"]
+        fields = [
+            "id",
+            "name",
+            "agent_url",
+            "agent_token",
+            "state",
+            "reachable",
+            "last_seen_at",
+            "unreachable_reason",
+            "orphans",
+            "cards",
+        ]
+        # What the reconciler learnt from the node's agent: read here, written by it alone.
+        read_only_fields = ["reachable", "last_seen_at", "unreachable_reason", "orphans"]
 
     @extend_schema_field(CardSerializer(many=True, read_only=True))
     def get_cards(self, node: Node) -> list[dict[str, Any]]:

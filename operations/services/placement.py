@@ -16,6 +16,7 @@ from django.db.models import Max
 from catalog.models import Card, Node, Profile, Replica, ServedModel, Shard, live_replicas_q
 from llmgw_web.db import hold_lock
 from operations.models import RestartStep
+from telemetry.selectors import foreign_held_card_ids
 
 _PLACEMENT_LOCK_KEY = 0x6C6C7270  # "llrp"
 
@@ -70,6 +71,7 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
             node__reachable=True,
             shard__isnull=True,
         )
+        .exclude(pk__in=foreign_held_card_ids())  # held by a process the catalog does not know
         .select_related("node")
         .order_by("node__name", "index")
     ):
@@ -100,9 +102,13 @@ def replica_name(model: ServedModel, step: RestartStep | None = None) -> str:
 
 def in_place_cards(profile: Profile, old: Replica, node: Node) -> list[int] | str:
     """The cards of ``old``'s node the replacement will use once ``old`` is
-    stopped: its own cards first, then free ones; a sentence when too few."""
+    stopped: its own cards first, then free ones (none a foreign process holds); a sentence when too few."""
     need = profile.cards
-    usable = Card.objects.filter(node=node, gpu_class_id=profile.gpu_class_id).order_by("index")
+    usable = (
+        Card.objects.filter(node=node, gpu_class_id=profile.gpu_class_id)
+        .exclude(pk__in=foreign_held_card_ids())
+        .order_by("index")
+    )
     own = list(usable.filter(shard__replica=old).values_list("index", flat=True))
     free = list(usable.filter(shard__isnull=True).values_list("index", flat=True))
     if len(own) + len(free) < need:

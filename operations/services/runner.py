@@ -49,6 +49,7 @@ from operations.models import RestartOperation, RestartStep
 from operations.services.lease import Lease, OperationLost, claim, threads_share_the_database, worker_name
 from operations.services.placement import (
     best_fit,
+    foreign_held_card_ids,
     free_port,
     in_place_cards,
     lock_placement,
@@ -506,6 +507,7 @@ class OperationRun:
                         shard__isnull=True,
                         index__in=indices,
                     )
+                    .exclude(pk__in=foreign_held_card_ids())  # a foreign process took one since the plan
                     .select_related("node")
                     .order_by("index")
                 )
