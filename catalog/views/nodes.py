@@ -29,8 +29,10 @@ from catalog.forms import NodeFilterForm
 from catalog.models import Card, Node, Replica
 from catalog.selectors import cards_of, fleet_summary, nodes_matching
 from catalog.services.fit import profile_memory
-from catalog.views.common import render_page
+from catalog.views.common import RESTART, render_page
 from catalog.views.display import hue
+from operations import views as operation_views
+from operations.selectors import operations_with_steps
 from telemetry.models import NodeReading
 from telemetry.selectors import CardUse, card_use_of_nodes, last_seen_of_nodes
 
@@ -328,6 +330,13 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
             "grid": grid,
             "replicas": replicas,
             "legend": legend([grid]),
+            "can_drain": request.user.has_perm(RESTART),
+            "drains": [
+                operation_views.progress_context(request, op)
+                for op in operations_with_steps()
+                .filter(cause__startswith=f"drain of {node.name}:")
+                .order_by("-id")[:5]
+            ],
             **history_context(request, node_history_q(node.name), object_type="node", object=node.name),
         },
     )

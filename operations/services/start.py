@@ -107,14 +107,25 @@ def _check_restartable(model: ServedModel, profile: Profile) -> None:
 
 
 def _plan(
-    profile: Profile, chosen: list[Replica], *, in_place: bool | None, max_parallel: int
+    profile: Profile,
+    chosen: list[Replica],
+    *,
+    in_place: bool | None,
+    max_parallel: int,
+    avoid_nodes: tuple[str, ...] = (),
 ) -> dict[str, Placement]:
     """Every chosen replica's place, played through as the runner will take
     them; refuses (409) naming the replica with none, so that a restart that
-    cannot finish does not start."""
+    cannot finish does not start. No replacement goes on ``avoid_nodes`` (a
+    move's or a drain's own node)."""
     _, fleet = selectors.rooms_and_fleet(profile, parallel=max_parallel)
     if fleet is None:
         return {}
+    if avoid_nodes:
+        fleet = replace(
+            fleet,
+            cards=tuple(replace(c, ready=False) if c.node in avoid_nodes else c for c in fleet.cards),
+        )
     names = {r.name for r in chosen}
     replicas = tuple(replace(r, restarted=r.name in names) for r in fleet.replicas)
     places = place_restart(
@@ -152,6 +163,7 @@ def restart_start(
     stop_at_first_failure: bool = False,
     actor: Actor | None = None,
     cause: str = "",
+    avoid_nodes: tuple[str, ...] = (),
 ) -> RestartOperation:
     """Start restarting ``model_name``'s stale replicas (or the live ones named).
 
@@ -173,7 +185,8 @@ def restart_start(
 
     ``cause`` says what asked for it in the operators' words (the resize or context change that
     started it, say); by default, the stale replicas or the replicas named. The operation keeps
-    it with the profile revision its replacements run.
+    it with the profile revision its replacements run. ``avoid_nodes``: nodes no replacement is
+    planned on (moving replicas off a node, operations/services/drain.py).
     """
     if (
         isinstance(max_parallel, bool)
@@ -231,7 +244,7 @@ def restart_start(
         profile = Profile.objects.select_related("model", "gpu_class").get(pk=profile_ids.pop())
         _check_restartable(model, profile)
         refuse_unless_fits(profile, doing="restarted", model=model)
-        places = _plan(profile, chosen, in_place=in_place, max_parallel=max_parallel)
+        places = _plan(profile, chosen, in_place=in_place, max_parallel=max_parallel, avoid_nodes=avoid_nodes)
         op = RestartOperation(
             model=model,
             profile=profile,
