@@ -120,7 +120,8 @@ def main() -> int:
             base, headers = webs[i % 2], sessions[i % 2]
             response = httpx.post(
                 f"{base}/api/models/{model}/restart/",
-                json={"max_parallel": 8, "ready_timeout": 120},
+                # No settle time: what is checked is who ran what, not how long replacements stay ready.
+                json={"max_parallel": 8, "ready_timeout": 120, "settle_seconds": 0},
                 headers=headers,
                 timeout=30,
             )

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.calibration import NOT_HELD, POINTS, plan
+from catalog.planning.engines import engine
+from catalog.planning.memory import kv_per_card
+from catalog.planning.types import Shape
+from tests.calibration import GIB, GPT_OSS_120B, NOT_HELD, POINTS, QWEN3_235B_A22B, plan
 
 HELD = [p for p in POINTS if not p.excluded]
 
@@ -92,10 +95,6 @@ def test_sliding_window_layers_keep_what_vllm_allocates_for_one_sequence():
     # (window 128) keep window - 1 + 2048 batch tokens and one block more
     # (SlidingWindowSpec). One sequence's cache a card must be the engine's
     # cache over its maximum concurrency.
-    from catalog.planning.engines import engine
-    from catalog.planning.memory import kv_per_card
-    from tests.calibration import GIB, GPT_OSS_120B
-
     kv = kv_per_card(engine("vllm"), GPT_OSS_120B, 4, 16384, batch=2048)
     assert kv is not None
     assert kv[0] / GIB == pytest.approx(45.32 / 284.25, rel=0.01), GPT_OSS_120B_KV_SOURCE
@@ -122,10 +121,6 @@ def test_one_tokens_kv_bytes_a_card_at_tp4_match_both_engines_logs(engine_name, 
     # Four KV heads over four cards: one head a card. The planner's bytes a
     # token a card must be the engine's cache over its tokens (vLLM rounds
     # its pool down to whole blocks of every layer, hence 2%).
-    from catalog.planning.engines import engine
-    from catalog.planning.memory import kv_per_card
-    from tests.calibration import GIB, QWEN3_235B_A22B
-
     kv = kv_per_card(engine(engine_name), QWEN3_235B_A22B, 4, 4096)
     assert kv is not None
     planned_per_token = kv[0] / 4096
@@ -148,10 +143,6 @@ LLAMA_2_7B_KV_SOURCE = (
 
 
 def test_an_mha_models_kv_bytes_a_token_match_vllms_log():
-    from catalog.planning.engines import engine
-    from catalog.planning.memory import kv_per_card
-    from catalog.planning.types import Shape
-    from tests.calibration import GIB
 
     llama_2_7b = Shape(
         layers=32,
@@ -166,3 +157,35 @@ def test_an_mha_models_kv_bytes_a_token_match_vllms_log():
     assert kv[0] / 2048 == pytest.approx(58.37 * GIB / 119_536, rel=0.005), LLAMA_2_7B_KV_SOURCE
     # one full-context sequence is a whole GiB, four times Llama-3-8B's (8 KV heads of 128)
     assert kv[0] == GIB
+
+
+# eole-nlp/eole, benchmarks/genai/results.md: google/gemma-3-1b-it with vLLM
+# 0.13.0 (V1), --max-model-len 2048, 8192 batch tokens ("Chunked prefill is
+# enabled with max_num_batched_tokens=8192"): "Add 2 padding layers, may waste
+# at most 9.09% KV cache memory", "Available KV cache memory: 25.39 GiB",
+# "Maximum concurrency for 2,048 tokens per request: 461.21x".
+GEMMA_3_1B_KV_SOURCE = "https://github.com/eole-nlp/eole/blob/6633d065dba3b01eea1d2152016464b1e242ac33/benchmarks/genai/results.md"
+
+
+def test_a_hybrid_models_padding_layers_take_cache_as_vllm_allocates_it():
+    # google/gemma-3-1b-it config.json: 26 layers, one KV head of 256, a
+    # 512-token window on every layer but each sixth (sliding_window_pattern
+    # 6): 22 sliding and 4 full. vLLM groups them by 4 and pads the sliding
+    # kind to 24, so one sequence holds 28 layers' worth, not 26.
+
+    gemma_3_1b = Shape(
+        layers=26,
+        attention_heads=4,
+        kv_heads=1,
+        head_dim=256,
+        attention="gqa",
+        kv_bytes_per_token=2 * 26 * 1 * 256 * 2,
+        sliding_window=512,
+        sliding_layers=22,
+    )
+    kv = kv_per_card(engine("vllm"), gemma_3_1b, 1, 2048, batch=8192)
+    assert kv is not None
+    assert "2 padding layers to groups of 4" in kv[1]
+    assert kv[0] / GIB == pytest.approx(25.39 / 461.21, rel=0.005), GEMMA_3_1B_KV_SOURCE
+    # without the padding it would be 7% short
+    assert 1024 * 26 * 2064 / GIB < 25.39 / 461.21 * 0.94

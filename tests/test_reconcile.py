@@ -54,6 +54,14 @@ def test_an_engine_the_catalog_does_not_hold_is_listed_as_an_orphan_and_audited(
         (entry,) = reconciler_entries("orphans")
         assert "stray-1" in entry.message and "adopt them in the catalog or stop them" in entry.message
         assert Replica.objects.get(name="llama-1").state == "ready"  # what is in line is left alone
+        # Card 2 is free in the catalog and not on the node: placement does not pick it.
+        from operations.services.placement import best_fit
+
+        b.replica(
+            b.profile(b.llama_8b("filler"), cls=profile.gpu_class), node, [1], name="filler-1", port=8999
+        )
+        fit = best_fit(Profile.objects.select_related("gpu_class").get(pk=profile.pk))
+        assert fit is not None and [c.index for c in fit[1]] == [3]
 
         reconcile()  # nothing new: nothing written
         assert len(reconciler_entries("orphans")) == 1

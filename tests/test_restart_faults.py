@@ -202,8 +202,13 @@ def test_a_hanging_agent_with_the_shortest_settings_has_one_worker_write_each_st
             assert answers(old.port)  # it kept serving (its agent hung, not its engine)
             # The replacement's stop was never confirmed: it held its card as stopping, and the reconciler
             # stops it once the agent answers again (and says llama-1 is ready again, not unknown).
+            wait_until(
+                lambda: Replica.objects.get(pk=step.new_replica_id).state == "stopped",
+                timeout=30,
+                interval=0.2,
+                what="the reconciler to confirm the replacement's stop",
+            )
             in_line(fleet)
-            assert Replica.objects.get(pk=step.new_replica_id).state == "stopped"
             old.refresh_from_db()
             assert old.state == "ready"
 

@@ -53,6 +53,12 @@ class EngineMemory:
     # multiple the hidden size is rounded up to) in the expert tensors
     expert_padding: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     sliding: str = "window"
+    # Hybrid models (full and sliding layers): the engine groups each kind's
+    # layers into groups of one size, the smaller kind's count (or the larger
+    # one's when it is below this many times the smaller), and pads the last
+    # group of a kind; the padding layers hold cache like real ones. 0: no
+    # grouping.
+    kv_group_ratio: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -68,6 +74,7 @@ _FLOATS = {
     "comm_buffers_min_card_gib": (0.0, 10_000.0),
     "cuda_graph_gib": (0.0, 1024.0),
     "runtime_gib": (0.0, 1024.0),
+    "kv_group_ratio": (0.0, 100.0),
 }
 _INTS = {
     "batch_tokens_default": 1,

@@ -53,6 +53,7 @@ from operations.services.placement import (
     free_port,
     in_place_cards,
     lock_placement,
+    orphan_cards,
     replica_name,
     replica_placement,
 )
@@ -269,7 +270,7 @@ class OperationRun:
                             cancelled = True
                             break
                         if running:
-                            ready = self._next_with_its_cards(queue, resume)
+                            ready = self._next_with_its_cards(queue, resume, list(running.values()))
                             if ready is None:
                                 break  # the steps under way free the cards: wait for the next to end
                             step_id = ready
@@ -301,18 +302,19 @@ class OperationRun:
             cancelled = True
         return self._finish(cancelled=cancelled)
 
-    def _next_with_its_cards(self, queue: deque[int], resume: list[int]) -> int | None:
-        """The first queued step whose planned cards no other replica holds now, or None.
+    def _next_with_its_cards(self, queue: deque[int], resume: list[int], running: list[int]) -> int | None:
+        """The first queued step whose planned cards no step under way is about to free, or None.
 
         The plan (``place_restart``) counts in waves of ``max_parallel``: a step's cards may be
         ones an earlier wave's old replica frees. The run starts a step as soon as any one ends,
-        so the step whose turn comes may find its cards not yet freed; a later step whose cards
-        are free starts in its place (the plan gave those cards to that step alone, so taking
-        them early changes no other step's), and with none, the run waits for the steps under
-        way. With none under way, the first step starts and fails saying the fleet changed, as a
-        plan that no longer holds must.
+        so the step whose turn comes may find its cards still held by the old replica of a step
+        under way; a later step whose cards are not starts in its place (the plan gave those
+        cards to that step alone, so taking them early changes no other step's), and with none,
+        the run waits for the next step to end. Cards held by anything else (another restart's
+        replica, say) are not waited for: the step starts and finds the fleet changed.
         """
         pending = [pk for pk in queue if pk not in resume]
+        freeing = set(RestartStep.objects.filter(pk__in=running).values_list("old_replica_id", flat=True))
         planned = {
             r["pk"]: r
             for r in RestartStep.objects.filter(pk__in=pending).values(
@@ -322,18 +324,15 @@ class OperationRun:
         nodes = {r["planned_node"] for r in planned.values() if r["planned_node"]}
         held = {
             (node, index): replica
-            for node, index, replica in Shard.objects.filter(card__node__name__in=nodes).values_list(
-                "card__node__name", "card__index", "replica_id"
-            )
+            for node, index, replica in Shard.objects.filter(
+                card__node__name__in=nodes, replica_id__in=freeing
+            ).values_list("card__node__name", "card__index", "replica_id")
         }
         for pk in pending:
             step = planned.get(pk)
             if step is None or not step["planned_node"]:
                 return pk
-            holders = {
-                held.get((step["planned_node"], i), step["old_replica_id"]) for i in step["planned_cards"]
-            }
-            if holders <= {step["old_replica_id"]}:
+            if not any((step["planned_node"], i) in held for i in step["planned_cards"]):
                 return pk
         return None
 
@@ -515,6 +514,8 @@ class OperationRun:
                 )
                 if len(cards) != len(indices) or len(cards) != profile.cards:
                     return False
+                if orphan_cards(cards[0].node) & set(indices):
+                    return False  # an orphan engine runs there: the best fit stands in
                 node = cards[0].node
             else:
                 fit = best_fit(profile, replacing=step.old_replica)
