@@ -117,15 +117,29 @@ HOLDERS_NAMED = 8  # models named per class in the summary; the rest are counted
 
 def fleet_summary() -> dict[str, Any]:
     """Cards by class (in all, free, held by which models) and nodes by state, grouped in the
-    database: two queries, and rows that grow with classes and models, not with cards."""
+    database: four queries, and rows that grow with classes and models, not with cards."""
     classes: dict[str, dict[str, Any]] = {}
-    rows = (
-        Card.objects.values("gpu_class__name", "shard__replica__profile__model__name")
+    # Grouped by ids, the names looked up after: joining the class and model tables to 8,000 cards
+    # to group by their names cost as much as the grouping.
+    counts = list(
+        Card.objects.values_list("gpu_class_id", "shard__replica__profile__model_id")
         .annotate(n=Count("id"))
-        .order_by("gpu_class__name", "-n", "shard__replica__profile__model__name")
+        .order_by()
     )
-    for r in rows:
-        name, model, n = r["gpu_class__name"], r["shard__replica__profile__model__name"], r["n"]
+    class_names = dict(GPUClass.objects.values_list("id", "name"))
+    model_names = dict(
+        ServedModel.objects.filter(pk__in={m for _, m, _ in counts if m is not None}).values_list(
+            "id", "name"
+        )
+    )
+    rows = sorted(
+        (
+            (class_names[cls], model_names.get(model) if model is not None else None, n)
+            for cls, model, n in counts
+        ),
+        key=lambda r: (r[0], -r[2], r[1] or ""),
+    )
+    for name, model, n in rows:
         c = classes.setdefault(
             name,
             {"name": name, "cards": 0, "free": 0, "held": 0, "holders": [], "others": 0, "others_cards": 0},

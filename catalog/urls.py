@@ -11,6 +11,7 @@ urlpatterns = [
     # The operator pages; the models list is home.
     path("", models.model_list, name="model-list"),
     path("models/<str:name>/", models.model_detail, name="model-detail"),
+    path("models/<str:name>/replicas/", models.model_replicas, name="model-replicas"),
     path("models/<str:name>/resize/preview/", models.resize_preview, name="model-resize-preview"),
     path("models/<str:name>/resize/", models.resize_apply, name="model-resize"),
     path("models/<str:name>/context/preview/", models.context_preview, name="model-context-preview"),

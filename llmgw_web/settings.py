@@ -158,7 +158,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["catalog.api.permissions.ModelPermissionsWithRead"],
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["catalog.api.filters.StrictFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -237,12 +237,19 @@ if LLMGW_AGENT_CA_BUNDLE and not Path(LLMGW_AGENT_CA_BUNDLE).is_file():
 LLMGW_MODEL_ROOTS = parse_roots(env_str("LLMGW_MODEL_ROOTS") or "")
 LLMGW_CLUSTER_SETTINGS = env_str("LLMGW_CLUSTER_SETTINGS") or str(BASE_DIR / "cluster.toml")
 
+# One handler, the root's: Django's own "django" logger keeps a console handler of its own when
+# DEBUG is on, which printed each of its records twice; a refused request is one line, without
+# its traceback (llmgw_web/logfilters.py).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"refusal_one_line": {"()": "llmgw_web.logfilters.RefusalWithoutTraceback"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["refusal_one_line"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL") or "INFO"},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.db.backends": {"level": "WARNING"},
+    },
 }
 
 # The audit log's tamper evidence (docs/design.md, "The audit log"). Each entry's hash is an HMAC with

@@ -51,6 +51,15 @@ class RestartOperation(models.Model):
     )
     via = models.CharField(max_length=8, choices=Via.choices)
     reason = models.TextField(blank=True, default="", help_text="Why it ended as it did, in a sentence.")
+    cause = models.CharField(
+        max_length=300,
+        blank=True,
+        default="",
+        help_text="What asked for it: the resize or context change, the stale replicas, the replicas named.",
+    )
+    target_revision = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The profile revision its replacements run."
+    )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -95,7 +95,11 @@ def operation_detail(request: HttpRequest, pk: int) -> HttpResponse:
         **progress_context(request, operation),
         **history_context(request, operation_q(operation.pk), operation=str(operation.pk)),
     }
-    return render_page(request, "operations/operation_detail.html", context, partial="progress")
+    response = render_page(request, "operations/operation_detail.html", context, partial="progress")
+    if wants_partial(request):
+        # The model page's replicas section refreshes on this, so it changes with the card.
+        response["HX-Trigger"] = "restart-progress"
+    return response
 
 
 @login_required

@@ -159,6 +159,19 @@ R1_DISTILL_1_5B = Shape(  # deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B config.jso
     vocab_size=151936,
 )
 
+QWEN3_4B = Shape(  # Qwen/Qwen3-4B config.json (huggingface.co/Qwen/Qwen3-4B): 36 layers, 8 KV heads of 128
+    layers=36,
+    attention_heads=32,
+    kv_heads=8,
+    head_dim=128,
+    attention="gqa",
+    kv_bytes_per_token=2 * 36 * 8 * 128 * 2,
+    weight_bytes=round(7.56 * GIB),  # the log's "model weights take 7.56GiB"
+    hidden_size=2560,
+    intermediate_size=9728,
+    vocab_size=151936,
+)
+
 DEEPSEEK_R1_AWQ = Shape(  # deepseek-ai/DeepSeek-R1 config.json (tests/fixtures' copy); AWQ 4-bit weights
     layers=61,
     attention_heads=128,
@@ -366,6 +379,26 @@ POINTS: tuple[Logged, ...] = (
         kv=198_784 * 2 * 48 * 1 * 128 * 2 / GIB / 24.27,
         notes="4 x A10; 'GPU KV cache size: 198,784 tokens', 'Maximum concurrency for 8,192 tokens "
         "per request: 24.27x'; one KV head of 128 a card at TP 4",
+    ),
+    Logged(
+        source="https://github.com/Q07K/langgraph-mcp-example/blob/4ef5c829d8092a427b3f9f9397f4fa920b07348c/README.md",
+        engine="vllm",
+        version="0.8.x (V0: the log's worker.py:267 profile lines)",
+        model="Qwen/Qwen3-4B",
+        kind="GQA",
+        shape=QWEN3_4B,
+        tp=1,
+        card_gib=12.00,
+        context=10000,
+        # app/llm/entrypoint.sh: --gpu-memory-utilization 0.95, --max-num-seqs from the
+        # run's max_num_seqs=1, --max-model-len 10k (the log: 10000 tokens)
+        args=(*v0_batch(10000)[2:], "--max-num-seqs", "1", "--gpu-memory-utilization", "0.95"),
+        weights=7.56,
+        non_torch=0.04,
+        activation=0.74,
+        kv=3.06 / 2.23,
+        weights_from_log=True,
+        notes="RTX 2060 12 GB, fp16; 'Maximum concurrency for 10000 tokens per request: 2.23x'",
     ),
     Logged(
         source="https://github.com/vllm-project/vllm/pull/10511",

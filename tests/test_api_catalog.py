@@ -200,3 +200,26 @@ def test_a_model_with_a_live_replica_is_not_removed():
     response = client_for(user).delete("/api/models/llama-3.1-8b/")
     assert response.status_code == 409 and response.json()["code"] == "in_use"
     assert ServedModel.objects.exists() and not AuditEntry.objects.exists()
+
+
+def test_an_unknown_filter_is_refused_with_a_400_naming_the_known_ones():
+    n = b.node("gpu-1", cards=2)
+    b.replica(b.profile(b.llama_8b()), n, [0], name="llama-1")
+    api = client_for(b.user())
+    response = api.get("/api/replicas/?model=mistral-7b")
+    assert response.status_code == 400
+    body = response.json()
+    assert body["code"] == "unknown_filter"
+    assert "Unknown query parameter model:" in body["detail"]
+    assert "profile__model__name" in body["detail"] and "state" in body["detail"]
+    # The known ones still filter, and the pager's parameters are known too.
+    assert api.get("/api/replicas/?profile__model__name=mistral-7b&limit=5").json()["count"] == 0
+    assert api.get("/api/replicas/?profile__model__name=llama-3.1-8b").json()["count"] == 1
+    assert api.get("/api/operations/?modell=x").status_code == 400
+
+
+def test_the_api_docs_describe_each_list_for_its_readers():
+    schema = client_for(b.user()).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    text = schema.content.decode()
+    assert "save_service" not in text and "ModelViewSet" not in text
+    assert "Running instances of a profile" in text

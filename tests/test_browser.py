@@ -312,3 +312,78 @@ def test_a_replica_started_on_the_standin_shows_planned_and_measured_memory(
         assert table.locator("tr.term-activation td.measured").inner_text() == "1.26 GiB"
         assert "planned when it started" in page.locator("#memory").inner_text()
         page.screenshot(path=shots / "replica-memory.png", full_page=True)
+
+
+def test_the_replicas_table_changes_with_the_restart_card(page, tmp_path, fast_restarts, shots):
+    """A real restart on the stand-in: the model page's replicas table follows the live card without
+    a reload; the replacement is named by the model's own count, the stopped replica is folded away,
+    cards read as cards, and the card says what caused the restart and the revision it goes to."""
+    from operations.services.runner import run_operation
+    from tests.restart_support import MODEL, fleet_of
+
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2) as fleet:
+        fleet.start(f"{MODEL}-1", "gpu-a", [0])
+        fleet.change_profile(args=["--max-num-seqs", "64"])  # revision 2: the replica is stale
+        operator()
+        sign_in(page, "operator")
+        page.goto(f"/models/{MODEL}/")
+        page.evaluate(f"{MARKER} = 'still here'")
+        table = page.locator("#replicas")
+        assert table.locator("tr.replica.state-ready td.cards").inner_text() == "1 card (#0)"
+        page.get_by_role("button", name=re.compile("^Restart 1 stale replica")).click()
+        page.locator(".message.success").wait_for()
+        op = RestartOperation.objects.get(model__name=MODEL)
+        panel = page.locator(f"#operation-{op.pk}")
+        assert "stale replicas (at revision 1): llama-1" in panel.locator(".cause").inner_text()
+        assert "revision 2 of h100" in panel.locator(".cause").inner_text()
+
+        assert run_operation(op.pk) == "succeeded"  # the worker's part, while the page polls
+        page.locator(f"#operation-{op.pk}:not([hx-trigger])").wait_for()
+        page.locator("#replicas tr.replica.state-ready", has_text=f"{MODEL}-2").wait_for()
+        assert page.evaluate(MARKER) == "still here"  # swapped in, not reloaded
+        ready = table.locator("tr.replica.state-ready")
+        assert ready.count() == 1
+        assert ready.locator("td.cards").inner_text() == "1 card (#1)"
+        stopped = table.locator("details.stopped-replicas")
+        assert stopped.locator("summary").inner_text() == "1 stopped replica"
+        assert not stopped.locator("tr.replica.state-stopped", has_text=f"{MODEL}-1").is_visible()
+        stopped.locator("summary").click()
+        row = stopped.locator("tr.replica.state-stopped")
+        assert row.locator("td.cards").inner_text() == "none: stopped"
+        assert "no cards" not in table.inner_text()
+        page.screenshot(path=shots / "restart-replicas.png", full_page=True)
+
+        page.goto("/operations/")
+        line = page.locator("table.list tbody tr").first
+        assert "stale replicas (at revision 1): llama-1" in line.locator("td.cause").inner_text()
+        assert line.locator("td.num").first.inner_text() == "2"
+        page.goto(f"/operations/{op.pk}/")
+        assert "1 card (#1)" in page.locator(f"#operation-{op.pk} table").inner_text()
+
+
+def test_a_resize_names_its_cause_and_the_list_shows_the_served_context(page, demo):
+    operator()
+    sign_in(page, "operator")
+    page.goto("/")
+    row = page.locator("#model-results tr", has=page.get_by_role("link", name="llama-3.1-8b", exact=True))
+    # The profile serves 32768 tokens (its --max-model-len); the model could take 131072.
+    assert row.locator("td.served-context").inner_text().split() == ["32768", "of", "131072"]
+    page.goto("/models/llama-3.1-8b/")
+    page.get_by_label("Cards per replica").fill("2")
+    page.get_by_role("button", name="Apply: 2 cards").click()
+    page.locator(".message.success").wait_for()
+    op = RestartOperation.objects.get(model__name="llama-3.1-8b")
+    cause = page.locator(f"#operation-{op.pk} .cause").inner_text()
+    assert "resize of h100: 1 → 2 cards" in cause and "revision 2 of h100" in cause
+
+
+def test_the_page_says_its_refusals_in_its_own_words(page, demo):
+    operator()
+    sign_in(page, "operator")
+    page.goto("/models/llama-3.1-70b/")
+    page.get_by_label("Cards per replica").fill("8")
+    refusal = page.locator("#resize-preview .refusal")
+    refusal.wait_for()
+    text = refusal.inner_text()
+    # The API's field name is not the page's: its checkbox says "In place".
+    assert "in_place" not in text and "Restarting in place stops each replica" in text

@@ -78,6 +78,13 @@ REQUESTS = [
     ("GET", "/api/operations/", None),
     ("GET", "AUDIT", None),
     ("GET", "AUDIT?p=2", None),
+    # The leads' audit pages: the newest page, the oldest, filtered and not, an entry, the API.
+    ("GET", "/audit/", None),
+    ("GET", "/audit/?after=0", None),
+    ("GET", "/audit/?action=profile.update&via=api", None),
+    ("GET", "/audit/?action=profile.update&after=0", None),
+    ("GET", "/audit/ENTRY/", None),
+    ("GET", "/api/audit/", None),
 ]
 
 
@@ -85,7 +92,9 @@ def test_queries_per_request_do_not_grow_with_the_fleet(bench):
     def counts() -> dict[str, int]:
         out = {}
         for method, url, body in REQUESTS:
-            url = url.replace("AUDIT", audit_list_url())
+            url = url.replace("AUDIT", audit_list_url()).replace(
+                "ENTRY", str(audit_model().objects.earliest("id").pk)
+            )
             headers = {"HTTP_HX_REQUEST": "true"} if "preview" in url else {}
             out[f"{method} {url}"] = measured(bench, method, url, body, **headers)[0]
         return out

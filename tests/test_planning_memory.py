@@ -67,7 +67,7 @@ def test_gqa_on_fewer_cards_than_kv_heads_splits_the_cache_by_card():
     assert memory.need == 4015130624 + 268435456 + VLLM_OVERHEAD  # 8.36 GiB
     assert memory.budget == 72 * GIB
     assert memory.fits
-    assert memory.per_card == "8.4 GiB a card of 4, of 72 usable"
+    assert memory.per_card == "8.4 GiB on each of 4 cards, of 72 GiB usable on each"
 
 
 def test_gqa_on_more_cards_than_kv_heads_keeps_one_head_a_card():
@@ -86,7 +86,7 @@ def test_the_full_context_of_llama_on_one_card():
     assert memory.kv == 16 * GIB
     assert memory.need == 16060522496 + 16 * GIB + VLLM_TP1  # no communication buffers at TP 1
     assert not memory.fits
-    assert memory.per_card == "33.5 GiB a card of 1, of 24 usable"
+    assert memory.per_card == "33.5 GiB on its 1 card, of 24 GiB usable"
 
 
 # deepseek-ai/DeepSeek-V3: 61 layers, MLA with kv_lora_rank 512 and
@@ -212,7 +212,7 @@ def test_card_memory_is_none_when_a_figure_is_unknown(shape, context):
 def test_without_a_budget_it_fits_and_says_no_budget():
     memory = card_memory(engine("vllm"), LLAMA, 4, 8192, None)
     assert memory.fits
-    assert memory.per_card == "8.4 GiB a card of 4"
+    assert memory.per_card == "8.4 GiB on each of 4 cards"
 
 
 def test_the_cache_splits_over_every_card_when_kv_heads_are_unknown():

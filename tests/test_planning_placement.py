@@ -38,7 +38,7 @@ def test_a_replica_without_room_beside_is_refused_by_name_when_in_place_was_not_
     with pytest.raises(DomainError) as err:
         place_restart(nodes, [LiveReplica("r1", "n1", (0, 1))], 4, in_place=False, gpu_class="h100")
     assert err.value.code == "no_room_beside"
-    assert "r1 has no place" in err.value.message and "in_place" in err.value.message
+    assert "r1 has no place" in err.value.message and "Restarting in place" in err.value.message
     assert "2 at most" in err.value.message
 
 

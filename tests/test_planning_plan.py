@@ -112,7 +112,7 @@ def test_a_resize_answers_the_change_with_the_api_keys():
     assert (body["before"], body["after"]) == (2, 4)
     # the profile's own TP width is dropped; the launcher sets it from tp
     assert body["args"] == ["--max-model-len", "8192", "--enable-prefix-caching"]
-    assert body["per_card"] == "7.1 GiB a card of 4, of 72 usable"
+    assert body["per_card"] == "7.1 GiB on each of 4 cards, of 72 GiB usable on each"
     assert body["memory"]["need"] == 16060522496 // 4 + 131072 * 8192 // 4 + VLLM_TP_TERMS
     # places: the restart was not simulated (no fleet given), so no replica is placed
     assert body["room"] == {
@@ -233,7 +233,7 @@ def test_too_little_memory_is_refused_naming_need_budget_and_both_ways_out():
     assert "/api/models/llama/context/" in err.message
     assert err.change["memory"]["fits"] is False
     assert err.change["memory"]["budget"] == 8 * GIB
-    assert err.change["per_card"] == "18.6 GiB a card of 2, of 8 usable"
+    assert err.change["per_card"] == "18.6 GiB on each of 2 cards, of 8 GiB usable on each"
 
 
 def test_the_memory_refusal_names_the_longest_context_that_fits():
@@ -301,7 +301,7 @@ def test_an_unknown_class_skips_budget_and_capability_but_not_room():
     change = resize(llama(), 4, classes=classes)
     assert "h100 class is not in the catalog" in change.note
     assert change.memory.budget is None
-    assert change.per_card == "7.1 GiB a card of 4"
+    assert change.per_card == "7.1 GiB on each of 4 cards"
     assert refusal(lambda: resize(llama(), 4, classes=classes, nodes=[])).code == "no_class"
 
 

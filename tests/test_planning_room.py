@@ -84,7 +84,7 @@ def test_room_for_refuses(nodes, n, running, in_place, code, words):
 def test_no_room_beside_says_what_in_place_costs():
     with pytest.raises(DomainError) as caught:
         room_for([node("a", 8, 2, 2)], "h100", 4, running=True, in_place=False)
-    assert "in_place stops each replica" in caught.value.message
+    assert "Restarting in place stops each replica" in caught.value.message
     assert "does not answer while the new one loads" in caught.value.message
 
 

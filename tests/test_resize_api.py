@@ -122,7 +122,7 @@ def test_a_resize_answers_the_change_with_the_design_keys_and_writes_one_audit_e
     }
     # 16060522496 / 2 + 131072 x 32768 / 2 + vLLM's terms at TP 2 on an 80 GiB
     # card: outside PyTorch 0.35, NVLink buffers 1.8, CUDA graphs 1 GiB.
-    assert body["per_card"] == "12.6 GiB a card of 2, of 71.7 usable"
+    assert body["per_card"] == "12.6 GiB on each of 2 cards, of 71.7 GiB usable on each"
     assert body["room"] == {
         "in_place": False,
         "beside": ["gpu-1"],
@@ -365,7 +365,7 @@ REFUSALS = [
             "at most 26400 tokens",
             "/api/models/llama-3.1-8b/context/",
         ),
-        change={"before": 2, "after": 1, "per_card": "32.3 GiB a card of 1, of 19.5 usable"},
+        change={"before": 2, "after": 1, "per_card": "32.3 GiB on its 1 card, of 19.5 GiB usable"},
     ),
     Refusal("no_class", 409, {"gpus": 2}, no_node_of_its_class, says=("a100-40g",)),
     Refusal(
@@ -387,7 +387,7 @@ REFUSALS = [
         409,
         {"gpus": 4},
         four_card_node_model_holds_two,
-        says=("beside the running replicas", "2 at most", "in_place"),
+        says=("beside the running replicas", "2 at most", "Restarting in place"),
     ),
     # context
     Refusal("not_found", 404, {"tokens": 8192}, url=context_url("no-such-model"), carries_change=False),
@@ -458,7 +458,7 @@ REFUSALS = [
         {"tokens": 8192},
         two_card_node_model_holds_both,
         url=context_url(),
-        says=("in_place",),
+        says=("Restarting in place",),
     ),
 ]
 

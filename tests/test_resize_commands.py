@@ -50,7 +50,7 @@ def test_gpus_prints_the_change_and_is_audited_as_cli_with_the_as_name():
     assert out.splitlines()[:3] == [
         "changed llama-3.1-8b/h100 (vllm on h100-80g): 1 -> 2 card(s)",
         "  args: --max-model-len 32768",
-        "  each card: 12.6 GiB a card of 2, of 71.7 usable",
+        "  memory: 12.6 GiB on each of 2 cards, of 71.7 GiB usable on each",
     ]
     assert state(p) == (2, 2, ["--max-model-len", "32768"], 2, 1)
     entry = AuditEntry.objects.get()
@@ -133,7 +133,7 @@ def test_profile_and_in_place_reach_the_service():
 
     beside = refused("gpus", "llama-3.1-8b", "4", "--profile", "short")
     assert str(beside).endswith("[no_room_beside]")
-    out = run("gpus", "llama-3.1-8b", "4", "--profile", "short", "--in-place")
+    out = run("gpus", "llama-3.1-8b", "4", "--profile", "short", "--in-place", "--no-wait")
     assert "restart: in place" in out
     assert "restarting 1 replica(s)" in out
     assert state(short)[:2] == (4, 4)

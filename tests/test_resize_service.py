@@ -58,7 +58,7 @@ def test_mla_cache_is_not_split_when_deepseek_v2_lite_spreads_over_four_a100s(se
     assert (m.cards, m.weights, m.kv, m.overhead, m.context) == (4, weights, kv, overhead, 16_384)
     assert m.need == weights + kv + overhead
     assert m.budget == 36_860 * MIB  # the class's usable memory is below 0.9 of the card
-    assert change.per_card == "10.2 GiB a card of 4, of 36 usable"
+    assert change.per_card == "10.2 GiB on each of 4 cards, of 36 GiB usable on each"
     assert change.memory.fits
 
 
@@ -102,7 +102,7 @@ def test_llamacpp_splits_layers_so_weights_and_cache_both_divide(seeded, actor):
     assert change.memory.weights == -(-model.weight_bytes // 4)
     assert change.memory.kv == 131_072 * 16_384 // 4
     assert change.memory.overhead == GIB // 2
-    assert change.per_card == "2.0 GiB a card of 4, of 40.5 usable"
+    assert change.per_card == "2.0 GiB on each of 4 cards, of 40.5 GiB usable on each"
 
 
 def test_a_profile_too_big_for_its_cards_is_refused_with_both_ways_out_and_nothing_saved(actor):
@@ -313,7 +313,7 @@ def test_in_place_when_only_the_models_own_cards_make_room(actor):
     b.replica(p, n, [0, 1])
     with pytest.raises(DomainError) as err:
         model_resize(name="llama-3.1-8b", gpus=4)
-    assert err.value.code == "no_room_beside" and "in_place" in err.value.message
+    assert err.value.code == "no_room_beside" and "Restarting in place" in err.value.message
     change = model_resize(name="llama-3.1-8b", gpus=4, in_place=True)
     assert change.in_place is True and change.room.in_place_nodes == ("gpu-1",)
 

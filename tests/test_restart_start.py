@@ -174,3 +174,26 @@ def test_the_command_shows_the_end_of_a_restart_and_exits_1_unless_it_succeeded(
         call_command("restart", MODEL, stdout=out, stderr=StringIO())
     assert err.value.returncode == 1 and "Failed: 0 of 1 replica(s) restarted." in str(err.value)
     assert "llama-1: Failed - llama-r9 was not ready within 1 s" in out.getvalue()
+
+
+def test_the_live_table_fits_80_columns_with_each_reason_on_lines_of_its_own(llama, actor):
+    from rich.console import Console
+
+    from operations.management.follow import table
+    from operations.selectors import operations_with_steps
+
+    make_stale(llama, "llama-1")
+    op = restart_start(model_name=MODEL)
+    reason = (
+        "The fleet changed since the restart was planned: llama-1's replacement was to start on gpu-1 "
+        "cards [3], and those cards are no longer free on a ready node. llama-1 keeps serving."
+    )
+    op.steps.update(state="failed", node="gpu-1", cards=[3, 4], reason=reason)
+    console = Console(width=80, record=True, file=StringIO(), color_system=None)
+    console.print(table(operations_with_steps().get(pk=op.pk)))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert any("gpu-1 cards #3, #4" in line for line in lines)  # indexes, said to be indexes
+    # The reason wraps over the whole width: 3 lines for its ~200 characters, not one a word.
+    first = next(i for i, line in enumerate(lines) if line.startswith("1. The fleet changed"))
+    assert "".join(lines[first : first + 3]).replace(" ", "") == f"1. {reason}".replace(" ", "")

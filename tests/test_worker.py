@@ -285,7 +285,7 @@ def test_the_restart_command_waits_for_the_worker_and_its_exit_code_follows_the_
             call_command(
                 "restart", MODEL, "--ready-timeout", "30", "--as", "ops-bot", stdout=out, stderr=StringIO()
             )
-            assert "llama-1 -> llama-r" in out.getvalue() and "Succeeded" in out.getvalue()
+            assert "llama-1 -> llama-2" in out.getvalue() and "Succeeded" in out.getvalue()
             assert "1 of 1 replica(s) restarted" in out.getvalue()
 
             fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "0.2", "STANDIN_NEVER_READY": "1"})
@@ -298,4 +298,31 @@ def test_the_restart_command_waits_for_the_worker_and_its_exit_code_follows_the_
         assert RestartOperation.objects.filter(
             requested_by_name="ops-bot", via="cli", state="succeeded"
         ).exists()
+        assert_nothing_half_done()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_gpus_and_context_commands_follow_the_restart_they_start(tmp_path, actor, settings):
+    with fleet_of(tmp_path) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE):
+            out = StringIO()
+            call_command("gpus", MODEL, "2", "--as", "ops-bot", stdout=out, stderr=StringIO())
+            text = out.getvalue()
+            assert "changed llama/h100" in text and "restarting 1 replica(s)" in text
+            # It waited for the worker: the restart had ended when the command returned.
+            op = RestartOperation.objects.get(model__name=MODEL, profile__tp=2)
+            assert op.state == "succeeded" and f"restart #{op.pk} Succeeded" in text
+            assert "llama-1 -> llama-2 on " in text
+
+            out = StringIO()
+            call_command("context", MODEL, "8192", "--no-wait", stdout=out, stderr=StringIO())
+            started = RestartOperation.objects.exclude(pk=op.pk).get()
+            assert "Succeeded" not in out.getvalue()  # returned at once
+            wait_until(
+                lambda: RestartOperation.objects.get(pk=started.pk).state == "succeeded",
+                timeout=60,
+                what="the context's restart to end",
+            )
         assert_nothing_half_done()

@@ -21,7 +21,8 @@ _errors = {
 
 
 class ServiceViewSet(viewsets.ModelViewSet):
-    """A ModelViewSet whose writes call ``save_service`` / ``delete_service``."""
+    # Its writes call ``save_service`` / ``delete_service``. (A comment, not a docstring: the schema
+    # shows a view's docstring to the API's readers, and each subclass has its own.)
 
     save_service: Callable[..., Any]
     delete_service: Callable[..., Any]
@@ -42,6 +43,8 @@ class ServiceViewSet(viewsets.ModelViewSet):
 
 def _crud_schema(name: str) -> Callable[[type], type]:
     return extend_schema_view(
+        list=extend_schema(summary=f"Each {name}, filtered by the query's parameters"),
+        retrieve=extend_schema(summary=f"One {name}"),
         create=extend_schema(responses={201: None, **_errors}, summary=f"Create a {name}"),
         update=extend_schema(responses={200: None, **_errors}, summary=f"Replace a {name}"),
         partial_update=extend_schema(responses={200: None, **_errors}, summary=f"Change a {name}"),
@@ -51,6 +54,11 @@ def _crud_schema(name: str) -> Callable[[type], type]:
 
 @_crud_schema("GPU class")
 class GPUClassViewSet(ServiceViewSet):
+    """Kinds of card: total and usable memory (the budget an engine may fill) and compute capability.
+
+    Filter with ``?name=`` or ``?compute_capability=``. A class that profiles or cards use cannot be removed.
+    """
+
     queryset = GPUClass.objects.all()
     serializer_class = s.GPUClassSerializer
     filterset_fields = ["name", "compute_capability"]
@@ -67,6 +75,10 @@ _cards = Prefetch(
 
 @_crud_schema("node")
 class NodeViewSet(ServiceViewSet):
+    """The fleet's hosts: each one's agent URL, state (ready, cordoned, down) and cards, with the replica
+    holding each card. Filter with ``?state=`` or ``?name=``. The agent token is write-only.
+    """
+
     queryset = Node.objects.prefetch_related(_cards)
     serializer_class = s.NodeSerializer
     filterset_fields = ["state", "name"]
@@ -78,6 +90,11 @@ class NodeViewSet(ServiceViewSet):
 
 @_crud_schema("model")
 class ServedModelViewSet(ServiceViewSet):
+    """The models served, with their shape (the figures the memory checks use; any may be unknown) and
+    profiles. Filter with ``?declared=``, ``?attention=``, ``?profiles__engine=`` or
+    ``?profiles__gpu_class__name=``. A model declared in the cluster's settings file is read-only here.
+    """
+
     queryset = ServedModel.objects.prefetch_related(
         Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class"))
     )
@@ -91,6 +108,11 @@ class ServedModelViewSet(ServiceViewSet):
 
 @_crud_schema("profile")
 class ProfileViewSet(ServiceViewSet):
+    """How each model is served: engine, GPU class, cards, arguments, environment (secret values
+    write-only) and the revision replicas compare against. Filter with ``?engine=``, ``?model__name=``
+    or ``?gpu_class__name=``. Every write is checked against the launch policy.
+    """
+
     queryset = Profile.objects.select_related("model", "gpu_class")
     serializer_class = s.ProfileSerializer
     filterset_fields = ["engine", "model__name", "gpu_class__name"]
@@ -100,6 +122,11 @@ class ProfileViewSet(ServiceViewSet):
 
 @_crud_schema("replica")
 class ReplicaViewSet(ServiceViewSet):
+    """Running instances of a profile: their cards, port, state and the profile revision each runs.
+    Filter with ``?state=``, ``?profile__model__name=`` or ``?profile=`` (its id). Restarts, not these
+    writes, are how replicas move: see ``/api/models/{name}/restart/``.
+    """
+
     queryset = Replica.objects.select_related("profile__model").prefetch_related(
         Prefetch("shards", queryset=Shard.objects.select_related("card__node"))
     )

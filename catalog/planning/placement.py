@@ -123,7 +123,7 @@ def place_restart(
             raise DomainError(
                 "no_room_beside",
                 f"{old.name} has no place: no ready node has {kind} free beside the running replicas "
-                f"({most_free} at most are free when its turn comes). Asking for in_place stops each replica "
+                f"({most_free} at most are free when its turn comes). Restarting in place stops each replica "
                 f"without room beside before its replacement starts on the cards it frees; the model does not "
                 f"answer while the new one loads.",
                 status=409,

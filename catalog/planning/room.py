@@ -47,7 +47,7 @@ def room_for(nodes: Iterable[NodeRoom], gpu_class: str, n: int, *, running: bool
         raise DomainError(
             "no_room_beside",
             f"No node has {n} {gpu_class} cards free beside the running replicas ({free_most} at most "
-            f"are free now). Asking for in_place stops each replica before its replacement starts on "
+            f"are free now). Restarting in place stops each replica before its replacement starts on "
             f"the freed {cards(n)}; the model does not answer while the new one loads.",
             status=409,
         )

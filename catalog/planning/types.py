@@ -202,10 +202,11 @@ class CardMemory:
 
     @property
     def per_card(self) -> str:
-        """E.g. "34.1 GiB a card of 4, of 72 usable"."""
-        text = f"{gib(self.need)} GiB a card of {self.cards}"
+        """E.g. "34.1 GiB on each of 4 cards, of 72 GiB usable on each"."""
+        each = "on its 1 card" if self.cards == 1 else f"on each of {self.cards} cards"
+        text = f"{gib(self.need)} GiB {each}"
         if self.budget is not None:
-            text += f", of {gib_short(self.budget)} usable"
+            text += f", of {gib_short(self.budget)} GiB usable{' on each' if self.cards != 1 else ''}"
         return text
 
     def as_dict(self) -> dict[str, Any]:

@@ -103,7 +103,10 @@ def _apply(model: ServedModel, change: Change, *, action: str, message: str, act
         mode = None if places else True
     else:
         mode = False
-    operation = restart_start(model_name=model.name, replicas=stale, in_place=mode, actor=actor)
+    unit = "cards" if change.kind == "gpus" else "tokens"
+    what = "resize" if change.kind == "gpus" else "context"
+    cause = f"{what} of {change.profile}: {change.before} → {change.after} {unit}"
+    operation = restart_start(model_name=model.name, replicas=stale, in_place=mode, actor=actor, cause=cause)
     return replace(change, restarted=len(stale), operation=operation.pk)
 
 

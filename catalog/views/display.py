@@ -194,6 +194,28 @@ class ProfileMemory:
     why_not: str
 
 
+def served_contexts(model: ServedModel, profiles: list[Profile]) -> list[int]:
+    """The contexts the model's profiles serve (the engine's context flag, else the model's own),
+    each once, shortest first; no query when ``profiles`` are loaded."""
+    spec = model_spec(model, profiles)
+    served: set[int] = set()
+    for p in profiles:
+        try:
+            eng = engine(p.engine)
+        except DomainError:
+            continue
+        tokens = context_of(spec, profile_spec(p), eng)
+        if tokens is not None:
+            served.add(tokens)
+    return sorted(served)
+
+
+def cards_said(indices: list[int]) -> str:
+    """A replica's cards on a node as cards, not bare numbers: "1 card (#0)", "2 cards (#3, #4)"."""
+    n = len(indices)
+    return f"{n} card{'s' if n != 1 else ''} ({', '.join(f'#{i}' for i in indices)})"
+
+
 def profile_memory(model: ServedModel, profiles: list[Profile]) -> list[ProfileMemory]:
     """Each profile's card memory as the planner reckons it (no query: ``profiles``
     come with their GPU class)."""

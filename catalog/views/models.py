@@ -18,7 +18,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404
+from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
@@ -37,7 +37,7 @@ from catalog.views.common import (
     require_perm,
     wants_partial,
 )
-from catalog.views.display import Preview, hue, profile_memory, shape_facts
+from catalog.views.display import Preview, cards_said, hue, profile_memory, served_contexts, shape_facts
 from operations import views as operation_views
 
 PAGE_SIZE = 50  # models on a page of the list: it pages and filters, whatever the catalog's size
@@ -90,7 +90,10 @@ def models_with_usage(models: list[ServedModel]) -> list[ServedModel]:
         )
         .order_by("name")
     )
-    return list(qs)
+    models = list(qs)
+    for m in models:
+        m.served_contexts = served_contexts(m, list(m.profiles.all()))  # type: ignore[attr-defined]
+    return models
 
 
 @login_required
@@ -130,6 +133,7 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
         .order_by("profile__name", "name")
     )
     for r in replicas:
+        r.cards_said = [(node, cards_said(indices)) for node, indices in r.placement]  # type: ignore[attr-defined]
         # The need planned beside the need measured, over the terms the engine logged.
         r.memory_need = None  # type: ignore[attr-defined]
         if r.measured_memory:
@@ -182,6 +186,9 @@ def _detail_context(
         "memories": memories,
         "on_cards": on_cards,
         "replicas": replicas,
+        # Stopped replicas pile up after restarts: folded away below the ones that run or failed.
+        "replicas_shown": [r for r in replicas if r.state != Replica.State.STOPPED],
+        "replicas_stopped": [r for r in replicas if r.state == Replica.State.STOPPED],
         "stale_live": sum(r.is_stale and r.is_live for r in replicas),
         # A profile its cards cannot hold is not offered a restart: the restart would refuse it.
         "unfit": [m for m in on_cards if m.bar is not None and not m.bar.fits],
@@ -200,6 +207,23 @@ def _detail_context(
 def model_detail(request: HttpRequest, name: str) -> HttpResponse:
     model = get_object_or_404(ServedModel, name=name)
     return render_page(request, "catalog/model_detail.html", _detail_context(request, model))
+
+
+@login_required
+@require_GET
+def model_replicas(request: HttpRequest, name: str) -> HttpResponse:
+    """The model page's replicas section alone: what the page swaps in as its restart progresses."""
+    model = get_object_or_404(ServedModel, name=name)
+    replicas = _replicas_of(model)
+    return render(
+        request,
+        "catalog/model_detail.html#replicas",
+        {
+            "model": model,
+            "replicas_shown": [r for r in replicas if r.state != Replica.State.STOPPED],
+            "replicas_stopped": [r for r in replicas if r.state == Replica.State.STOPPED],
+        },
+    )
 
 
 # -- resize and context: preview (dry run) and apply ---------------------------------------------------

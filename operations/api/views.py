@@ -101,6 +101,8 @@ class RestartOperationSerializer(serializers.ModelSerializer):
             "ready_timeout",
             "requested_by",
             "via",
+            "cause",
+            "target_revision",
             "reason",
             "created_at",
             "started_at",

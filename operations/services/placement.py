@@ -76,15 +76,21 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
     return best[0].node, best[:need]
 
 
-def replica_name(model: ServedModel, step: RestartStep) -> str:
-    suffix = f"-r{step.pk}"
-    name = model.name[: 128 - len(suffix) - 3] + suffix
-    n = 1
-    candidate = name
-    while Replica.objects.filter(name=candidate).exists():
+def replica_name(model: ServedModel, step: RestartStep | None = None) -> str:
+    """The model's next replica name, counted per model: ``<model>-<n>``, n one more than the
+    highest any of its replicas has (stopped ones included, so a name is never reused). Takes
+    the placement lock, so two steps of one model never pick the same n."""
+    lock_placement()
+    prefix = f"{model.name}-"
+    highest = 0
+    for name in Replica.objects.filter(name__startswith=prefix).values_list("name", flat=True):
+        tail = name[len(prefix) :]
+        if tail.isdigit():
+            highest = max(highest, int(tail))
+    n = highest + 1
+    while Replica.objects.filter(name=f"{prefix}{n}").exists():  # another model named like ours
         n += 1
-        candidate = f"{name}-{n}"
-    return candidate
+    return f"{prefix}{n}"
 
 
 def in_place_cards(profile: Profile, old: Replica, node: Node) -> list[int] | str:

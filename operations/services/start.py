@@ -44,6 +44,8 @@ def _operation_after(op: RestartOperation, names: list[str]) -> dict[str, Any]:
         "requested_by": op.requested_by_name,
         "via": op.via,
         "replicas": names,
+        "cause": op.cause,
+        "target_revision": op.target_revision,
     }
 
 
@@ -120,6 +122,14 @@ def _plan(
     return {p.replica: p for p in places}
 
 
+def _default_cause(chosen: list[Replica], *, named: bool) -> str:
+    names = ", ".join(r.name for r in chosen)
+    if named:
+        return f"asked for by name: {names}"
+    revisions = ", ".join(str(n) for n in sorted({r.revision for r in chosen}))
+    return f"stale replicas (at revision {revisions}): {names}"
+
+
 def _busy(op: RestartOperation) -> DomainError:
     return busy_refusal(op, doing="starting another restart of it")
 
@@ -132,6 +142,7 @@ def restart_start(
     max_parallel: int = 1,
     ready_timeout: float = 600,
     actor: Actor | None = None,
+    cause: str = "",
 ) -> RestartOperation:
     """Start restarting ``model_name``'s stale replicas (or the live ones named).
 
@@ -146,6 +157,10 @@ def restart_start(
     cpu_only, multi_node, several_profiles, unknown_engine, invalid, memory
     (the profile does not fit its cards), no_room, no_room_beside (a replica
     has no place).
+
+    ``cause`` says what asked for it in the operators' words (the resize or context change that
+    started it, say); by default, the stale replicas or the replicas named. The operation keeps
+    it with the profile revision its replacements run.
     """
     if (
         isinstance(max_parallel, bool)
@@ -199,6 +214,8 @@ def restart_start(
             requested_by=actor.resolved_user,
             requested_by_name=actor.display_name[:150],
             via=actor.via,
+            cause=(cause or _default_cause(chosen, named=bool(replicas)))[:300],
+            target_revision=profile.revision,
         )
         try:
             with transaction.atomic():

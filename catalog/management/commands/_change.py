@@ -13,7 +13,7 @@ def describe(change: Change, *, dry_run: bool) -> str:
         f"  args: {' '.join(change.args) or '(none)'}",
     ]
     if change.per_card:
-        lines.append(f"  each card: {change.per_card}")
+        lines.append(f"  memory: {change.per_card}")
     if change.room is not None:
         lines.append(
             "  restart: "

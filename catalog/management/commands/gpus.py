@@ -7,6 +7,7 @@ from django.core.management.base import CommandParser
 from catalog.management.base import ActorCommand
 from catalog.management.commands._change import describe
 from catalog.services.resize import model_resize
+from operations.management.follow import follow
 
 
 class Command(ActorCommand):
@@ -26,6 +27,12 @@ class Command(ActorCommand):
             "while the new one loads)",
         )
         parser.add_argument("--dry-run", action="store_true", help="check everything, change nothing")
+        parser.add_argument(
+            "--no-wait",
+            action="store_true",
+            help="start the restart the change asks for and exit; by default its steps show live until it "
+            "ends, and the command exits 1 unless every replica was restarted",
+        )
 
     def act(self, *args: Any, **options: Any) -> None:
         change = model_resize(
@@ -36,3 +43,5 @@ class Command(ActorCommand):
             dry_run=options["dry_run"],
         )
         self.stdout.write(describe(change, dry_run=options["dry_run"]))
+        if change.operation is not None and not options["no_wait"]:
+            follow(change.operation, self.stdout, self.stderr)
