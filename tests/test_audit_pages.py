@@ -110,7 +110,7 @@ def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_
         api.force_authenticate(root)
         assert api.patch("/api/gpu-classes/l4-24g/", {"usable_mib": 21500}, format="json").status_code == 200
         # command
-        call_command("gpus", MODEL, "1", "--in-place", "--as", "root", stdout=io.StringIO())
+        call_command("gpus", MODEL, "1", "--in-place", "--no-wait", "--as", "root", stdout=io.StringIO())
 
     # Every catalog row the paths changed (PostgreSQL records them) has its audit entry in its transaction.
     assert set(changed_outside().values_list("id", flat=True)) == unaudited_before
