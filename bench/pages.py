@@ -369,14 +369,17 @@ def _machine() -> str:
     return f"{cores} cores, {mem} GiB, load {os.getloadavg()[0]:.1f} at the end"
 
 
-def _create_database(url: str) -> None:
-    """The benchmark's database, created when missing (PostgreSQL)."""
+def _create_database(url: str, *, anew: bool = False) -> None:
+    """The benchmark's database, created when missing (PostgreSQL); ``anew``: dropped first, as
+    a scratch database is (the audit log refuses TRUNCATE, so ``flush`` cannot empty it)."""
     if not url.startswith("postgres"):
         return
     import psycopg
 
     base, _, name = url.rpartition("/")
     with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        if anew:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
 

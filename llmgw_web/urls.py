@@ -4,8 +4,11 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from telemetry.views import metrics
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("metrics", metrics, name="metrics"),  # Prometheus' default path
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include("audit.api.urls")),

@@ -68,6 +68,10 @@ class AgentClient:
             what="taking a new token",
         )
 
+    def telemetry(self) -> dict[str, Any]:
+        """GET /v1/telemetry: each card's memory, utilisation, temperature and processes."""
+        return self._call("GET", "/v1/telemetry", what="reading its cards' telemetry")
+
     def replicas(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/replicas", what="listing its replicas")
 

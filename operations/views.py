@@ -9,6 +9,7 @@ out of band.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
@@ -23,10 +24,11 @@ from django.views.decorators.http import require_GET, require_POST
 from audit.selectors import operation_q
 from audit.views import history_context
 from catalog.errors import DomainError
-from catalog.models import ServedModel
+from catalog.models import Node, Replica, ServedModel
 from catalog.views.common import RESTART, redirect_or_location, render_page, require_perm, wants_partial
 from operations.models import RestartOperation, RestartStep
 from operations.selectors import operations_with_steps
+from operations.services import drain
 from operations.services.start import operation_cancel as cancel_operation
 from operations.services.start import restart_start
 
@@ -142,3 +144,61 @@ def model_restart(request: HttpRequest, name: str) -> HttpResponse:
     else:
         messages.success(request, f"Restart #{operation.pk} of {model.name} started.")
     return redirect_or_location(request, reverse("model-detail", args=[model.name]) + "#restart")
+
+
+# -- taking a node out of service, moving a replica (operations/services/drain.py) ----------------
+
+
+def _node_change(request: HttpRequest, name: str, change: Any, done: Callable[[Any], str]) -> HttpResponse:
+    require_perm(request, RESTART)
+    get_object_or_404(Node, name=name)
+    try:
+        result = change(node_name=name)
+    except DomainError as err:
+        messages.error(request, err.message)
+    else:
+        messages.success(request, done(result))
+    return redirect_or_location(request, reverse("node-detail", args=[name]))
+
+
+def _drained(operations: list[RestartOperation]) -> str:
+    if not operations:
+        return "Cordoned; nothing runs on it, so nothing was moved."
+    started = ", ".join(f"#{op.pk} ({op.model.name})" for op in operations)
+    return f"Cordoned, and moving its replicas to other nodes: restart{'s' if len(operations) > 1 else ''} {started}."
+
+
+@login_required
+@require_POST
+def node_cordon(request: HttpRequest, name: str) -> HttpResponse:
+    return _node_change(
+        request, name, drain.node_cordon, lambda n: f"{n.name} is cordoned: no new placements."
+    )
+
+
+@login_required
+@require_POST
+def node_uncordon(request: HttpRequest, name: str) -> HttpResponse:
+    return _node_change(request, name, drain.node_uncordon, lambda n: f"{n.name} takes placements again.")
+
+
+@login_required
+@require_POST
+def node_drain(request: HttpRequest, name: str) -> HttpResponse:
+    return _node_change(request, name, drain.node_drain, _drained)
+
+
+@login_required
+@require_POST
+def replica_move(request: HttpRequest, name: str) -> HttpResponse:
+    require_perm(request, RESTART)
+    replica = get_object_or_404(Replica.objects.select_related("profile__model"), name=name)
+    try:
+        operation = drain.replica_move(replica_name=name)
+    except DomainError as err:
+        messages.error(request, err.message)
+        return redirect_or_location(request, reverse("replica-detail", args=[name]))
+    messages.success(request, f"Moving {name} to another node: restart #{operation.pk}.")
+    return redirect_or_location(
+        request, reverse("model-detail", args=[replica.profile.model.name]) + "#restart"
+    )

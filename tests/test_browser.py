@@ -387,3 +387,77 @@ def test_the_page_says_its_refusals_in_its_own_words(page, demo):
     text = refusal.inner_text()
     # The API's field name is not the page's: its checkbox says "In place".
     assert "in_place" not in text and "Restarting in place stops each replica" in text
+
+
+def test_the_nodes_grid_shows_each_cards_memory_used_beside_the_plan_and_marks_a_foreign_process(
+    page, tmp_path, fast_restarts, shots
+):
+    """Real agents read the stand-in nvidia-smi (as they read nvidia-smi on a GPU node); the
+    control plane samples them; the grid draws used against planned and marks the foreign card."""
+    from agent_testing import foreign_process
+
+    from telemetry.services import fleet_sample
+    from tests.restart_support import fleet_of
+
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4, gpus=True) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.start("llama-2", "gpu-b", [1])
+        with foreign_process(fleet.gpu_dirs["gpu-b"], [3], used_mib=20480):
+            assert fleet_sample() == {"gpu-a": True, "gpu-b": True}
+            b.user("viewer", password=PASSWORD)
+            sign_in(page, "viewer")
+            page.goto("/nodes/")
+            held = page.locator(".card.held")
+            assert held.count() == 2
+            for i in range(2):
+                line = held.nth(i).locator(".use").inner_text()
+                assert line.startswith("used 71.7 of 79.6 GiB · planned ") and "%" in line and "°C" in line
+                assert held.nth(i).locator(".usebar .used").is_visible()
+                assert held.nth(i).locator(".usebar .planned").count() == 1
+            foreign = page.locator(".card.foreign")
+            assert foreign.count() == 1
+            assert "foreign process: 20.0 GiB" in foreign.inner_text()
+            assert "card 3" in foreign.inner_text().lower()  # shown in capitals by the style sheet
+            assert page.locator(".node-head .seen").first.inner_text().startswith("agent seen ")
+            page.screenshot(path=shots / "nodes-telemetry.png", full_page=True)
+
+
+def test_draining_a_node_moves_its_replicas_and_leaves_it_empty_and_cordoned(
+    page, tmp_path, fast_restarts, shots
+):
+    """Real agents: the operator drains gpu-a from its page; the drain's restart moves both its
+    replicas to gpu-b, rolling, and gpu-a is left cordoned with nothing on it; uncordon reopens it."""
+    from operations.services.runner import run_operation
+    from tests.restart_support import fleet_of
+
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.start("llama-2", "gpu-a", [1])
+        operator()
+        sign_in(page, "operator")
+        page.goto("/nodes/gpu-a/")
+        page.get_by_role("button", name="Drain gpu-a").click()
+        page.locator(".message.success").wait_for()
+        assert (
+            "Cordoned, and moving its replicas to other nodes"
+            in page.locator(".message.success").inner_text()
+        )
+        op = RestartOperation.objects.get()
+        assert op.cause == "drain of gpu-a: llama-1, llama-2" and op.in_place is False
+        assert page.locator(f"#operation-{op.pk}").is_visible()  # the drain's progress, on the node's page
+        assert "Cordoned: no new replica is placed on gpu-a" in page.locator("main").inner_text()
+
+        assert run_operation(op.pk) == "succeeded"
+        page.locator(f"#operation-{op.pk}:not([hx-trigger])").wait_for()
+        page.reload()
+        assert "No replica holds a card on this node." in page.locator("main").inner_text()
+        assert page.locator(".page-head .badge.state-cordoned").inner_text() == "Cordoned"
+        moved = Replica.objects.filter(state="ready")
+        assert sorted(moved.values_list("shards__card__node__name", flat=True)) == ["gpu-b", "gpu-b"]
+        assert fleet.ready_on_agents() == {"gpu-a": 0, "gpu-b": 2}
+        assert AuditEntry.objects.filter(action="cordon", object_key="gpu-a", via="ui").count() == 1
+        page.screenshot(path=shots / "node-drained.png", full_page=True)
+
+        page.get_by_role("button", name="Uncordon gpu-a").click()
+        page.locator(".message.success").wait_for()
+        assert page.locator(".page-head .badge.state-ready").count() == 1

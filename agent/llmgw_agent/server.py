@@ -27,6 +27,7 @@ from .config import AgentConfig
 from .record import FAILED, LOADING, READY, STARTING, STOPPED
 from .spec import AgentError, check_replica_id
 from .supervisor import MAX_WAIT_SECONDS, Supervisor
+from .telemetry import Telemetry
 
 ALL_STATES = frozenset({STARTING, LOADING, READY, FAILED, STOPPED})
 
@@ -48,6 +49,7 @@ class AgentServer(ThreadingHTTPServer):
         self.config = config
         self.supervisor = supervisor
         self.cards_source = cards_source
+        self.telemetry = Telemetry(supervisor.cards, supervisor.process_groups)
         self._token = config.token.encode("utf-8")
         # A rotated-out token, accepted until its deadline (time.monotonic()).
         self._previous: tuple[bytes, float] | None = None
@@ -194,6 +196,9 @@ class AgentHandler(BaseHTTPRequestHandler):
                 "cards_source": self.server.cards_source,
                 "policy": supervisor.policy.digest,
             }
+        if path == "/v1/telemetry":
+            self._allow(method, "GET")
+            return 200, {"node": self.server.config.node, **self.server.telemetry.sample()}
         if path == "/v1/token":
             self._allow(method, "POST")
             return 200, self.server.rotate(self._json_body())

@@ -95,6 +95,16 @@ class Supervisor:
             for c in self.cards
         ]
 
+    def process_groups(self) -> dict[int, str]:
+        """The process group of each replica whose process runs: ``{pgid: replica id}`` (an engine
+        leads its own group, so its workers are in it too)."""
+        with self._lock:
+            return {
+                rec.handle.pid: rec.id
+                for rec in self._replicas.values()
+                if rec.handle is not None and not rec.done.is_set()
+            }
+
     def all_replicas(self) -> list[dict[str, Any]]:
         with self._lock:
             return [self._replicas[rid].as_dict() for rid in sorted(self._replicas)]

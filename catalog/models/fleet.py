@@ -63,6 +63,18 @@ class Node(models.Model):
     agent_url = models.URLField(help_text="Base URL of the node agent, e.g. http://10.0.0.5:9101")
     agent_token = models.CharField(max_length=200, help_text="Bearer token the node agent expects.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
+    # What the reconciler (operations/services/reconcile.py) last learnt from the node's agent: the
+    # operator's state above says whether the node may be used, these whether its agent answers.
+    reachable = models.BooleanField(
+        default=True, help_text="Whether its agent answered the last time it was asked."
+    )
+    last_seen_at = models.DateTimeField(null=True, blank=True, help_text="When its agent last answered.")
+    unreachable_reason = models.TextField(blank=True, default="", help_text="Why its agent did not answer.")
+    orphans = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Engines its agent runs that the catalog does not hold, for an operator to adopt or stop.",
+    )
 
     class Meta:
         ordering = ["name"]
