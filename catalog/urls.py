@@ -27,6 +27,7 @@ urlpatterns = [
         name="profile-rollback",
     ),
     path("replicas/<str:name>/", replicas.replica_detail, name="replica-detail"),
+    path("replicas/<str:name>/log/", replicas.replica_log, name="replica-log"),
     path("nodes/", nodes.node_list, name="node-list"),
     path("nodes/<str:name>/", nodes.node_detail, name="node-detail"),
 ]
