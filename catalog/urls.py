@@ -17,6 +17,7 @@ urlpatterns = [
     path("models/<str:name>/context/preview/", models.context_preview, name="model-context-preview"),
     path("models/<str:name>/context/", models.context_apply, name="model-context"),
     path("replicas/<str:name>/", replicas.replica_detail, name="replica-detail"),
+    path("replicas/<str:name>/log/", replicas.replica_log, name="replica-log"),
     path("nodes/", nodes.node_list, name="node-list"),
     path("nodes/<str:name>/", nodes.node_detail, name="node-detail"),
 ]

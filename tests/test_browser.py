@@ -461,3 +461,37 @@ def test_draining_a_node_moves_its_replicas_and_leaves_it_empty_and_cordoned(
         page.get_by_role("button", name="Uncordon gpu-a").click()
         page.locator(".message.success").wait_for()
         assert page.locator(".page-head .badge.state-ready").count() == 1
+
+
+def test_a_replicas_page_shows_its_engine_log_live_while_it_starts_with_secrets_redacted(
+    page, tmp_path, fast_restarts
+):
+    from operations.services.specs import replica_spec
+    from tests.restart_support import fleet_of
+
+    secret = "hf_" + "t" * 32  # the stand-in logs its Hub token, as a careless engine would
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, env={"HF_TOKEN": secret}, load_seconds=4) as fleet:
+        replica = b.replica(
+            fleet.profile,
+            fleet.nodes["gpu-a"],
+            [0],
+            name="llama-1",
+            port=fast_restarts.LLMGW_REPLICA_PORT_BASE,
+        )
+        Replica.objects.filter(pk=replica.pk).update(state="starting")
+        spec = replica_spec(
+            Profile.objects.select_related("model").get(pk=fleet.profile.pk), port=replica.port, cards=[0]
+        )
+        with fleet.agents["gpu-a"].client() as http:
+            assert http.put("/v1/replicas/llama-1", json=spec).status_code == 201
+        b.user("viewer", "catalog.view_servedmodel", password=PASSWORD)
+        sign_in(page, "viewer")
+        page.goto("/replicas/llama-1/")
+        live = page.locator("#replica-log[data-polling]")
+        live.wait_for()
+        assert "live while it loading" in live.inner_text() or "live while it starting" in live.inner_text()
+        done = page.locator("#replica-log:not([data-polling]) pre.log")
+        done.wait_for(timeout=20_000)  # it stops polling once the agent says it is ready
+        text = done.inner_text()
+        assert "listening on" in text and "with token ***" in text
+        assert secret not in page.content()
