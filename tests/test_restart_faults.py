@@ -15,8 +15,10 @@ import time
 
 import pytest
 from agent_testing import wait_until
+from django.db.models import Max
 
-from audit.models import AuditEntry
+from audit.models import AuditEntry, RowChange
+from audit.selectors import changed_outside
 from catalog.models import Node, Replica, Shard
 from operations.models import RestartOperation, RestartStep
 from operations.services.start import restart_start
@@ -222,6 +224,7 @@ def test_with_one_agent_down_among_three_its_replicas_go_elsewhere_and_the_healt
         fleet.start("llama-3", "gpu-c", [0])
         fleet.change_profile(args=["--max-num-seqs", "8"])
         down = fleet.agents["gpu-c"]
+        mark = RowChange.objects.aggregate(top=Max("id"))["top"] or 0
         kill_agent(down)  # its engine runs on, unseen
         with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE) as worker:
             op = restart_start(model_name=MODEL, ready_timeout=60)
@@ -245,6 +248,10 @@ def test_with_one_agent_down_among_three_its_replicas_go_elsewhere_and_the_healt
             assert Node.objects.get(name="gpu-c").reachable
             assert not engines_on(down)
         assert_nothing_half_done()
+        # Every catalog row the workers and the reconciler changed is explained by an audit entry.
+        assert not changed_outside().filter(id__gt=mark).exists(), list(
+            changed_outside().filter(id__gt=mark).values_list("table_name", "operation", "after")
+        )
 
 
 def test_in_place_with_both_specs_failing_says_the_model_has_no_replica(tmp_path, actor, settings, client):
