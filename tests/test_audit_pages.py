@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -80,8 +80,15 @@ def lead_user():
 @pytest.mark.django_db(
     transaction=True
 )  # the worker's heartbeat thread reads the operation from its own connection
-@pytest.mark.usefixtures("audit_flushable")
-def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_and_both_exports(tmp_path):
+@pytest.mark.usefixtures("audit_flushable", "as_app_role")
+def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_and_both_exports(
+    tmp_path, request
+):
+    app_role = request.getfixturevalue("as_app_role")
+    if app_role:  # PostgreSQL: every path below runs as the application's role, which owns nothing
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_user")
+            assert cursor.fetchone()[0] == app_role
     lead = lead_user()
     root = b.user("root")
     root.is_superuser = root.is_staff = True
