@@ -611,3 +611,29 @@ def running_fake_agent(directory: Path, *, status: int = 500, delay: float = 0.0
     finally:
         process.kill()
         process.wait(timeout=10)
+
+
+def standin_gpus(directory: Path, cards: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The stand-in nvidia-smi for an agent (standin_nvidia_smi.install): the environment to give it."""
+    import standin_nvidia_smi
+
+    return standin_nvidia_smi.install(directory, [dict(c) for c in cards])
+
+
+@contextlib.contextmanager
+def foreign_process(gpu_dir: Path, cards: Iterable[int], used_mib: int) -> Iterator[int]:
+    """A process the agent did not start, holding ``used_mib`` on ``cards`` as the stand-in
+    nvidia-smi reports it (a sleeping child of this process); its pid while the block runs."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.DEVNULL)
+    path = gpu_dir / f"proc-{child.pid}.json"
+    path.write_text(
+        json.dumps(
+            {"pid": child.pid, "cards": list(cards), "used_mib": used_mib, "name": "python3 foreign.py"}
+        )
+    )
+    try:
+        yield child.pid
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+        path.unlink(missing_ok=True)

@@ -44,6 +44,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 CRASH_EXIT_CODE = 137
@@ -277,6 +278,27 @@ def _text(content: Any) -> str:
     return ""
 
 
+def hold_card_memory(unknown: list[str]) -> Path | None:
+    """Where the stand-in nvidia-smi runs (``$STANDIN_GPU_DIR``), say which cards this process holds
+    memory on, as vLLM would: its ``--gpu-memory-utilization`` of each (0.9, vLLM's default)."""
+    directory = os.environ.get("STANDIN_GPU_DIR", "").strip()
+    cards = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not directory or not cards:
+        return None
+    fraction = 0.9
+    for i, arg in enumerate(unknown):
+        value = arg.split("=", 1)[1] if arg.startswith("--gpu-memory-utilization=") else None
+        if arg == "--gpu-memory-utilization" and i + 1 < len(unknown):
+            value = unknown[i + 1]
+        if value is not None:
+            with contextlib.suppress(ValueError):
+                fraction = float(value)
+    path = Path(directory) / f"proc-{os.getpid()}.json"
+    entry = {"pid": os.getpid(), "cards": [int(c) for c in cards.split(",") if c.strip().isdigit()]}
+    path.write_text(json.dumps({**entry, "fraction": fraction, "name": "python3 standin_engine.py"}))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, unknown = parse_args(argv)
@@ -323,14 +345,21 @@ def main(argv: list[str] | None = None) -> int:
         timer.daemon = True
         timer.start()
 
+    if os.environ.get("HF_TOKEN"):
+        # As an engine that logs its settings, secrets and all, would: what the agent must redact.
+        log(f"logging in to the Hugging Face Hub with token {os.environ['HF_TOKEN']}")
     memory = os.environ.get("STANDIN_MEMORY", "").strip()
     if memory:
         log_memory(memory_figures(memory))
+    held = hold_card_memory(unknown)
     state = "never ready" if args.never_ready else f"ready in {args.load_seconds:g}s"
     log(f"listening on {args.host}:{args.port}, serving {args.served_model_name} ({state})")
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever(poll_interval=0.1)
     server.server_close()
+    if held is not None:
+        with contextlib.suppress(OSError):
+            held.unlink()
     log("stopped")
     return 0
 

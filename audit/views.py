@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, render
@@ -18,7 +19,7 @@ from access.rules import requires
 from audit.export import KINDS, export_response
 from audit.forms import AuditFilterForm
 from audit.models import AuditEntry
-from audit.selectors import entries_matching, entries_of_request, keyset_page
+from audit.selectors import changed_outside, entries_matching, entries_of_request, keyset_page
 from audit.summary import diff_rows, summarize
 
 VIEW = "audit.view_auditentry"
@@ -87,6 +88,24 @@ def entry_detail(request: HttpRequest, pk: int) -> HttpResponse:
             if entry.request_id.startswith("restart-")
             else (entry.object_key if entry.object_type == "restart" else ""),
         },
+    )
+
+
+@requires(VIEW)
+@require_GET
+def outside_list(request: HttpRequest) -> HttpResponse:
+    """Catalog rows changed with no audit entry in their transaction: by SQL, behind the application."""
+    page = keyset_page(
+        changed_outside(),
+        before=_int(request.GET.get("before")),
+        after=_int(request.GET.get("after")),
+        size=PAGE_SIZE,
+    )
+    rows = [(change, diff_rows(change.before, change.after)) for change in page.entries]
+    return render(
+        request,
+        "audit/outside_list.html",
+        {"section": "audit", "page": page, "rows": rows, "recorded": connection.vendor == "postgresql"},
     )
 
 

@@ -22,7 +22,7 @@ PORT_BASE = int(os.environ.get("BENCH_PORT_BASE", "20000"))
 
 
 def scratch_database(url: str) -> dict[str, str]:
-    """Point Django at ``url`` (created when missing, migrated, emptied) and set it up; the
+    """Point Django at ``url`` (dropped and created anew, migrated) and set it up; the
     environment the benchmark's own processes need."""
     env = {
         "DATABASE_URL": url,
@@ -35,14 +35,13 @@ def scratch_database(url: str) -> dict[str, str]:
     sys.path.insert(0, str(ROOT / "agent"))  # agent_testing: real agents, as the tests start them
     from bench.pages import _create_database
 
-    _create_database(url)
+    _create_database(url, anew=True)
     import django
 
     django.setup()
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    call_command("flush", interactive=False, verbosity=0)
     return env
 
 

@@ -94,26 +94,29 @@ def targets(audit: list[Target]) -> list[Target]:
 
 
 def audit_targets() -> list[Target]:
-    """The audit pages on this branch: the leads' pages when there are (issue 13), else the admin's list."""
-    from django.urls import NoReverseMatch, reverse
+    """The leads' audit pages (issue 13): the first page, a page near the end (the oldest entries),
+    filtered and not, an entry's page and the API's first page; and the admin's list, first page."""
+    from django.urls import reverse
 
     from catalog.demo.scale import audit_model
 
-    try:
-        url = reverse("audit-list")
-    except NoReverseMatch:
-        meta = audit_model()._meta
-        url = reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist")
-        last = audit_model().objects.count() // 100  # the admin's 100 a page, ?p= from 0
-        return [
-            Target("admin audit list", "GET", url),
-            Target("admin audit list, near the end", "GET", f"{url}?p={max(last - 10, 0)}"),
-            Target("admin audit list, filtered", "GET", f"{url}?action=profile.update"),
-        ]
+    entries = audit_model().objects
+    oldest = entries.order_by("id").values_list("id", flat=True).first() or 0
+    middle = (
+        entries.filter(id__gte=oldest + entries.count() // 2).order_by("id").values_list("id", flat=True)[:1]
+    )
+    url = reverse("audit:entry_list")
+    meta = audit_model()._meta
+    admin = reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist")
+    filtered = "action=profile.update&via=api"
     return [
         Target("audit list", "GET", url),
-        Target("audit list, near the end", "GET", f"{url}?page=last"),
-        Target("audit list, filtered", "GET", f"{url}?action=profile.update"),
+        Target("audit list, near the end", "GET", f"{url}?before={oldest + 500}"),
+        Target("audit list, filtered", "GET", f"{url}?{filtered}"),
+        Target("audit list, filtered, near the end", "GET", f"{url}?{filtered}&before={oldest + 5000}"),
+        Target("audit entry", "GET", reverse("audit:entry_detail", args=[middle[0] if middle else oldest])),
+        Target("audit API", "GET", reverse("api-audit-list")),
+        Target("admin audit list", "GET", admin),
     ]
 
 
@@ -366,14 +369,17 @@ def _machine() -> str:
     return f"{cores} cores, {mem} GiB, load {os.getloadavg()[0]:.1f} at the end"
 
 
-def _create_database(url: str) -> None:
-    """The benchmark's database, created when missing (PostgreSQL)."""
+def _create_database(url: str, *, anew: bool = False) -> None:
+    """The benchmark's database, created when missing (PostgreSQL); ``anew``: dropped first, as
+    a scratch database is (the audit log refuses TRUNCATE, so ``flush`` cannot empty it)."""
     if not url.startswith("postgres"):
         return
     import psycopg
 
     base, _, name = url.rpartition("/")
     with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        if anew:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
 

@@ -28,13 +28,18 @@ def main() -> None:
     parser.add_argument(
         "--database-url",
         default=None,
-        help="a PostgreSQL URL to a scratch database that exists (it is emptied); "
+        help="a PostgreSQL URL to a scratch database (dropped and created anew); "
         "default: a temporary SQLite file",
     )
     parser.add_argument("--sizes", default="10,100,1000,5000", help="node counts, comma-separated")
     parser.add_argument("--repeat", type=int, default=30)
     args = parser.parse_args()
 
+    if args.database_url:
+        from bench.pages import _create_database
+
+        # Dropped rather than flushed: the audit log's triggers refuse TRUNCATE.
+        _create_database(args.database_url, anew=True)
     tmp = tempfile.mkdtemp(prefix="llmgw-bench-")
     os.environ["DATABASE_URL"] = args.database_url or f"sqlite:///{tmp}/bench.sqlite3"
     os.environ.setdefault(
@@ -54,8 +59,6 @@ def main() -> None:
     from catalog.services.resize import model_resize
 
     call_command("migrate", verbosity=0)
-    if args.database_url:
-        call_command("flush", interactive=False, verbosity=0)
 
     cls = GPUClass.objects.create(
         name="h100-80g", memory_mib=81559, usable_mib=73400, compute_capability="9.0"

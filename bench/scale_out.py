@@ -14,7 +14,7 @@ succeeded, every replica was replaced, each replacement was launched once on its
 operation was run by two live workers at once, and the killed worker's operation was finished
 by the other.
 
-The database is its own (flushed at the start): BENCH_SCALE_DATABASE_URL.
+The database is its own (created anew at the start): BENCH_SCALE_DATABASE_URL.
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ def main() -> int:
             base, headers = webs[i % 2], sessions[i % 2]
             response = httpx.post(
                 f"{base}/api/models/{model}/restart/",
-                json={"max_parallel": 8, "ready_timeout": 120},
+                # No settle time: what is checked is who ran what, not how long replacements stay ready.
+                json={"max_parallel": 8, "ready_timeout": 120, "settle_seconds": 0},
                 headers=headers,
                 timeout=30,
             )

@@ -12,6 +12,7 @@ from catalog.planning import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Sha
 from catalog.planning.placement import LiveReplica, NodeCards
 from catalog.planning.plan import Fleet
 from catalog.planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
+from telemetry.selectors import foreign_held_card_ids
 
 
 def shape_of(model: ServedModel) -> Shape:
@@ -76,7 +77,7 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
         else Q(pk__in=[])
     )
     rows = (
-        Card.objects.values("node__name", "node__state", "gpu_class__name")
+        Card.objects.values("node__name", "node__state", "node__reachable", "gpu_class__name")
         .annotate(
             cards=Count("id"), free=Count("id", filter=Q(shard__isnull=True)), own=Count("id", filter=own)
         )
@@ -85,7 +86,7 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
     return [
         NodeRoom(
             node=r["node__name"],
-            ready=r["node__state"] == "ready",
+            ready=r["node__state"] == "ready" and r["node__reachable"],
             gpu_class=r["gpu_class__name"],
             cards=r["cards"],
             free=r["free"],
@@ -117,15 +118,29 @@ HOLDERS_NAMED = 8  # models named per class in the summary; the rest are counted
 
 def fleet_summary() -> dict[str, Any]:
     """Cards by class (in all, free, held by which models) and nodes by state, grouped in the
-    database: two queries, and rows that grow with classes and models, not with cards."""
+    database: four queries, and rows that grow with classes and models, not with cards."""
     classes: dict[str, dict[str, Any]] = {}
-    rows = (
-        Card.objects.values("gpu_class__name", "shard__replica__profile__model__name")
+    # Grouped by ids, the names looked up after: joining the class and model tables to 8,000 cards
+    # to group by their names cost as much as the grouping.
+    counts = list(
+        Card.objects.values_list("gpu_class_id", "shard__replica__profile__model_id")
         .annotate(n=Count("id"))
-        .order_by("gpu_class__name", "-n", "shard__replica__profile__model__name")
+        .order_by()
     )
-    for r in rows:
-        name, model, n = r["gpu_class__name"], r["shard__replica__profile__model__name"], r["n"]
+    class_names = dict(GPUClass.objects.values_list("id", "name"))
+    model_names = dict(
+        ServedModel.objects.filter(pk__in={m for _, m, _ in counts if m is not None}).values_list(
+            "id", "name"
+        )
+    )
+    rows = sorted(
+        (
+            (class_names[cls], model_names.get(model) if model is not None else None, n)
+            for cls, model, n in counts
+        ),
+        key=lambda r: (r[0], -r[2], r[1] or ""),
+    )
+    for name, model, n in rows:
         c = classes.setdefault(
             name,
             {"name": name, "cards": 0, "free": 0, "held": 0, "holders": [], "others": 0, "others_cards": 0},
@@ -186,8 +201,10 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
     looked up once: at 8,000 cards a row per card carrying its node's, class's
     and holder's names as a dict cost more than all the rest of a dry run.
     """
+    # A node is used only when the operator has it ready and its agent answers (the reconciler says).
     nodes = {
-        pk: (name, state == "ready") for pk, name, state in Node.objects.values_list("id", "name", "state")
+        pk: (name, state == "ready" and reachable)
+        for pk, name, state, reachable in Node.objects.values_list("id", "name", "state", "reachable")
     }
     classes = dict(GPUClass.objects.values_list("id", "name"))
     model_live: dict[int, tuple[str, bool]] = {}  # the model's live replicas: name, and whether restarted
@@ -204,12 +221,14 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
     held: list[
         tuple[str, str, int, int]
     ] = []  # the model's live replicas' cards: node, class, index, replica
-    for node, cls, index, holder in Card.objects.values_list(
-        "node_id", "gpu_class_id", "index", "shard__replica_id"
+    # A card a process the catalog does not know holds memory on is not free, whatever the catalog says.
+    foreign = foreign_held_card_ids()
+    for card_id, node, cls, index, holder in Card.objects.values_list(
+        "id", "node_id", "gpu_class_id", "index", "shard__replica_id"
     ).order_by("index"):
         count = counts.setdefault((node, cls), [0, 0, 0])
         count[0] += 1
-        if holder is None:
+        if holder is None and card_id not in foreign:
             count[1] += 1
         elif holder in model_live:
             count[2] += model_live[holder][1]
@@ -217,7 +236,7 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
         if cls == restarted_class:
             indices, free = by_node.setdefault(node, ([], []))
             indices.append(index)
-            if holder is None:
+            if holder is None and card_id not in foreign:
                 free.append(index)
     rooms = sorted(
         (

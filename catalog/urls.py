@@ -4,7 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from access.rules import PUBLIC, requires
-from catalog.views import models, nodes, replicas
+from catalog.views import models, nodes, profiles, replicas
 
 urlpatterns = [
     path(
@@ -21,7 +21,18 @@ urlpatterns = [
     path("models/<str:name>/resize/", models.resize_apply, name="model-resize"),
     path("models/<str:name>/context/preview/", models.context_preview, name="model-context-preview"),
     path("models/<str:name>/context/", models.context_apply, name="model-context"),
+    path(
+        "models/<str:name>/profiles/<str:profile>/revisions/",
+        profiles.profile_revisions,
+        name="profile-revisions",
+    ),
+    path(
+        "models/<str:name>/profiles/<str:profile>/rollback/",
+        profiles.profile_rollback_apply,
+        name="profile-rollback",
+    ),
     path("replicas/<str:name>/", replicas.replica_detail, name="replica-detail"),
+    path("replicas/<str:name>/log/", replicas.replica_log, name="replica-log"),
     path("nodes/", nodes.node_list, name="node-list"),
     path("nodes/<str:name>/", nodes.node_detail, name="node-detail"),
 ]

@@ -52,11 +52,13 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_htmx",
     "template_partials",
+    # Before django_tasks_db: its db_worker command is operations' (which schedules the periodic tasks).
+    "operations",
     "django_tasks",
     "django_tasks_db",
     "audit",
     "catalog",
-    "operations",
+    "telemetry",
     # Last: after each migrate it gives the roles the permissions every other app has made.
     "access",
 ]
@@ -222,6 +224,17 @@ LLMGW_REPLICA_PORT_BASE = env_int("LLMGW_REPLICA_PORT_BASE", 8100, minimum=1024)
 # How long a stop waits for the agent's answer: the agent answers once the engine is gone (its
 # stop_grace_seconds, 10 by default, then SIGKILL and up to 10 s more), so at least that.
 LLMGW_AGENT_STOP_SECONDS = env_float("LLMGW_AGENT_STOP_SECONDS", 25.0, minimum=0.5)
+# How long a step waits for a node's agent that does not answer (restarted, upgraded, a blip) before
+# it gives up: polls of a replacement, and stops, are asked again within this window.
+LLMGW_AGENT_ABSENT_SECONDS = env_float("LLMGW_AGENT_ABSENT_SECONDS", 30.0, minimum=0.0)
+# How long a replacement must stay ready before its old replica is stopped (as Kubernetes'
+# minReadySeconds); a restart may ask for another (settle_seconds).
+LLMGW_RESTART_SETTLE_SECONDS = env_float("LLMGW_RESTART_SETTLE_SECONDS", 10.0, minimum=0.0)
+# The reconciler (operations/services/reconcile.py): how often the workers compare the catalog with
+# what each node's agent runs, and how many agents it asks at once (each within
+# LLMGW_AGENT_TIMEOUT_SECONDS).
+LLMGW_RECONCILE_SECONDS = env_float("LLMGW_RECONCILE_SECONDS", 30.0, minimum=0.5)
+LLMGW_RECONCILE_PARALLEL = env_int("LLMGW_RECONCILE_PARALLEL", 16, minimum=1)
 # A worker holds its operation only while its heartbeat is fresh; the heartbeat beats from its own
 # thread, but a takeover while an agent call is still in flight would let two workers act on one
 # step's replica, so the stale threshold must be above the longest agent call a worker makes.
@@ -283,3 +296,17 @@ LLMGW_AUDIT_CHECKPOINT_FILE = env_str("LLMGW_AUDIT_CHECKPOINT_FILE") or str(
     VAR_DIR / "audit-checkpoints.jsonl"
 )
 LLMGW_AUDIT_CHECKPOINT_SECONDS = env_float("LLMGW_AUDIT_CHECKPOINT_SECONDS", 300.0, minimum=1.0)
+
+# Card telemetry (telemetry/): how long a card's samples are kept, and how old its latest reading
+# may be and still count (a foreign process seen longer ago than that no longer keeps placement off).
+# How often the worker samples every node's cards (telemetry/tasks.py); 0: it does not.
+LLMGW_TELEMETRY_SECONDS = env_float("LLMGW_TELEMETRY_SECONDS", 15.0, minimum=0.0)
+LLMGW_TELEMETRY_HISTORY_SECONDS = env_float("LLMGW_TELEMETRY_HISTORY_SECONDS", 3600.0, minimum=60.0)
+LLMGW_TELEMETRY_STALE_SECONDS = env_float("LLMGW_TELEMETRY_STALE_SECONDS", 300.0, minimum=5.0)
+# /metrics (telemetry/views.py): off unless a token is set; Prometheus sends it as its bearer token.
+LLMGW_METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN") or ""
+if LLMGW_METRICS_TOKEN and len(LLMGW_METRICS_TOKEN) < 32:
+    raise ImproperlyConfigured(
+        "LLMGW_METRICS_TOKEN is too short: give at least 32 characters (python -c "
+        "'import secrets; print(secrets.token_urlsafe(32))')."
+    )

@@ -4,9 +4,11 @@ from django.contrib import admin
 from django.urls import include, path
 
 from llmgw_web.api_docs import SchemaView, SwaggerView
+from telemetry.views import metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("metrics", metrics, name="metrics"),  # Prometheus' default path
     path("api/schema/", SchemaView.as_view(), name="schema"),
     path("api/docs/", SwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include("audit.api.urls")),

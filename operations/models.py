@@ -13,7 +13,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.models import Via
-from catalog.models import Profile, Replica, ServedModel
+from catalog.models import Node, Profile, Replica, ServedModel
 
 
 class RestartOperation(models.Model):
@@ -38,6 +38,16 @@ class RestartOperation(models.Model):
     )
     max_parallel = models.PositiveSmallIntegerField(default=1, help_text="Steps run at once.")
     ready_timeout = models.FloatField(default=600, help_text="Seconds a replacement has to become ready.")
+    settle_seconds = models.FloatField(
+        default=0,
+        help_text="Seconds a replacement must stay ready before its old replica is stopped "
+        "(as Kubernetes' minReadySeconds).",
+    )
+    stop_at_first_failure = models.BooleanField(
+        default=False,
+        help_text="Start no new step once one failed. By default the other replicas are still restarted: "
+        "a fault on one node should not leave the rest of the model on the old revision.",
+    )
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -67,6 +77,9 @@ class RestartOperation(models.Model):
     worker = models.CharField(max_length=200, blank=True, default="", help_text="The worker holding it.")
     attempts = models.PositiveSmallIntegerField(default=0, help_text="Times a worker claimed it.")
     cancel_requested = models.BooleanField(default=False)
+    serving_after = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Replicas of the model ready when it ended."
+    )
     task_id = models.CharField(
         max_length=64, blank=True, default="", help_text="The latest task enqueued for it."
     )
@@ -85,6 +98,7 @@ class RestartOperation(models.Model):
             ),
             models.CheckConstraint(condition=Q(max_parallel__gte=1), name="restart_max_parallel_positive"),
             models.CheckConstraint(condition=Q(ready_timeout__gt=0), name="restart_ready_timeout_positive"),
+            models.CheckConstraint(condition=Q(settle_seconds__gte=0), name="restart_settle_not_negative"),
             # One restart of a model at a time, whoever asks and however.
             models.UniqueConstraint(
                 fields=["model"],
@@ -101,11 +115,59 @@ class RestartOperation(models.Model):
         return self.state in self.ACTIVE_STATES
 
     @property
+    def abandoned_seconds(self) -> float | None:
+        """How long no worker has held it, when none does: running with a heartbeat older than
+        LLMGW_OPERATION_STALE_SECONDS, or queued for longer than that; None otherwise."""
+        if not self.is_active:
+            return None
+        since = self.heartbeat_at if self.state == self.State.RUNNING else self.created_at
+        if since is None:
+            since = self.started_at or self.created_at
+        idle = (timezone.now() - since).total_seconds()
+        return idle if idle > settings.LLMGW_OPERATION_STALE_SECONDS else None
+
+    @property
+    def abandoned_text(self) -> str:
+        """ "abandoned: no worker has it" with how long, or "" while a worker holds it."""
+        idle = self.abandoned_seconds
+        if idle is None:
+            return ""
+        return (
+            f"abandoned: no worker has it ({'no heartbeat' if self.state == self.State.RUNNING else 'queued'} "
+            f"for {_duration(idle)}): start a worker (python manage.py db_worker), which takes it over"
+        )
+
+    @property
     def mode(self) -> str:
         """In the operators' words: how replicas are replaced."""
         if self.in_place:
             return "in place"
         return "rolling" if self.in_place is False else "rolling where there is room, else in place"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+class AgentContact(models.Model):
+    """When a node's agent last answered the reconciler (``Node.last_seen_at`` reads it).
+
+    A reading, not a change: written on every pass without an audit entry, so it is kept apart from
+    the catalog's tables, whose every row change the database records and the audit log must explain.
+    """
+
+    node = models.OneToOneField(
+        Node, on_delete=models.CASCADE, primary_key=True, related_name="agent_contact"
+    )
+    last_seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.node.name}: last seen {self.last_seen_at:%Y-%m-%d %H:%M:%S}"
 
 
 class RestartStep(models.Model):

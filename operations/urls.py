@@ -6,6 +6,10 @@ from operations import views
 
 urlpatterns = [
     path("models/<str:name>/restart/", views.model_restart, name="model-restart"),
+    path("nodes/<str:name>/cordon/", views.node_cordon, name="node-cordon"),
+    path("nodes/<str:name>/uncordon/", views.node_uncordon, name="node-uncordon"),
+    path("nodes/<str:name>/drain/", views.node_drain, name="node-drain"),
+    path("replicas/<str:name>/move/", views.replica_move, name="replica-move"),
     path("operations/", views.operation_list, name="operation-list"),
     path("operations/<int:pk>/", views.operation_detail, name="operation-detail"),
     path("operations/<int:pk>/cancel/", views.operation_cancel, name="operation-cancel"),

@@ -9,11 +9,12 @@ out of band.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count, Q
+from django.db.models import Count, Max, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -23,8 +24,9 @@ from access.rules import requires
 from audit.selectors import operation_q
 from audit.views import history_context
 from catalog.errors import DomainError
-from catalog.models import ServedModel
+from catalog.models import Node, Profile, Replica, ServedModel
 from catalog.views.common import (
+    RESIZE,
     RESTART,
     VIEW_OPERATION,
     redirect_or_location,
@@ -33,6 +35,7 @@ from catalog.views.common import (
 )
 from operations.models import RestartOperation, RestartStep
 from operations.selectors import operations_with_steps
+from operations.services import drain
 from operations.services.start import operation_cancel as cancel_operation
 from operations.services.start import restart_start
 
@@ -52,6 +55,18 @@ def operation_of(change: Any) -> RestartOperation | None:
     return RestartOperation.objects.filter(pk=operation).first()
 
 
+def rollback_to(operation: RestartOperation) -> int | None:
+    """After a restart that failed: the revision the profile's live replicas still run, when the
+    profile has moved past it (what a rollback would go back to); else None."""
+    if operation.state not in (RestartOperation.State.FAILED, RestartOperation.State.PARTLY_FAILED):
+        return None
+    profile = Profile.objects.get(pk=operation.profile_id)
+    older = Replica.objects.filter(
+        profile=profile, state__in=Replica.LIVE_STATES, revision__lt=profile.revision
+    ).aggregate(revision=Max("revision"))["revision"]
+    return int(older) if older is not None else None
+
+
 def progress_context(request: HttpRequest, operation: RestartOperation, **extra: Any) -> dict[str, Any]:
     steps = list(operation.steps.all())
     done = sum(s.state == RestartStep.State.SUCCEEDED for s in steps)
@@ -63,6 +78,8 @@ def progress_context(request: HttpRequest, operation: RestartOperation, **extra:
         "steps_failed": failed,
         "steps_finished": sum(s.is_finished for s in steps),
         "can_restart": request.user.has_perm(RESTART),
+        "rollback_to": rollback_to(operation),
+        "can_rollback": request.user.has_perm(RESIZE) and not operation.model.declared,
         # Out-of-band updates only ride along a fragment, never a whole page.
         "fragment": wants_partial(request),
         **extra,
@@ -146,3 +163,59 @@ def model_restart(request: HttpRequest, name: str) -> HttpResponse:
     else:
         messages.success(request, f"Restart #{operation.pk} of {model.name} started.")
     return redirect_or_location(request, reverse("model-detail", args=[model.name]) + "#restart")
+
+
+# -- taking a node out of service, moving a replica (operations/services/drain.py) ----------------
+
+
+def _node_change(request: HttpRequest, name: str, change: Any, done: Callable[[Any], str]) -> HttpResponse:
+    get_object_or_404(Node, name=name)
+    try:
+        result = change(node_name=name)
+    except DomainError as err:
+        messages.error(request, err.message)
+    else:
+        messages.success(request, done(result))
+    return redirect_or_location(request, reverse("node-detail", args=[name]))
+
+
+def _drained(operations: list[RestartOperation]) -> str:
+    if not operations:
+        return "Cordoned; nothing runs on it, so nothing was moved."
+    started = ", ".join(f"#{op.pk} ({op.model.name})" for op in operations)
+    return f"Cordoned, and moving its replicas to other nodes: restart{'s' if len(operations) > 1 else ''} {started}."
+
+
+@requires(RESTART)
+@require_POST
+def node_cordon(request: HttpRequest, name: str) -> HttpResponse:
+    return _node_change(
+        request, name, drain.node_cordon, lambda n: f"{n.name} is cordoned: no new placements."
+    )
+
+
+@requires(RESTART)
+@require_POST
+def node_uncordon(request: HttpRequest, name: str) -> HttpResponse:
+    return _node_change(request, name, drain.node_uncordon, lambda n: f"{n.name} takes placements again.")
+
+
+@requires(RESTART)
+@require_POST
+def node_drain(request: HttpRequest, name: str) -> HttpResponse:
+    return _node_change(request, name, drain.node_drain, _drained)
+
+
+@requires(RESTART)
+@require_POST
+def replica_move(request: HttpRequest, name: str) -> HttpResponse:
+    replica = get_object_or_404(Replica.objects.select_related("profile__model"), name=name)
+    try:
+        operation = drain.replica_move(replica_name=name)
+    except DomainError as err:
+        messages.error(request, err.message)
+        return redirect_or_location(request, reverse("replica-detail", args=[name]))
+    messages.success(request, f"Moving {name} to another node: restart #{operation.pk}.")
+    return redirect_or_location(
+        request, reverse("model-detail", args=[replica.profile.model.name]) + "#restart"
+    )

@@ -21,11 +21,14 @@ from typing import Any
 
 import httpx
 from agent_testing import (
+    AGENT_DIR,
     REPO_ROOT,
     RunningAgent,
     TransportError,
+    request,
     running_agent,
     standin_command,
+    standin_gpus,
     wait_until,
 )
 from django.conf import settings
@@ -64,6 +67,7 @@ class Fleet:
     model: ServedModel
     profile: Profile
     replicas: list[Replica] = field(default_factory=list)
+    gpu_dirs: dict[str, Path] = field(default_factory=dict)  # each node's stand-in nvidia-smi state
 
     def agent_of(self, replica: Replica) -> RunningAgent:
         shard = Shard.objects.select_related("card__node").filter(replica=replica).first()
@@ -130,10 +134,14 @@ def fleet_of(
     env: dict[str, str] | None = None,
     load_seconds: float = 0.5,
     policy_file: Path | None = None,
+    gpus: bool = False,
 ) -> Iterator[Fleet]:
     """Real agents, one per node, each with ``cards`` cards and the stand-in for vLLM;
-    the nodes, a model and its one-card vLLM profile in the catalog."""
+    the nodes, a model and its one-card vLLM profile in the catalog. With ``gpus``, each agent
+    reads its cards' telemetry from the stand-in nvidia-smi (``Fleet.gpu_dirs``)."""
     card_list = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(cards)]
+    gpu_dirs = {name: tmp_path / f"{name}-gpus" for name in nodes} if gpus else {}
+    agent_env = {name: standin_gpus(gpu_dirs[name], card_list) for name in gpu_dirs}
     with contextlib.ExitStack() as stack:
         agents = {
             name: stack.enter_context(
@@ -145,6 +153,7 @@ def fleet_of(
                     stop_grace_seconds=2,
                     ready_poll_seconds=0.1,
                     policy_file=policy_file,
+                    env=agent_env.get(name),
                 )
             )
             for name in nodes
@@ -166,7 +175,7 @@ def fleet_of(
                     env={"STANDIN_LOAD_SECONDS": str(load_seconds), **(env or {})},
                 )
             )
-        yield Fleet(agents=agents, nodes=recorded, model=model, profile=profile)
+        yield Fleet(agents=agents, nodes=recorded, model=model, profile=profile, gpu_dirs=gpu_dirs)
 
 
 @contextlib.contextmanager
@@ -207,6 +216,86 @@ def answers(port: int, model: str = MODEL) -> bool:
     return any(entry.get("id") == model for entry in body.get("data", []))
 
 
+def kill_agent(agent: RunningAgent) -> None:
+    """SIGKILL the agent process alone, as a crash would: its engines (process groups of their own) run on."""
+    if agent.process.poll() is None:
+        agent.process.kill()
+    agent.process.wait(timeout=10)
+
+
+def respawn_agent(agent: RunningAgent) -> None:
+    """Start the agent again on its configuration (same port, token and records): it adopts the engines
+    still running, as after a restart or an upgrade."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LLMGW_")}
+    env["PYTHONPATH"] = str(AGENT_DIR)
+    command = [
+        sys.executable,
+        "-m",
+        "llmgw_agent",
+        "--config",
+        str(agent.config_path),
+        "--stop-children-on-exit",
+    ]
+    with agent.output_path.open("ab") as output:
+        agent.process = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT
+        )
+
+    def healthy() -> bool:
+        if agent.process.poll() is not None:
+            raise RuntimeError(f"the agent exited with {agent.process.returncode}:\n{agent.output()}")
+        try:
+            return request("GET", f"{agent.base_url}/healthz", timeout=1).status_code == 200
+        except TransportError:
+            return False
+
+    wait_until(healthy, timeout=30, what=f"agent {agent.node} to answer again")
+
+
+def engines_on(agent: RunningAgent) -> dict[str, dict[str, Any]]:
+    """What the agent runs: its live replicas (starting, loading, ready) by id."""
+    with agent.client(timeout=10) as http:
+        listed = http.get("/v1/replicas").json()
+    for state in listed:
+        if state.get("pid"):
+            agent.known_pids.add(state["pid"])
+    return {r["id"]: r for r in listed if r["state"] in Replica.LIVE_STATES}
+
+
+def catalog_differences(fleet: Fleet) -> list[str]:
+    """Where the catalog and the agents disagree: an engine running that the catalog does not hold (or
+    holds on other cards), a replica the catalog holds that no agent runs, a replica ready on one side
+    only, a card two engines use. Empty when they agree."""
+    found = []
+    for name, agent in fleet.agents.items():
+        running = engines_on(agent)
+        held = {
+            r.name: r
+            for r in Replica.objects.filter(state__in=Replica.HOLDING_STATES, shards__card__node__name=name)
+            .distinct()
+            .prefetch_related("shards__card")
+        }
+        for rid in sorted(set(running) - set(held)):
+            found.append(f"{name}: {rid} runs ({running[rid]['state']}) but the catalog does not hold it")
+        for rid in sorted(set(held) - set(running)):
+            found.append(f"{name}: the catalog holds {rid} ({held[rid].state}) but the agent does not run it")
+        for rid in sorted(set(held) & set(running)):
+            cards = sorted(s.card.index for s in held[rid].shards.all())
+            if cards != sorted(running[rid]["cards"]):
+                found.append(f"{name}: {rid} runs on cards {running[rid]['cards']}, the catalog says {cards}")
+            if (held[rid].state == "ready") != (running[rid]["state"] == "ready"):
+                found.append(f"{name}: {rid} is {running[rid]['state']}, the catalog says {held[rid].state}")
+        used = [c for r in running.values() for c in r["cards"]]
+        if len(used) != len(set(used)):
+            found.append(f"{name}: a card is used by two engines: {sorted(used)}")
+    return found
+
+
+def assert_catalog_is_what_agents_run(fleet: Fleet) -> None:
+    differences = catalog_differences(fleet)
+    assert not differences, differences
+
+
 def assert_nothing_half_done() -> None:
     """No replica left starting or loading, no card held by a replica that is not live."""
     assert not Replica.objects.filter(state__in=["starting", "loading"]).exists(), list(
@@ -229,6 +318,10 @@ WORKER_ENV = {
     "LLMGW_AGENT_TIMEOUT_SECONDS": "3",
     "LLMGW_AGENT_WAIT_SECONDS": "1",
     "LLMGW_AGENT_STOP_SECONDS": "4",
+    # An agent away for longer than this fails the step (an agent restarted in 6 s is waited for).
+    "LLMGW_AGENT_ABSENT_SECONDS": "12",
+    "LLMGW_RESTART_SETTLE_SECONDS": "0.3",
+    "LLMGW_RECONCILE_SECONDS": "2",
 }
 
 

@@ -56,6 +56,22 @@ PAGES_AND_API: dict[str, dict[str, frozenset[str]]] = {
     "model-context": {"POST": OPERATE},
     "model-restart": {"POST": OPERATE},
     "replica-detail": {"GET": READ},
+    "replica-log": {"GET": READ},
+    "replica-move": {"POST": OPERATE},
+    "node-cordon": {"POST": OPERATE},
+    "node-uncordon": {"POST": OPERATE},
+    "node-drain": {"POST": OPERATE},
+    "profile-revisions": {"GET": READ},
+    "profile-rollback": {"POST": OPERATE},
+    "api-node-cordon": {"POST": OPERATE},
+    "api-node-uncordon": {"POST": OPERATE},
+    "api-node-drain": {"POST": OPERATE},
+    "api-replica-move": {"POST": OPERATE},
+    "api-model-rollback": {"POST": OPERATE},
+    "api-profile-revisions": {"GET": READ},
+    "audit:outside_list": {"GET": AUDIT},
+    # Prometheus is no user: the view checks its own bearer token (off, 404, unless one is set).
+    "metrics": {"GET": EVERYONE},
     "node-list": {"GET": READ},
     "node-detail": {"GET": READ},
     "operation-list": {"GET": READ},
@@ -262,6 +278,8 @@ def url_of(case: Case, world: dict[str, Any]) -> str:
             return "nowhere/"
         if name == "kind":
             return "csv"
+        if name == "profile":
+            return world["objects"]["catalog.profile"].name
         if name == "object_id" and admin is not None:
             meta = admin.model._meta
             obj = world["objects"][f"{meta.app_label}.{meta.model_name}"]

@@ -339,6 +339,11 @@ def test_the_replicas_table_changes_with_the_restart_card(page, tmp_path, fast_r
 
         assert run_operation(op.pk) == "succeeded"  # the worker's part, while the page polls
         page.locator(f"#operation-{op.pk}:not([hx-trigger])").wait_for()
+        # The table follows the card: after its last poll, llama-1 is folded away among the stopped
+        # (a poll during the run may show both ready for a moment, before the old one stops).
+        page.locator(
+            "#replicas details.stopped-replicas tr.replica.state-stopped", has_text=f"{MODEL}-1"
+        ).wait_for(state="attached")
         page.locator("#replicas tr.replica.state-ready", has_text=f"{MODEL}-2").wait_for()
         assert page.evaluate(MARKER) == "still here"  # swapped in, not reloaded
         ready = table.locator("tr.replica.state-ready")
@@ -387,3 +392,178 @@ def test_the_page_says_its_refusals_in_its_own_words(page, demo):
     text = refusal.inner_text()
     # The API's field name is not the page's: its checkbox says "In place".
     assert "in_place" not in text and "Restarting in place stops each replica" in text
+
+
+def test_the_nodes_grid_shows_each_cards_memory_used_beside_the_plan_and_marks_a_foreign_process(
+    page, tmp_path, fast_restarts, shots
+):
+    """Real agents read the stand-in nvidia-smi (as they read nvidia-smi on a GPU node); the
+    control plane samples them; the grid draws used against planned and marks the foreign card."""
+    from agent_testing import foreign_process
+
+    from telemetry.services import fleet_sample
+    from tests.restart_support import fleet_of
+
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4, gpus=True) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.start("llama-2", "gpu-b", [1])
+        with foreign_process(fleet.gpu_dirs["gpu-b"], [3], used_mib=20480):
+            assert fleet_sample() == {"gpu-a": True, "gpu-b": True}
+            b.user("viewer", password=PASSWORD)
+            sign_in(page, "viewer")
+            page.goto("/nodes/")
+            held = page.locator(".card.held")
+            assert held.count() == 2
+            for i in range(2):
+                line = held.nth(i).locator(".use").inner_text()
+                assert line.startswith("used 71.7 of 79.6 GiB · planned ") and "%" in line and "°C" in line
+                assert held.nth(i).locator(".usebar .used").is_visible()
+                assert held.nth(i).locator(".usebar .planned").count() == 1
+            foreign = page.locator(".card.foreign")
+            assert foreign.count() == 1
+            assert "foreign process: 20.0 GiB" in foreign.inner_text()
+            assert "card 3" in foreign.inner_text().lower()  # shown in capitals by the style sheet
+            assert page.locator(".node-head .seen").first.inner_text().startswith("agent seen ")
+            page.screenshot(path=shots / "nodes-telemetry.png", full_page=True)
+
+
+def test_draining_a_node_moves_its_replicas_and_leaves_it_empty_and_cordoned(
+    page, tmp_path, fast_restarts, shots
+):
+    """Real agents: the operator drains gpu-a from its page; the drain's restart moves both its
+    replicas to gpu-b, rolling, and gpu-a is left cordoned with nothing on it; uncordon reopens it."""
+    from operations.services.runner import run_operation
+    from tests.restart_support import fleet_of
+
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.start("llama-2", "gpu-a", [1])
+        operator()
+        sign_in(page, "operator")
+        page.goto("/nodes/gpu-a/")
+        page.get_by_role("button", name="Drain gpu-a").click()
+        page.locator(".message.success").wait_for()
+        assert (
+            "Cordoned, and moving its replicas to other nodes"
+            in page.locator(".message.success").inner_text()
+        )
+        op = RestartOperation.objects.get()
+        assert op.cause == "drain of gpu-a: llama-1, llama-2" and op.in_place is False
+        assert page.locator(f"#operation-{op.pk}").is_visible()  # the drain's progress, on the node's page
+        assert "Cordoned: no new replica is placed on gpu-a" in page.locator("main").inner_text()
+
+        assert run_operation(op.pk) == "succeeded"
+        page.locator(f"#operation-{op.pk}:not([hx-trigger])").wait_for()
+        page.reload()
+        assert "No replica holds a card on this node." in page.locator("main").inner_text()
+        assert page.locator(".page-head .badge.state-cordoned").inner_text() == "Cordoned"
+        moved = Replica.objects.filter(state="ready")
+        assert sorted(moved.values_list("shards__card__node__name", flat=True)) == ["gpu-b", "gpu-b"]
+        assert fleet.ready_on_agents() == {"gpu-a": 0, "gpu-b": 2}
+        assert AuditEntry.objects.filter(action="cordon", object_key="gpu-a", via="ui").count() == 1
+        page.screenshot(path=shots / "node-drained.png", full_page=True)
+
+        page.get_by_role("button", name="Uncordon gpu-a").click()
+        page.locator(".message.success").wait_for()
+        assert page.locator(".page-head .badge.state-ready").count() == 1
+
+
+def test_a_replicas_page_shows_its_engine_log_live_while_it_starts_with_secrets_redacted(
+    page, tmp_path, fast_restarts
+):
+    from operations.services.specs import replica_spec
+    from tests.restart_support import fleet_of
+
+    secret = "hf_" + "t" * 32  # the stand-in logs its Hub token, as a careless engine would
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, env={"HF_TOKEN": secret}, load_seconds=4) as fleet:
+        replica = b.replica(
+            fleet.profile,
+            fleet.nodes["gpu-a"],
+            [0],
+            name="llama-1",
+            port=fast_restarts.LLMGW_REPLICA_PORT_BASE,
+        )
+        Replica.objects.filter(pk=replica.pk).update(state="starting")
+        spec = replica_spec(
+            Profile.objects.select_related("model").get(pk=fleet.profile.pk), port=replica.port, cards=[0]
+        )
+        with fleet.agents["gpu-a"].client() as http:
+            assert http.put("/v1/replicas/llama-1", json=spec).status_code == 201
+        b.user("viewer", "catalog.view_servedmodel", password=PASSWORD)
+        sign_in(page, "viewer")
+        page.goto("/replicas/llama-1/")
+        live = page.locator("#replica-log[data-polling]")
+        live.wait_for()
+        assert "live while it loading" in live.inner_text() or "live while it starting" in live.inner_text()
+        done = page.locator("#replica-log:not([data-polling]) pre.log")
+        done.wait_for(timeout=20_000)  # it stops polling once the agent says it is ready
+        text = done.inner_text()
+        assert "listening on" in text and "with token ***" in text
+        assert secret not in page.content()
+
+
+def test_a_resize_whose_restart_failed_is_rolled_back_from_its_page(page, tmp_path, fast_restarts, shots):
+    """A resize saved at revision 2 whose restart failed: its page says how to roll back, and the button
+    does it: the profile at its old settings as revision 3, the replicas current, both in the audit log."""
+    from catalog.models import Node
+    from operations.services.runner import run_operation
+    from tests.restart_support import MODEL, fleet_of
+
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2) as fleet:
+        fleet.start(f"{MODEL}-1", "gpu-a", [0])
+        # The node's record lists two cards more than its agent has: a replica placed on them fails to start.
+        node = Node.objects.get(name="gpu-a")
+        for index in (2, 3):
+            Card.objects.create(node=node, index=index, gpu_class=fleet.profile.gpu_class)
+        operator()
+        sign_in(page, "operator")
+        page.goto(f"/models/{MODEL}/")
+        page.get_by_label("Cards per replica").fill("2")
+        page.locator("#resize-preview .preview.ok").wait_for()
+        page.get_by_role("button", name="Apply: 2 cards").click()
+        page.locator(".message.success").wait_for()
+        resize = RestartOperation.objects.get(model__name=MODEL)
+        assert run_operation(resize.pk) == "failed"  # the worker's part: the agent has no card 2
+        assert Profile.objects.get(pk=fleet.profile.pk).revision == 2
+
+        page.goto(f"/operations/{resize.pk}/")
+        note = page.locator(".rollback")
+        assert "its replicas still run revision 1" in note.inner_text()
+        page.screenshot(path=shots / "restart-failed-rollback.png", full_page=True)
+        note.get_by_role("button", name="Roll back h100 to revision 1").click()
+        page.locator(".message.success").wait_for()
+        assert "is at revision 3, with revision 1's settings" in page.locator(".message.success").inner_text()
+        rollback = RestartOperation.objects.exclude(pk=resize.pk).get(model__name=MODEL)
+        assert page.url.endswith(f"/operations/{rollback.pk}/")
+        assert run_operation(rollback.pk) == "succeeded"
+        page.locator(f"#operation-{rollback.pk}:not([hx-trigger])").wait_for()
+
+        profile = Profile.objects.get(pk=fleet.profile.pk)
+        assert (profile.revision, profile.gpus_per_node, profile.tp) == (3, 1, 1)
+        live = Replica.objects.filter(profile=profile, state__in=Replica.LIVE_STATES)
+        assert [r.revision for r in live] == [3]  # current
+        assert AuditEntry.objects.filter(action="resize", via="ui", actor="operator").count() == 1
+        entry = AuditEntry.objects.get(action="rollback", via="ui", actor="operator")
+        assert (entry.before["tp"], entry.after["tp"], entry.after["revision"]) == (2, 1, 3)
+
+
+def test_an_operator_moves_a_replica_from_its_page_to_another_node(page, tmp_path, fast_restarts):
+    from operations.services.runner import run_operation
+    from tests.restart_support import fleet_of
+
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        operator()
+        sign_in(page, "operator")
+        page.goto("/replicas/llama-1/")
+        page.get_by_role("button", name="Move llama-1 to another node").click()
+        page.locator(".message.success").wait_for()
+        op = RestartOperation.objects.get()
+        assert op.cause == "move of llama-1 off gpu-a"
+        assert run_operation(op.pk) == "succeeded"
+        page.locator(f"#operation-{op.pk}:not([hx-trigger])").wait_for()
+        # The table follows the card: once it has ended, llama-1 is folded away among the stopped.
+        page.locator(
+            "#replicas details.stopped-replicas tr.replica.state-stopped", has_text="llama-1"
+        ).wait_for(state="attached")
+        assert "gpu-b" in page.locator("#replicas tr.replica.state-ready", has_text="llama-2").inner_text()

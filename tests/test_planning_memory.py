@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from catalog.planning.engines import engine
-from catalog.planning.memory import card_memory, kv_cache_bytes
+from catalog.planning.memory import card_memory, kv_cache_bytes, kv_per_card
 from catalog.planning.types import Shape
 
 GIB = 2**30
@@ -254,6 +254,32 @@ def test_a_smaller_batch_shrinks_what_a_sliding_layer_keeps():
     assert memory.kv == 2048 * (12 * 32768 + 12 * 2192)
 
 
+@pytest.mark.parametrize(
+    ("full", "sliding", "slots"),
+    [
+        (12, 12, (12, 12)),  # gpt-oss-20b: one group of each, nothing padded
+        (4, 22, (4, 24)),  # gemma-3-1b: groups of 4, 2 padding sliding layers
+        (10, 52, (10, 60)),  # gemma-3-27b: groups of 10, 8 padding
+        (13, 12, (13, 13)),  # below 1.5 x the smaller: groups of the larger count
+    ],
+)
+def test_vllm_groups_a_hybrid_models_layers_and_pads_the_last_group(full, sliding, slots):
+    # vllm/v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size:
+    # the padding layers hold cache like the real ones.
+    shape = Shape(
+        layers=full + sliding,
+        kv_heads=1,
+        kv_bytes_per_token=1024 * (full + sliding),
+        sliding_window=128,
+        sliding_layers=sliding,
+    )
+    vllm = kv_per_card(engine("vllm"), shape, 1, 32768, batch=2048)
+    assert vllm is not None and vllm[0] == 1024 * (slots[0] * 32768 + slots[1] * 2192)
+    # SGLang keeps sliding layers whole and groups nothing
+    sglang = kv_per_card(engine("sglang"), shape, 1, 32768)
+    assert sglang is not None and sglang[0] == 1024 * (full + sliding) * 32768
+
+
 def test_an_fp8_cache_takes_half():
     fp8 = card_memory(engine("vllm"), LLAMA, 1, 8192, None, args=("--kv-cache-dtype", "fp8"))
     assert fp8.kv == GIB // 2
@@ -291,6 +317,20 @@ def test_a_long_batch_makes_the_forward_pass_the_peak():
     (act,) = [t for t in memory.terms if t.name == "activation"]
     assert act.bytes == 20000 * 2 * (3 * 14336 + 3 * 4096)
     assert act.how.startswith("forward pass")
+
+
+def test_at_tp_above_one_the_forward_pass_holds_the_all_reduce_output_too():
+    # vLLM's CudaCommunicator.all_reduce returns a new tensor, so each
+    # row-parallel layer's partial output and its sum are alive together:
+    # one more hidden-sized copy a batch token at TP > 1, none at TP 1.
+    args = ("--max-num-batched-tokens", "20000")
+    tp1 = card_memory(engine("vllm"), LLAMA, 1, 20000, None, args=args)
+    tp2 = card_memory(engine("vllm"), LLAMA, 2, 20000, None, args=args)
+    (act1,) = [t for t in tp1.terms if t.name == "activation"]
+    (act2,) = [t for t in tp2.terms if t.name == "activation"]
+    assert act1.bytes == 20000 * 2 * (3 * 14336 + 3 * 4096)
+    assert act2.bytes == 20000 * 2 * (3 * 14336 // 2 + 4 * 4096)
+    assert "4 x 4096" in act2.how
 
 
 def test_enforce_eager_drops_the_cuda_graphs():

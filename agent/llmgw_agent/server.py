@@ -27,6 +27,7 @@ from .config import AgentConfig
 from .record import FAILED, LOADING, READY, STARTING, STOPPED
 from .spec import AgentError, check_replica_id
 from .supervisor import MAX_WAIT_SECONDS, Supervisor
+from .telemetry import Telemetry
 
 ALL_STATES = frozenset({STARTING, LOADING, READY, FAILED, STOPPED})
 
@@ -48,6 +49,7 @@ class AgentServer(ThreadingHTTPServer):
         self.config = config
         self.supervisor = supervisor
         self.cards_source = cards_source
+        self.telemetry = Telemetry(supervisor.cards, supervisor.process_groups)
         self._token = config.token.encode("utf-8")
         # A rotated-out token, accepted until its deadline (time.monotonic()).
         self._previous: tuple[bytes, float] | None = None
@@ -194,12 +196,19 @@ class AgentHandler(BaseHTTPRequestHandler):
                 "cards_source": self.server.cards_source,
                 "policy": supervisor.policy.digest,
             }
+        if path == "/v1/telemetry":
+            self._allow(method, "GET")
+            return 200, {"node": self.server.config.node, **self.server.telemetry.sample()}
         if path == "/v1/token":
             self._allow(method, "POST")
             return 200, self.server.rotate(self._json_body())
         if path in ("/v1/replicas", "/v1/replicas/"):
             self._allow(method, "GET")
             return 200, supervisor.all_replicas()
+        if path.startswith(REPLICAS_PREFIX) and path.endswith("/log") and path.count("/") == 4:
+            replica_id = unquote(path[len(REPLICAS_PREFIX) : -len("/log")])
+            self._allow(method, "GET")
+            return 200, supervisor.log(replica_id, _lines(query))
         if path.startswith(REPLICAS_PREFIX) and "/" not in path[len(REPLICAS_PREFIX) :]:
             replica_id = unquote(path[len(REPLICAS_PREFIX) :])
             self._allow(method, "GET", "PUT", "DELETE")
@@ -288,6 +297,16 @@ def _wait(query: dict[str, list[str]]) -> tuple[float, str | None]:
             f"state must be the state last seen, one of {', '.join(sorted(ALL_STATES))}; got {state[:40]!r}.",
         )
     return wait, state
+
+
+def _lines(query: dict[str, list[str]]) -> int:
+    """``?lines=N``: how many of the log's last lines, 1 to 500 (default 200)."""
+    raw = query.get("lines", ["200"])[-1]
+    if not raw.isdigit() or not 1 <= int(raw) <= 500:
+        raise AgentError(
+            400, "invalid_lines", f"lines must be a whole number from 1 to 500, got {raw[:40]!r}."
+        )
+    return int(raw)
 
 
 def _grace(query: dict[str, list[str]]) -> float | None:

@@ -82,7 +82,7 @@ class NodeViewSet(ServiceViewSet):
     """
 
     required_permission: Rule = model_permissions(Node)
-    queryset = Node.objects.prefetch_related(_cards)
+    queryset = Node.objects.select_related("agent_contact").prefetch_related(_cards)
     serializer_class = s.NodeSerializer
     filterset_fields = ["state", "name"]
     lookup_field = "name"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from urllib.parse import urlsplit
 
 from django.core.validators import RegexValidator
@@ -63,6 +64,17 @@ class Node(models.Model):
     agent_url = models.URLField(help_text="Base URL of the node agent, e.g. http://10.0.0.5:9101")
     agent_token = models.CharField(max_length=200, help_text="Bearer token the node agent expects.")
     state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
+    # What the reconciler (operations/services/reconcile.py) last learnt from the node's agent: the
+    # operator's state above says whether the node may be used, these whether its agent answers.
+    reachable = models.BooleanField(
+        default=True, help_text="Whether its agent answered the last time it was asked."
+    )
+    unreachable_reason = models.TextField(blank=True, default="", help_text="Why its agent did not answer.")
+    orphans = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Engines its agent runs that the catalog does not hold, for an operator to adopt or stop.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -74,6 +86,13 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def last_seen_at(self) -> datetime | None:
+        """When its agent last answered the reconciler (``operations.models.AgentContact``: a reading
+        written every pass, kept out of the catalog, whose every row change is audited)."""
+        contact = getattr(self, "agent_contact", None)
+        return contact.last_seen_at if contact is not None else None
 
     @property
     def agent_host(self) -> str:

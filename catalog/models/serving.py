@@ -150,10 +150,17 @@ class Replica(models.Model):
         STARTING = "starting"
         LOADING = "loading"
         READY = "ready"
+        # Asked to stop, and the agent has not confirmed it: it keeps its cards until it does
+        # (the runner and the reconciler ask again).
+        STOPPING = "stopping"
+        # Its node's agent does not answer: it may run or not; it keeps its cards.
+        UNKNOWN = "unknown"
         FAILED = "failed"
         STOPPED = "stopped"
 
     LIVE_STATES = ("starting", "loading", "ready")
+    # States that keep their cards: live ones, and those whose end is not confirmed.
+    HOLDING_STATES = ("starting", "loading", "ready", "stopping", "unknown")
 
     name = models.CharField(max_length=128, unique=True, validators=[name_validator])
     profile = models.ForeignKey(Profile, on_delete=models.PROTECT, related_name="replicas")
@@ -166,6 +173,9 @@ class Replica(models.Model):
     planned_memory = models.JSONField(default=dict, blank=True)
     measured_memory = models.JSONField(default=dict, blank=True)
     measured_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(
+        blank=True, default="", help_text="What was last said of its state (the agent's reason, exit code)."
+    )
 
     class Meta:
         ordering = ["name"]

@@ -37,6 +37,7 @@ class EngineMemory:
     large_card_except: tuple[str, ...] = ()
     activation_ffn: float = 0.0
     activation_hidden: float = 0.0
+    activation_hidden_tp: float = 0.0
     sampler_copies: float = 0.0
     non_torch_gib: float = 0.0
     comm_buffers_gib: float = 0.0
@@ -52,6 +53,12 @@ class EngineMemory:
     # multiple the hidden size is rounded up to) in the expert tensors
     expert_padding: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     sliding: str = "window"
+    # Hybrid models (full and sliding layers): the engine groups each kind's
+    # layers into groups of one size, the smaller kind's count (or the larger
+    # one's when it is below this many times the smaller), and pads the last
+    # group of a kind; the padding layers hold cache like real ones. 0: no
+    # grouping.
+    kv_group_ratio: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -60,12 +67,14 @@ _FLOATS = {
     "large_card_gib": (0.0, 10_000.0),
     "activation_ffn": (0.0, 1_000.0),
     "activation_hidden": (0.0, 1_000.0),
+    "activation_hidden_tp": (0.0, 1_000.0),
     "sampler_copies": (0.0, 1_000.0),
     "non_torch_gib": (0.0, 1024.0),
     "comm_buffers_gib": (0.0, 1024.0),
     "comm_buffers_min_card_gib": (0.0, 10_000.0),
     "cuda_graph_gib": (0.0, 1024.0),
     "runtime_gib": (0.0, 1024.0),
+    "kv_group_ratio": (0.0, 100.0),
 }
 _INTS = {
     "batch_tokens_default": 1,

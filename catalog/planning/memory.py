@@ -129,6 +129,17 @@ def _sliding_tokens(mem: EngineMemory, context: int, window: int, batch: int) ->
     return ceil_div(context, block) * block, f"all {context} (the engine keeps sliding layers whole)"
 
 
+def _grouped_layers(mem: EngineMemory, full: int, sliding: int) -> tuple[int, int, int]:
+    """Full and sliding layer slots once the engine has grouped a hybrid
+    model's layers (engines.toml kv_group_ratio), and the group size."""
+    if not mem.kv_group_ratio or full <= 0 or sliding <= 0:
+        return full, sliding, 0
+    size = min(full, sliding)
+    if max(full, sliding) < size * mem.kv_group_ratio:
+        size = max(full, sliding)
+    return ceil_div(full, size) * size, ceil_div(sliding, size) * size, size
+
+
 def kv_per_card(
     eng: Engine, shape: Shape, n: int, context: int, *, args: Sequence[str] = (), batch: int | None = None
 ) -> tuple[int, str] | None:
@@ -146,8 +157,12 @@ def kv_per_card(
     how = [f"{context} tokens in blocks of {block}"]
     if layers and window is not None and 0 < sliding <= layers:
         kept, said = _sliding_tokens(mem, context, window, batch or context)
-        total = per_token * ((layers - sliding) * full_tokens + sliding * kept) / layers
+        full_slots, sliding_slots, size = _grouped_layers(mem, layers - sliding, sliding)
+        total = per_token * (full_slots * full_tokens + sliding_slots * kept) / layers
         how.append(f"{sliding} of {layers} sliding layers keep {said}")
+        padding = full_slots + sliding_slots - layers
+        if padding:
+            how.append(f"{padding} padding layer{'s' if padding > 1 else ''} to groups of {size}")
     else:
         total = per_token * full_tokens
     if factor != 1.0:
@@ -305,12 +320,15 @@ def overhead_terms(
         seqs = min(max_seqs(eng, args, total, class_name), batch)
         hidden = shape.hidden_size or 0
         ffn = shape.intermediate_size or 0
-        forward = batch * MODEL_DTYPE * (mem.activation_ffn * ffn / tp + mem.activation_hidden * hidden)
+        # At TP > 1 each row-parallel layer's all-reduce writes a new
+        # hidden-sized tensor beside its input (activation_hidden_tp).
+        hidden_copies = mem.activation_hidden + (mem.activation_hidden_tp if tp > 1 else 0.0)
+        forward = batch * MODEL_DTYPE * (mem.activation_ffn * ffn / tp + hidden_copies * hidden)
         sampler = mem.sampler_copies * seqs * (shape.vocab_size or 0) * FP32
         if forward >= sampler:
             how = (
                 f"forward pass of {batch} batch tokens: {batch} x 2 bytes x "
-                f"({mem.activation_ffn:g} x {ffn}/{tp} + {mem.activation_hidden:g} x {hidden})"
+                f"({mem.activation_ffn:g} x {ffn}/{tp} + {hidden_copies:g} x {hidden})"
             )
         else:
             how = f"sampler: {mem.sampler_copies:g} x {seqs} sequences x {shape.vocab_size} vocabulary x 4 bytes"

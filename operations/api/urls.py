@@ -10,5 +10,9 @@ router.register("operations", views.OperationViewSet, basename="api-operation")
 
 urlpatterns = [
     path("models/<str:name>/restart/", views.RestartView.as_view(), name="api-model-restart"),
+    path("nodes/<str:name>/cordon/", views.NodeCordonView.as_view(), name="api-node-cordon"),
+    path("nodes/<str:name>/uncordon/", views.NodeUncordonView.as_view(), name="api-node-uncordon"),
+    path("nodes/<str:name>/drain/", views.NodeDrainView.as_view(), name="api-node-drain"),
+    path("replicas/<str:name>/move/", views.ReplicaMoveView.as_view(), name="api-replica-move"),
     path("", include(router.urls)),
 ]

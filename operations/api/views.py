@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import django_filters
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
@@ -13,9 +15,10 @@ from rest_framework.views import APIView
 from access.rules import Rule
 from catalog.api.inputs import StrictInput, StrictIntegerField, StrictNumberField
 from catalog.api.serializers import ErrorSerializer
-from catalog.models import Profile, Replica, ServedModel
+from catalog.models import Node, Profile, Replica, ServedModel
 from operations.models import RestartOperation, RestartStep
 from operations.selectors import operations_with_steps
+from operations.services import drain
 from operations.services.start import MAX_PARALLEL, MAX_READY_TIMEOUT, operation_cancel, restart_start
 
 
@@ -47,6 +50,22 @@ class RestartInput(StrictInput):
         min_value=1,
         max_value=MAX_READY_TIMEOUT,
         help_text="Seconds a replacement has to become ready before its step fails.",
+    )
+    settle_seconds = StrictNumberField(
+        required=False,
+        default=None,
+        allow_null=True,
+        min_value=0,
+        max_value=MAX_READY_TIMEOUT,
+        help_text="Seconds a replacement must stay ready before its old replica is stopped (as Kubernetes' "
+        "minReadySeconds); one that falls over meanwhile fails its step and the old one keeps serving. "
+        "Default: LLMGW_RESTART_SETTLE_SECONDS.",
+    )
+    stop_at_first_failure = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Start no new step once one failed. Default false: every replica is still tried, so a fault "
+        "on one node does not leave the others on the old revision.",
     )
 
 
@@ -86,6 +105,18 @@ class RestartOperationSerializer(serializers.ModelSerializer):
         source="requested_by_name", read_only=True, help_text="Who asked (the user, or the command's name)."
     )
     mode = serializers.CharField(read_only=True)
+    abandoned = serializers.CharField(
+        source="abandoned_text",
+        read_only=True,
+        help_text='"abandoned: no worker has it (...)" while it is queued or running and no worker holds it; '
+        "empty otherwise.",
+    )
+    abandoned_seconds = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="How long no worker has held it; null while one does."
+    )
+    serving_after = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="Replicas of the model ready when it ended."
+    )
     steps = RestartStepSerializer(many=True, read_only=True)
 
     class Meta:
@@ -99,6 +130,8 @@ class RestartOperationSerializer(serializers.ModelSerializer):
             "in_place",
             "max_parallel",
             "ready_timeout",
+            "settle_seconds",
+            "stop_at_first_failure",
             "requested_by",
             "via",
             "cause",
@@ -111,6 +144,9 @@ class RestartOperationSerializer(serializers.ModelSerializer):
             "worker",
             "attempts",
             "cancel_requested",
+            "abandoned",
+            "abandoned_seconds",
+            "serving_after",
             "steps",
         ]
 
@@ -151,6 +187,8 @@ class RestartView(APIView):
             in_place=v["in_place"],
             max_parallel=v["max_parallel"],
             ready_timeout=v["ready_timeout"],
+            settle_seconds=v["settle_seconds"],
+            stop_at_first_failure=v["stop_at_first_failure"],
         )
         operation = operations_with_steps().get(pk=operation.pk)
         return Response(RestartOperationSerializer(operation).data, status=status.HTTP_202_ACCEPTED)
@@ -191,3 +229,126 @@ class OperationViewSet(viewsets.ReadOnlyModelViewSet):
         operation_id = int(pk or 0)
         operation_cancel(operation_id=operation_id)
         return Response(RestartOperationSerializer(operations_with_steps().get(pk=operation_id)).data)
+
+
+# -- taking a node out of service, moving a replica (operations/services/drain.py) ----------------
+
+
+class NodeStateSerializer(serializers.Serializer):
+    node = serializers.CharField(help_text="The node's name.")
+    state = serializers.CharField(help_text="ready, cordoned or down.")
+
+
+class DrainInput(StrictInput):
+    max_parallel = StrictIntegerField(
+        required=False, default=1, min_value=1, max_value=MAX_PARALLEL, help_text="Replicas moved at once."
+    )
+    ready_timeout = StrictNumberField(
+        required=False,
+        default=600,
+        min_value=1,
+        max_value=MAX_READY_TIMEOUT,
+        help_text="Seconds a replacement has to become ready before its step fails.",
+    )
+
+
+class DrainAnswerSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    state = serializers.CharField()
+    operations = RestartOperationSerializer(
+        many=True, help_text="One restart per profile with replicas on it."
+    )
+
+
+class MoveInput(StrictInput):
+    ready_timeout = StrictNumberField(
+        required=False,
+        default=600,
+        min_value=1,
+        max_value=MAX_READY_TIMEOUT,
+        help_text="Seconds the replacement has to become ready before the move fails.",
+    )
+
+
+_node_refusals = {
+    403: OpenApiResponse(ErrorSerializer, description="Not signed in, or without the restart permission"),
+    404: OpenApiResponse(ErrorSerializer, description="not_found: no such node"),
+    409: OpenApiResponse(ErrorSerializer, description="not_ready, not_cordoned, node_down"),
+}
+
+
+class _NodeStateView(APIView):
+    # POST: the node's state changed by ``change`` (cordon or uncordon), answered with it. A comment,
+    # not a docstring: the API docs show a view's docstring to their readers.
+
+    required_permission: Rule = "catalog.restart_model"
+    change: Any
+
+    def post(self, request: Request, name: str) -> Response:
+        node = type(self).change(node_name=name)
+        return Response({"node": node.name, "state": node.state})
+
+
+@extend_schema_view(
+    post=extend_schema(
+        request=None,
+        responses={200: NodeStateSerializer, **_node_refusals},
+        summary="Cordon a node: no new replica is placed on it; what runs there keeps running",
+    )
+)
+class NodeCordonView(_NodeStateView):
+    change = staticmethod(drain.node_cordon)
+
+
+@extend_schema_view(
+    post=extend_schema(
+        request=None,
+        responses={200: NodeStateSerializer, **_node_refusals},
+        summary="Uncordon a node: it takes placements again",
+    )
+)
+class NodeUncordonView(_NodeStateView):
+    change = staticmethod(drain.node_uncordon)
+
+
+class NodeDrainView(APIView):
+    required_permission: Rule = "catalog.restart_model"
+
+    @extend_schema(
+        request=DrainInput,
+        responses={202: DrainAnswerSerializer, 400: _refusals[400], **_node_refusals},
+        summary="Drain a node: cordon it and move each of its replicas to other nodes, rolling",
+        description="Starts one restart per profile with replicas on the node, each planned off it, and "
+        "answers at once (202); a worker runs them. All or nothing: when one profile's replicas have no place "
+        "elsewhere, nothing starts and the node is left as it was.",
+    )
+    def post(self, request: Request, name: str) -> Response:
+        given = DrainInput(data=request.data)
+        given.is_valid(raise_exception=True)
+        operations = drain.node_drain(node_name=name, **given.validated_data)
+        node = Node.objects.get(name=name)
+        ops = operations_with_steps().filter(pk__in=[op.pk for op in operations]).order_by("id")
+        body = {
+            "node": node.name,
+            "state": node.state,
+            "operations": RestartOperationSerializer(ops, many=True).data,
+        }
+        return Response(body, status=status.HTTP_202_ACCEPTED)
+
+
+class ReplicaMoveView(APIView):
+    required_permission: Rule = "catalog.restart_model"
+
+    @extend_schema(
+        request=MoveInput,
+        responses={202: RestartOperationSerializer, **_refusals},
+        summary="Move a replica to another node: its replacement is ready there before it stops",
+    )
+    def post(self, request: Request, name: str) -> Response:
+        given = MoveInput(data=request.data)
+        given.is_valid(raise_exception=True)
+        operation = drain.replica_move(replica_name=name, **given.validated_data)
+        return Response(
+            RestartOperationSerializer(operations_with_steps().get(pk=operation.pk)).data,
+            status=status.HTTP_202_ACCEPTED,
+        )

@@ -161,6 +161,9 @@ def _line(op: RestartOperation, step: RestartStep | None) -> tuple[Any, tuple[st
 
 
 def _hint(op: RestartOperation, began: float, stderr: OutputWrapper) -> bool:
+    if op.abandoned_text:
+        stderr.write(f"restart #{op.pk}: {op.abandoned_text}")
+        return True
     if op.state == RestartOperation.State.QUEUED and time.monotonic() - began > NO_WORKER_HINT_SECONDS:
         stderr.write(f"restart #{op.pk} is still queued: is a worker running? (python manage.py db_worker)")
         return True

@@ -42,9 +42,10 @@ operation claimed more than ``LLMGW_OPERATION_MAX_ATTEMPTS`` times is not run
 again: its steps in flight are rolled back and it ends failed, saying why.
 
 The sweep runs: as a task of its own that re-enqueues itself every
-``LLMGW_OPERATION_SWEEP_SECONDS`` while any operation is queued or running
-(every enqueued restart and every restart task make sure one is waiting, so
-any live worker sweeps); and from ``python manage.py operations_sweep
+``LLMGW_OPERATION_SWEEP_SECONDS`` of the worker's settings while any
+operation is queued or running (every restart task, and every worker as it
+starts, make sure one is waiting; a web process enqueueing a restart asks for
+one due at once, so the period is always the workers'); and from ``python manage.py operations_sweep
 [--loop]`` (cron, or the demo launcher). With the defaults (stale 60 s,
 sweep 30 s) a killed worker's operation is taken up again within about 90 s,
 as long as another worker is free: a db_worker runs one task at a time, so
@@ -252,11 +253,19 @@ def record_task(operation_id: int, task_id: str) -> None:
     RestartOperation.objects.filter(pk=operation_id).update(task_id=task_id)
 
 
-def sweep_is_waiting(sweep_task_path: str) -> bool:
-    """Whether a sweep waits in the queue. Holds the sweeper's lock until the
+RECONCILER_LOCK_KEY = 0x6C6C7263  # "llrc": one reconciler chain
+
+
+def task_is_waiting(task_path: str, *, lock: int) -> bool:
+    """Whether a run of the task waits in the queue. Holds ``lock`` until the
     transaction ends, so that two callers do not both enqueue one."""
-    hold_lock(_SWEEPER_LOCK_KEY)
-    return DBTaskResult.objects.filter(task_path=sweep_task_path, status=TaskResultStatus.READY).exists()
+    hold_lock(lock)
+    return DBTaskResult.objects.filter(task_path=task_path, status=TaskResultStatus.READY).exists()
+
+
+def sweep_is_waiting(sweep_task_path: str) -> bool:
+    """Whether a sweep waits in the queue (under the sweeper's lock)."""
+    return task_is_waiting(sweep_task_path, lock=_SWEEPER_LOCK_KEY)
 
 
 def any_active() -> bool:

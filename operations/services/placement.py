@@ -16,6 +16,7 @@ from django.db.models import Max
 from catalog.models import Card, Node, Profile, Replica, ServedModel, Shard, live_replicas_q
 from llmgw_web.db import hold_lock
 from operations.models import RestartStep
+from telemetry.selectors import foreign_held_card_ids
 
 _PLACEMENT_LOCK_KEY = 0x6C6C7270  # "llrp"
 
@@ -41,9 +42,10 @@ def free_port(node: Node, *, after: int | None = None) -> int:
     Nodes whose agents share a host (the demo, the tests) share its ports.
     """
     same_host = [n.pk for n in Node.objects.all() if n.agent_host == node.agent_host]
-    highest = Replica.objects.filter(live_replicas_q(), shards__card__node__in=same_host).aggregate(
-        top=Max("port")
-    )["top"]
+    # Replicas whose end is not confirmed may still hold their port: not reused.
+    highest = Replica.objects.filter(
+        state__in=Replica.HOLDING_STATES, shards__card__node__in=same_host
+    ).aggregate(top=Max("port"))["top"]
     base = settings.LLMGW_REPLICA_PORT_BASE
     port = base if highest is None or highest < base else highest + 1
     return port if after is None else max(port, after + 1)
@@ -51,6 +53,7 @@ def free_port(node: Node, *, after: int | None = None) -> int:
 
 def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Node, list[Card]] | None:
     """Free cards of the profile's class for one replica: on the ready node
+    whose agent answers (not cordoned, not down, not unreachable)
     with the fewest free cards that still has enough (ties by name), but first
     on a node that holds none of the model's other live replicas, so that one
     node going down does not take every replica of a model with it."""
@@ -63,17 +66,28 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
     free: dict[int, list[Card]] = {}
     for card in (
         Card.objects.filter(
-            gpu_class_id=profile.gpu_class_id, node__state=Node.State.READY, shard__isnull=True
+            gpu_class_id=profile.gpu_class_id,
+            node__state=Node.State.READY,
+            node__reachable=True,
+            shard__isnull=True,
         )
+        .exclude(pk__in=foreign_held_card_ids())  # held by a process the catalog does not know
         .select_related("node")
         .order_by("node__name", "index")
     ):
+        if card.index in orphan_cards(card.node):
+            continue  # an engine the catalog does not hold runs there (the reconciler listed it)
         free.setdefault(card.node_id, []).append(card)
     fits = [cards for cards in free.values() if len(cards) >= need]
     if not fits:
         return None
     best = min(fits, key=lambda cards: (cards[0].node_id in siblings, len(cards), cards[0].node.name))
     return best[0].node, best[:need]
+
+
+def orphan_cards(node: Node) -> set[int]:
+    """The cards of ``node`` its agent's orphans run on (``Node.orphans``): free in the catalog, not on the node."""
+    return {int(i) for o in node.orphans or [] for i in o.get("cards") or [] if isinstance(i, int)}
 
 
 def replica_name(model: ServedModel, step: RestartStep | None = None) -> str:
@@ -95,9 +109,13 @@ def replica_name(model: ServedModel, step: RestartStep | None = None) -> str:
 
 def in_place_cards(profile: Profile, old: Replica, node: Node) -> list[int] | str:
     """The cards of ``old``'s node the replacement will use once ``old`` is
-    stopped: its own cards first, then free ones; a sentence when too few."""
+    stopped: its own cards first, then free ones (none a foreign process holds); a sentence when too few."""
     need = profile.cards
-    usable = Card.objects.filter(node=node, gpu_class_id=profile.gpu_class_id).order_by("index")
+    usable = (
+        Card.objects.filter(node=node, gpu_class_id=profile.gpu_class_id)
+        .exclude(pk__in=foreign_held_card_ids())
+        .order_by("index")
+    )
     own = list(usable.filter(shard__replica=old).values_list("index", flat=True))
     free = list(usable.filter(shard__isnull=True).values_list("index", flat=True))
     if len(own) + len(free) < need:

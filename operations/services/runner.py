@@ -49,22 +49,34 @@ from operations.models import RestartOperation, RestartStep
 from operations.services.lease import Lease, OperationLost, claim, threads_share_the_database, worker_name
 from operations.services.placement import (
     best_fit,
+    foreign_held_card_ids,
     free_port,
     in_place_cards,
     lock_placement,
+    orphan_cards,
     replica_name,
     replica_placement,
 )
+from operations.services.reconcile import node_unreachable
 from operations.services.specs import replica_spec, running_spec
 
 log = logging.getLogger("operations.restart")
 
 # The agent's own deadline is a backstop for a worker that died: ours comes first.
 AGENT_DEADLINE_MARGIN = 30.0
-# Polls of a replica that fail in a row before its step fails (a blip is not a failure).
-POLL_ERRORS_ALLOWED = 3
+# How often an agent that does not answer is asked again, within LLMGW_AGENT_ABSENT_SECONDS.
+AWAY_RETRY_SECONDS = 1.0
+# Nodes a replacement is placed on in turn when each one's agent turns out to be down.
+PLACE_TRIES = 3
 # A replacement whose port another program holds moves up a port, this many times at most.
 PORT_TRIES = 5
+
+
+def serving_sentence(model: str, serving: int) -> str:
+    """How many replicas serve the model, in the words an operation's summary uses."""
+    if serving == 0:
+        return f"{model} has no replica serving now"
+    return f"{model} has {serving} replica(s) serving now"
 
 
 def run_operation(operation_id: int, *, worker: str | None = None) -> str:
@@ -94,10 +106,19 @@ def run_operation(operation_id: int, *, worker: str | None = None) -> str:
 class StepFailed(Exception):
     """A step failed, for ``reason``."""
 
-    def __init__(self, reason: str, *, started: bool = True):
+    def __init__(self, reason: str, *, started: bool = True, node_down: bool = False):
         super().__init__(reason)
         self.reason = reason
         self.started = started  # False: the agent certainly did not start the replacement
+        self.node_down = node_down  # its node's agent refused the connection: another node may do
+
+
+def _certainly_not_reached(exc: AgentCallFailed) -> bool:
+    """The agent certainly did not act on the call: it refused the token or the request, or nothing
+    listened on its port."""
+    return exc.code in ("agent_token", "agent_refused") or (
+        exc.code == "agent_down" and "refused the connection" in exc.message
+    )
 
 
 def _replaced(step: RestartStep) -> Replica:
@@ -151,6 +172,7 @@ class OperationRun:
         release: bool = False,
         hold: tuple[Node, list[int]] | None = None,
         memory: dict[str, Any] | None = None,
+        reason: str | None = None,
     ) -> Replica:
         """Set a replica's state, release or take its cards, and audit it, in one
         transaction; with ``memory`` (the agent's report, once ready), keep what
@@ -164,6 +186,9 @@ class OperationRun:
             before = self._replica_after(replica, held)
             replica.state = state
             fields = ["state"]
+            if reason is not None:
+                replica.reason = redact(reason, self.secrets)
+                fields.append("reason")
             if memory is not None:
                 profile = Profile.objects.select_related("model", "gpu_class").get(pk=replica.profile_id)
                 planned = profile_memory(profile, profile.model)
@@ -225,7 +250,7 @@ class OperationRun:
         resume = [pk for pk, state in steps if state in RestartStep.IN_FLIGHT_STATES]
         queue = deque(resume + [pk for pk, state in steps if state == RestartStep.State.PENDING])
         # A step that failed in an earlier attempt already stopped the operation starting new ones.
-        stopping = any(state == RestartStep.State.FAILED for _, state in steps)
+        stopping = op.stop_at_first_failure and any(state == RestartStep.State.FAILED for _, state in steps)
         cancelled = False
         running: dict[Future[str], int] = {}
         pool = (
@@ -245,14 +270,14 @@ class OperationRun:
                             cancelled = True
                             break
                         if running:
-                            ready = self._next_with_its_cards(queue, resume)
+                            ready = self._next_with_its_cards(queue, resume, list(running.values()))
                             if ready is None:
                                 break  # the steps under way free the cards: wait for the next to end
                             step_id = ready
                     queue.remove(step_id)
                     if pool is None:
                         if self._run_step(step_id) == RestartStep.State.FAILED:
-                            stopping = True
+                            stopping = op.stop_at_first_failure
                     else:
                         running[pool.submit(self._run_step_in_thread, step_id)] = step_id
                 if pool is None and (stopping or cancelled or not queue):
@@ -262,7 +287,7 @@ class OperationRun:
                     for future in done:
                         running.pop(future)
                         if future.result() == RestartStep.State.FAILED:
-                            stopping = True
+                            stopping = stopping or op.stop_at_first_failure
                 elif stopping or cancelled:
                     break
         finally:
@@ -277,18 +302,19 @@ class OperationRun:
             cancelled = True
         return self._finish(cancelled=cancelled)
 
-    def _next_with_its_cards(self, queue: deque[int], resume: list[int]) -> int | None:
-        """The first queued step whose planned cards no other replica holds now, or None.
+    def _next_with_its_cards(self, queue: deque[int], resume: list[int], running: list[int]) -> int | None:
+        """The first queued step whose planned cards no step under way is about to free, or None.
 
         The plan (``place_restart``) counts in waves of ``max_parallel``: a step's cards may be
         ones an earlier wave's old replica frees. The run starts a step as soon as any one ends,
-        so the step whose turn comes may find its cards not yet freed; a later step whose cards
-        are free starts in its place (the plan gave those cards to that step alone, so taking
-        them early changes no other step's), and with none, the run waits for the steps under
-        way. With none under way, the first step starts and fails saying the fleet changed, as a
-        plan that no longer holds must.
+        so the step whose turn comes may find its cards still held by the old replica of a step
+        under way; a later step whose cards are not starts in its place (the plan gave those
+        cards to that step alone, so taking them early changes no other step's), and with none,
+        the run waits for the next step to end. Cards held by anything else (another restart's
+        replica, say) are not waited for: the step starts and finds the fleet changed.
         """
         pending = [pk for pk in queue if pk not in resume]
+        freeing = set(RestartStep.objects.filter(pk__in=running).values_list("old_replica_id", flat=True))
         planned = {
             r["pk"]: r
             for r in RestartStep.objects.filter(pk__in=pending).values(
@@ -298,18 +324,15 @@ class OperationRun:
         nodes = {r["planned_node"] for r in planned.values() if r["planned_node"]}
         held = {
             (node, index): replica
-            for node, index, replica in Shard.objects.filter(card__node__name__in=nodes).values_list(
-                "card__node__name", "card__index", "replica_id"
-            )
+            for node, index, replica in Shard.objects.filter(
+                card__node__name__in=nodes, replica_id__in=freeing
+            ).values_list("card__node__name", "card__index", "replica_id")
         }
         for pk in pending:
             step = planned.get(pk)
             if step is None or not step["planned_node"]:
                 return pk
-            holders = {
-                held.get((step["planned_node"], i), step["old_replica_id"]) for i in step["planned_cards"]
-            }
-            if holders <= {step["old_replica_id"]}:
+            if not any((step["planned_node"], i) in held for i in step["planned_cards"]):
                 return pk
         return None
 
@@ -340,7 +363,7 @@ class OperationRun:
 
     def _begin(self, step: RestartStep) -> str:
         old = step.old_replica
-        if old is None or not old.is_live:
+        if old is None or not (old.is_live or old.state == Replica.State.UNKNOWN):
             state = old.state if old is not None else "removed"
             return self._finish_step(
                 step,
@@ -420,8 +443,10 @@ class OperationRun:
                 reason=f"stopping {old.name} to free its cards",
             )
             return self._stop_then_start(step)
+        # The plan assumed the steps before this one succeeded; when one did not (or the fleet moved),
+        # the best fit now stands in for it.
         placed = self._place_beside(step, old_spec, planned=(step.planned_node, planned))
-        if placed:
+        if placed or self._place_beside(step, old_spec):
             return self._roll(step)
         return self._finish_step(
             step,
@@ -434,6 +459,12 @@ class OperationRun:
     def _resume(self, step: RestartStep) -> str:
         """A step a worker left in flight: pick it up where the records say it was."""
         new = step.new_replica
+        if new is not None and new.state == Replica.State.STOPPING:
+            # A replacement whose stop was not confirmed: ask again before anything else.
+            reason = self._stop_replacement(step, StepFailed(step.reason or f"{new.name} failed"))
+            if step.in_place:
+                return self._restore(step, reason)
+            return self._finish_step(step, RestartStep.State.FAILED, reason)
         if step.in_place:
             if new is None:
                 return self._stop_then_start(step)
@@ -472,15 +503,19 @@ class OperationRun:
                     Card.objects.filter(
                         node__name=node_name,
                         node__state=Node.State.READY,
+                        node__reachable=True,
                         gpu_class_id=profile.gpu_class_id,
                         shard__isnull=True,
                         index__in=indices,
                     )
+                    .exclude(pk__in=foreign_held_card_ids())  # a foreign process took one since the plan
                     .select_related("node")
                     .order_by("index")
                 )
                 if len(cards) != len(indices) or len(cards) != profile.cards:
                     return False
+                if orphan_cards(cards[0].node) & set(indices):
+                    return False  # an orphan engine runs there: the best fit stands in
                 node = cards[0].node
             else:
                 fit = best_fit(profile, replacing=step.old_replica)
@@ -529,16 +564,36 @@ class OperationRun:
 
         return write()
 
-    def _roll(self, step: RestartStep) -> str:
+    def _roll(self, step: RestartStep, *, tries: int = 1) -> str:
         new, spec = _replacement(step)
         try:
             self._launch_and_wait(step, new, spec)
+            self._settle(step, new)
         except StepFailed as exc:
+            if exc.node_down and tries < PLACE_TRIES and self._place_elsewhere(step, exc):
+                return self._roll(step, tries=tries + 1)
             reason = self._stop_replacement(step, exc)
             return self._finish_step(
                 step, RestartStep.State.FAILED, f"{reason} {_replaced(step).name} keeps serving."
             )
         return self._stop_old(step)
+
+    def _place_elsewhere(self, step: RestartStep, failure: StepFailed) -> bool:
+        """The replacement's node does not answer: the node is marked unreachable (placement passes
+        over it), the replacement (certainly not started) failed with its cards freed, and a new one
+        placed on another node; False when no other node has room."""
+        new, _ = _replacement(step)
+        node = Node.objects.get(name=step.node)
+        node_unreachable(node, reason=failure.reason, actor=self.actor)
+        self._replica_change(
+            new.pk,
+            state=Replica.State.FAILED,
+            action="fail",
+            release=True,
+            reason=failure.reason,
+            message=f"{new.name} was not started: {failure.reason} Its replacement goes to another node.",
+        )
+        return self._place_beside(step, step.old_spec)
 
     def _stop_old(self, step: RestartStep) -> str:
         old, (new, _) = _replaced(step), _replacement(step)
@@ -547,25 +602,19 @@ class OperationRun:
                 step, state=RestartStep.State.STOPPING, reason=f"{new.name} is ready; stopping {old.name}"
             )
         old = Replica.objects.get(pk=old.pk)
-        if old.is_live:
+        if old.state in Replica.HOLDING_STATES:
             node, _ = replica_placement(old)
-            if node is not None:
-                try:
-                    self._agent(node).stop(old.name)
-                except AgentCallFailed as exc:
-                    return self._finish_step(
-                        step,
-                        RestartStep.State.FAILED,
-                        f"{new.name} is ready, but {old.name} could not be stopped: {exc.message} Both are "
-                        f"recorded as running: stop {old.name} once its node answers.",
-                    )
-            self._replica_change(
-                old.pk,
-                state=Replica.State.STOPPED,
-                action="stop",
-                release=True,
-                message=f"stopped {old.name}: {new.name} replaces it and is ready",
+            left = self._stop_confirmed(
+                old, node, end=Replica.State.STOPPED, why=f"{new.name} replaces it and is ready"
             )
+            if left:
+                return self._finish_step(
+                    step,
+                    RestartStep.State.SUCCEEDED,
+                    f"{old.name} replaced by {new.name} on {step.node} cards {step.cards}, but {old.name}'s stop "
+                    f"is not confirmed: {left} It is recorded as stopping and keeps its cards until its agent "
+                    "confirms the stop (the reconciler asks again).",
+                )
         return self._finish_step(
             step,
             RestartStep.State.SUCCEEDED,
@@ -577,15 +626,34 @@ class OperationRun:
     def _stop_then_start(self, step: RestartStep) -> str:
         old = Replica.objects.get(pk=_replaced(step).pk)
         node = Node.objects.get(name=step.node)
-        if old.is_live:
-            try:
-                self._agent(node).stop(old.name)
-            except AgentCallFailed as exc:
+        if old.state in Replica.HOLDING_STATES:
+            failure = self._confirm_stop(node, old.name)
+            if (
+                failure is not None
+                and _certainly_not_reached(failure)
+                and old.state != Replica.State.STOPPING
+            ):
                 return self._finish_step(
                     step,
                     RestartStep.State.FAILED,
-                    f"{old.name} could not be stopped to free its cards: {exc.message} "
-                    f"Nothing was changed: {old.name} is still recorded as running.",
+                    f"{old.name} could not be stopped to free its cards: {failure.message} "
+                    f"Nothing was changed: {old.name} is still recorded as {old.state}.",
+                )
+            if failure is not None:
+                self._replica_change(
+                    old.pk,
+                    state=Replica.State.STOPPING,
+                    action="stop_unconfirmed",
+                    reason=failure.message,
+                    message=f"{old.name} was asked to stop to restart it in place, and its agent did not "
+                    f"confirm it: {failure.message} It keeps its cards until the agent does.",
+                )
+                return self._finish_step(
+                    step,
+                    RestartStep.State.FAILED,
+                    f"{old.name} could not be confirmed stopped to free its cards: {failure.message} It is "
+                    "recorded as stopping and keeps its cards until its agent confirms the stop (the "
+                    "reconciler asks again); nothing was started in its place.",
                 )
 
         @transaction.atomic
@@ -599,7 +667,7 @@ class OperationRun:
                 .exists()
             ):
                 return None  # another replica took a free card meanwhile
-            if current.is_live:
+            if current.state in Replica.HOLDING_STATES:
                 before = self._replica_after(current, [f"{node.name}#{i}" for i in step.cards])
                 current.state = Replica.State.STOPPED
                 current.save(update_fields=["state"])
@@ -661,6 +729,7 @@ class OperationRun:
         new, spec = _replacement(step)
         try:
             self._launch_and_wait(step, new, spec)
+            self._settle(step, new)
         except StepFailed as exc:
             return self._restore(step, self._stop_replacement(step, exc))
         return self._finish_step(
@@ -700,19 +769,25 @@ class OperationRun:
         try:
             self._launch_and_wait(step, old, step.old_spec)
         except StepFailed as exc:
+            left = ""
             if exc.started:
-                self._try_stop(node, old.name)
-            self._replica_change(
-                old.pk,
-                state=Replica.State.FAILED,
-                action="fail",
-                release=True,
-                message=f"{old.name} did not come back: {exc.reason}",
-            )
+                left = self._stop_confirmed(
+                    old, node, end=Replica.State.FAILED, why=f"it did not come back: {exc.reason}"
+                )
+            else:
+                self._replica_change(
+                    old.pk,
+                    state=Replica.State.FAILED,
+                    action="fail",
+                    release=True,
+                    reason=exc.reason,
+                    message=f"{old.name} did not come back: {exc.reason}",
+                )
+            held = f" It could not be stopped either: {left}" if left else ""
             return self._finish_step(
                 step,
                 RestartStep.State.FAILED,
-                f"{reason} {old.name} could not be started again either: {exc.reason}",
+                f"{reason} {old.name} could not be started again either: {exc.reason}{held}",
             )
         return self._finish_step(
             step,
@@ -728,12 +803,46 @@ class OperationRun:
     def _agent(self, node: Node) -> AgentClient:
         return AgentClient.for_node(node)
 
-    def _try_stop(self, node: Node, name: str) -> str:
-        """Stop a replica on its agent; '' when done, else the reason it could not be."""
-        try:
-            self._agent(node).stop(name)
-        except AgentCallFailed as exc:
-            return exc.message
+    def _confirm_stop(self, node: Node, name: str) -> AgentCallFailed | None:
+        """Stop a replica on its agent, asking again while the agent does not answer, for at most
+        LLMGW_AGENT_ABSENT_SECONDS: None once the agent confirmed the process is gone, else the
+        last failure. A refused token or request is not asked again."""
+        deadline = time.monotonic() + settings.LLMGW_AGENT_ABSENT_SECONDS
+        while True:
+            self.lease.tick()
+            try:
+                self._agent(node).stop(name)
+            except AgentCallFailed as exc:
+                left = deadline - time.monotonic()
+                if exc.code in ("agent_token", "agent_refused") or left <= 0:
+                    return exc
+                time.sleep(min(AWAY_RETRY_SECONDS, left))
+                continue
+            return None
+
+    def _stop_confirmed(self, replica: Replica, node: Node | None, *, end: str, why: str) -> str:
+        """Stop ``replica`` and, once its agent confirmed it, record it ``end`` with its cards freed;
+        a stop not confirmed leaves it stopping, holding its cards (the reconciler asks again).
+        '' when confirmed, else why not."""
+        failure = self._confirm_stop(node, replica.name) if node is not None else None
+        if failure is not None:
+            self._replica_change(
+                replica.pk,
+                state=Replica.State.STOPPING,
+                action="stop_unconfirmed",
+                reason=failure.message,
+                message=f"{replica.name} was asked to stop ({why}), and its agent did not confirm it: "
+                f"{failure.message} It keeps its cards until the agent does.",
+            )
+            return failure.message
+        self._replica_change(
+            replica.pk,
+            state=end,
+            action="stop" if end == Replica.State.STOPPED else "fail",
+            release=True,
+            reason=why,
+            message=f"stopped {replica.name}: {why}",
+        )
         return ""
 
     def _stop_replacement(self, step: RestartStep, failure: StepFailed) -> str:
@@ -741,16 +850,27 @@ class OperationRun:
         new = Replica.objects.get(pk=_replacement(step)[0].pk)
         reason = failure.reason
         self._set_step(step, reason=reason)  # kept, should this worker die while it cleans up
-        if failure.started:
-            left = self._try_stop(Node.objects.get(name=step.node), new.name)
+        if new.state not in Replica.HOLDING_STATES:
+            return reason
+        if failure.started or new.state == Replica.State.STOPPING:
+            left = self._stop_confirmed(
+                new,
+                Node.objects.get(name=step.node),
+                end=Replica.State.FAILED,
+                why=f"failed: {failure.reason}",
+            )
             if left:
-                reason += f" It could not be stopped either: {left} It may still run on {step.node}."
-        if new.is_live:
+                reason += (
+                    f" It could not be stopped either: {left} It is recorded as stopping and keeps its "
+                    f"cards on {step.node} until its agent confirms the stop (the reconciler asks again)."
+                )
+        else:
             self._replica_change(
                 new.pk,
                 state=Replica.State.FAILED,
                 action="fail",
                 release=True,
+                reason=failure.reason,
                 message=f"{new.name} failed: {failure.reason}",
             )
         self._set_step(step, reason=reason)
@@ -768,28 +888,43 @@ class OperationRun:
         agent = self._agent(node)
         self._check_node_policy(node, agent, replica)
         movable = not step.in_place and replica.pk == step.new_replica_id
-        for attempt in range(PORT_TRIES):
+        moves = 0
+        away_since: float | None = None
+        while True:
+            self.lease.tick()
             try:
                 state = agent.start(replica.name, spec)
                 break
             except AgentCallFailed as exc:
-                if exc.agent_code == "port_busy" and movable and attempt + 1 < PORT_TRIES:
+                if exc.agent_code == "port_busy" and movable and moves + 1 < PORT_TRIES:
                     # Another program on the node holds the port: a replacement nobody
                     # uses yet may as well take the next one.
+                    moves += 1
                     replica, spec = self._move_port(step, replica, spec, node, exc.message)
                     continue
-                certain = exc.code in ("agent_token", "agent_refused") or (
-                    exc.code == "agent_down" and "refused the connection" in exc.message
-                )
-                raise StepFailed(
-                    f"{replica.name} could not be started: {exc.message}", started=not certain
-                ) from None
+                certain = _certainly_not_reached(exc)
+                if movable and exc.code == "agent_down" and certain:
+                    # Nothing listens where the agent should: a replacement may go to another node.
+                    raise StepFailed(
+                        f"{replica.name} could not be started: {exc.message}", started=False, node_down=True
+                    ) from None
+                away_since = away_since or time.monotonic()
+                waited = time.monotonic() - away_since
+                if (
+                    exc.code in ("agent_token", "agent_refused")
+                    or waited >= settings.LLMGW_AGENT_ABSENT_SECONDS
+                ):
+                    raise StepFailed(
+                        f"{replica.name} could not be started: {exc.message}", started=not certain
+                    ) from None
+                # A node's agent briefly away (restarted, upgraded): asked again within the window.
+                time.sleep(min(AWAY_RETRY_SECONDS, settings.LLMGW_AGENT_ABSENT_SECONDS - waited))
         if step.state == RestartStep.State.STARTING:
             self._set_step(
                 step, state=RestartStep.State.WAITING, reason=f"waiting for {replica.name} to be ready"
             )
         deadline = time.monotonic() + self.op.ready_timeout
-        errors = 0
+        away_since = None
         recorded = Replica.objects.get(pk=replica.pk).state
         said = ""
         while True:
@@ -827,16 +962,90 @@ class OperationRun:
             asked = time.monotonic()
             try:
                 state = agent.get(replica.name, wait=wait, unless=now_state)
-                errors = 0
+                away_since = None
             except AgentCallFailed as exc:
-                errors += 1
-                if errors >= POLL_ERRORS_ALLOWED or exc.code in ("agent_token", "not_found"):
-                    raise StepFailed(f"{replica.name} could not be watched: {exc.message}") from None
-                time.sleep(min(self.poll, left))
+                away_since = self._agent_away(step, replica, exc, away_since, left)
                 continue
             early = min(self.poll, left) - (time.monotonic() - asked)
             if state.get("state") == now_state and early > 0:
                 time.sleep(early)  # answered at once, unchanged: not waiting, so poll
+
+    def _agent_away(
+        self, step: RestartStep, replica: Replica, exc: AgentCallFailed, since: float | None, left: float
+    ) -> float:
+        """A poll of ``replica`` failed: wait a little and say so, while its agent has been away for
+        less than LLMGW_AGENT_ABSENT_SECONDS (a restart, an upgrade, a blip); StepFailed after that,
+        and at once for a refused token or a replica the agent does not know. Returns since when."""
+        if exc.code in ("agent_token", "not_found"):
+            raise StepFailed(f"{replica.name} could not be watched: {exc.message}") from None
+        now = time.monotonic()
+        if since is None:
+            since = now
+            self._set_step(
+                step, reason=f"waiting for the agent of {step.node} to answer again: {exc.message}"
+            )
+        window = settings.LLMGW_AGENT_ABSENT_SECONDS
+        if now - since >= window:
+            raise StepFailed(
+                f"{replica.name} could not be watched: its agent did not answer for {window:g} s "
+                f"(LLMGW_AGENT_ABSENT_SECONDS): {exc.message}"
+            ) from None
+        time.sleep(max(min(AWAY_RETRY_SECONDS, left, window - (now - since)), 0.01))
+        return since
+
+    def _settle(self, step: RestartStep, replica: Replica) -> None:
+        """A replacement just ready must stay ready for the operation's settle time (as Kubernetes'
+        minReadySeconds) before its old replica is stopped: StepFailed when it falls over meanwhile."""
+        settle = self.op.settle_seconds
+        if settle <= 0:
+            return
+        node = Node.objects.get(name=step.node)
+        agent = self._agent(node)
+        self._set_step(
+            step,
+            reason=f"{replica.name} is ready; it must stay ready for {settle:g} s before the step goes on",
+        )
+        began = time.monotonic()
+        deadline = began + settle
+        away_since = None
+        while True:
+            self.lease.tick()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            asked = time.monotonic()
+            try:
+                state = agent.get(
+                    replica.name, wait=min(self.wait, left, self.lease.interval), unless="ready"
+                )
+                away_since = None
+            except AgentCallFailed as exc:
+                away_since = self._agent_away(step, replica, exc, away_since, left)
+                continue
+            now_state = state.get("state")
+            if now_state != "ready":
+                said = (
+                    describe_failure(state)
+                    if now_state == "failed"
+                    else str(state.get("reason") or now_state)
+                )
+                if now_state in ("failed", "stopped"):
+                    self._replica_change(
+                        replica.pk,
+                        state=Replica.State.FAILED,
+                        action="fail",
+                        release=True,  # the agent says its process is gone
+                        reason=said,
+                        message=f"{replica.name} fell over {time.monotonic() - began:.1f} s after it was ready",
+                    )
+                raise StepFailed(
+                    f"{replica.name} was ready, then {now_state} {time.monotonic() - began:.1f} s later, within "
+                    f"the {settle:g} s it had to stay ready: {said}",
+                    started=now_state not in ("failed", "stopped"),
+                )
+            early = min(self.poll, left) - (time.monotonic() - asked)
+            if early > 0:
+                time.sleep(early)  # answered at once (an agent without the long poll): poll
 
     def _check_node_policy(self, node: Node, agent: AgentClient, replica: Replica) -> None:
         """The node's agent enforces the same launch policy as the control plane:
@@ -902,7 +1111,7 @@ class OperationRun:
             and new.state == "ready"
         ):
             return self._stop_old(step)  # the replacement is ready: finishing the step beats rolling it back
-        if new is not None and new.is_live:
+        if new is not None and new.state in Replica.HOLDING_STATES:
             reason = self._stop_replacement(step, StepFailed(reason))
         if step.in_place and step.old_replica_id and step.node:
             # Whether or not its agent already stopped it: PUTting its spec again is harmless.
@@ -951,7 +1160,10 @@ class OperationRun:
                 state = RestartOperation.State.CANCELLED
             else:
                 state = RestartOperation.State.SUCCEEDED
-            summary = f"{len(ok)} of {len(steps)} replica(s) restarted"
+            serving = Replica.objects.filter(profile__model_id=op.model_id, state=Replica.State.READY).count()
+            summary = f"{len(ok)} of {len(steps)} replica(s) restarted; " + serving_sentence(
+                op.model.name, serving
+            )
             if bad:
                 first = bad[0]
                 name = first.old_replica.name if first.old_replica is not None else f"step {first.pk}"
@@ -964,14 +1176,15 @@ class OperationRun:
             text = f"{reason} {summary}" if reason else summary
             before = {"state": current.state}
             current.state, current.finished_at, current.reason, current.heartbeat_at = state, now, text, now
-            current.save(update_fields=["state", "finished_at", "reason", "heartbeat_at"])
+            current.serving_after = serving
+            current.save(update_fields=["state", "finished_at", "reason", "heartbeat_at", "serving_after"])
             audit_record(
                 action="restart_finish",
                 object_type="restart",
                 object_key=str(op.pk),
                 object_repr=str(current),
                 before=before,
-                after={"state": state, "reason": text},
+                after={"state": state, "reason": text, "serving": serving},
                 actor=self.actor,
                 message=self._said(f"restart #{op.pk} {state.replace('_', ' ')}: {text}"),
             )

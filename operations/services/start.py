@@ -12,7 +12,9 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.actor import Actor, current_actor
@@ -41,6 +43,8 @@ def _operation_after(op: RestartOperation, names: list[str]) -> dict[str, Any]:
         "in_place": op.in_place,
         "max_parallel": op.max_parallel,
         "ready_timeout": op.ready_timeout,
+        "settle_seconds": op.settle_seconds,
+        "stop_at_first_failure": op.stop_at_first_failure,
         "requested_by": op.requested_by_name,
         "via": op.via,
         "replicas": names,
@@ -50,7 +54,10 @@ def _operation_after(op: RestartOperation, names: list[str]) -> dict[str, Any]:
 
 
 def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replica]:
-    live = Replica.objects.filter(live_replicas_q(), profile__model=model).select_related("profile")
+    # A replica whose node does not answer ("unknown") is restarted too: its replacement goes elsewhere.
+    live = Replica.objects.filter(
+        live_replicas_q() | Q(state=Replica.State.UNKNOWN), profile__model=model
+    ).select_related("profile")
     if names:
         chosen = []
         for name in dict.fromkeys(names):
@@ -61,10 +68,10 @@ def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replic
                 raise DomainError(
                     "other_model", f"Replica {name} serves {replica.profile.model.name}, not {model.name}."
                 )
-            if not replica.is_live:
+            if not (replica.is_live or replica.state == Replica.State.UNKNOWN):
                 raise conflict(
                     "not_live",
-                    f"Replica {name} is {replica.state}: only starting, loading or ready "
+                    f"Replica {name} is {replica.state}: only starting, loading, ready or unknown "
                     "replicas are restarted.",
                 )
             chosen.append(replica)
@@ -100,14 +107,25 @@ def _check_restartable(model: ServedModel, profile: Profile) -> None:
 
 
 def _plan(
-    profile: Profile, chosen: list[Replica], *, in_place: bool | None, max_parallel: int
+    profile: Profile,
+    chosen: list[Replica],
+    *,
+    in_place: bool | None,
+    max_parallel: int,
+    avoid_nodes: tuple[str, ...] = (),
 ) -> dict[str, Placement]:
     """Every chosen replica's place, played through as the runner will take
     them; refuses (409) naming the replica with none, so that a restart that
-    cannot finish does not start."""
+    cannot finish does not start. No replacement goes on ``avoid_nodes`` (a
+    move's or a drain's own node)."""
     _, fleet = selectors.rooms_and_fleet(profile, parallel=max_parallel)
     if fleet is None:
         return {}
+    if avoid_nodes:
+        fleet = replace(
+            fleet,
+            cards=tuple(replace(c, ready=False) if c.node in avoid_nodes else c for c in fleet.cards),
+        )
     names = {r.name for r in chosen}
     replicas = tuple(replace(r, restarted=r.name in names) for r in fleet.replicas)
     places = place_restart(
@@ -141,14 +159,21 @@ def restart_start(
     in_place: bool | None = None,
     max_parallel: int = 1,
     ready_timeout: float = 600,
+    settle_seconds: float | None = None,
+    stop_at_first_failure: bool = False,
     actor: Actor | None = None,
     cause: str = "",
+    avoid_nodes: tuple[str, ...] = (),
 ) -> RestartOperation:
     """Start restarting ``model_name``'s stale replicas (or the live ones named).
 
     ``in_place``: True stops each replica before its replacement starts; False
     restarts rolling only (a step without room beside fails); None rolls where
-    there is room and goes in place where not. Creates the operation and its
+    there is room and goes in place where not. ``settle_seconds``: how long
+    each replacement must stay ready before its old replica is stopped
+    (LLMGW_RESTART_SETTLE_SECONDS when None). ``stop_at_first_failure``:
+    start no new step once one failed (by default every replica is still
+    restarted, so one faulty node does not hold the rest back). Creates the operation and its
     steps and audits it; the worker's task is enqueued when the transaction
     commits, so this may run inside a caller's transaction (the resize's).
     The whole restart is played through first (catalog/planning/placement.py)
@@ -160,7 +185,8 @@ def restart_start(
 
     ``cause`` says what asked for it in the operators' words (the resize or context change that
     started it, say); by default, the stale replicas or the replicas named. The operation keeps
-    it with the profile revision its replacements run.
+    it with the profile revision its replacements run. ``avoid_nodes``: nodes no replacement is
+    planned on (moving replicas off a node, operations/services/drain.py).
     """
     if (
         isinstance(max_parallel, bool)
@@ -179,6 +205,20 @@ def restart_start(
             "invalid",
             f"ready_timeout must be a number of seconds above 0 and at most "
             f"{MAX_READY_TIMEOUT:g}, not {ready_timeout!r}.",
+        )
+    settle = settings.LLMGW_RESTART_SETTLE_SECONDS if settle_seconds is None else settle_seconds
+    if (
+        isinstance(settle, bool)
+        or not isinstance(settle, int | float)
+        or not 0 <= settle <= MAX_READY_TIMEOUT
+    ):
+        raise DomainError(
+            "invalid",
+            f"settle_seconds must be a number of seconds from 0 to {MAX_READY_TIMEOUT:g}, not {settle!r}.",
+        )
+    if not isinstance(stop_at_first_failure, bool):
+        raise DomainError(
+            "invalid", f"stop_at_first_failure must be true or false, not {stop_at_first_failure!r}."
         )
     actor = actor or current_actor()
     with transaction.atomic():
@@ -204,13 +244,15 @@ def restart_start(
         profile = Profile.objects.select_related("model", "gpu_class").get(pk=profile_ids.pop())
         _check_restartable(model, profile)
         refuse_unless_fits(profile, doing="restarted", model=model)
-        places = _plan(profile, chosen, in_place=in_place, max_parallel=max_parallel)
+        places = _plan(profile, chosen, in_place=in_place, max_parallel=max_parallel, avoid_nodes=avoid_nodes)
         op = RestartOperation(
             model=model,
             profile=profile,
             in_place=in_place,
             max_parallel=max_parallel,
             ready_timeout=float(ready_timeout),
+            settle_seconds=float(settle),
+            stop_at_first_failure=stop_at_first_failure,
             requested_by=actor.resolved_user,
             requested_by_name=actor.display_name[:150],
             via=actor.via,
@@ -244,7 +286,9 @@ def restart_start(
             after=_operation_after(op, names),
             actor=actor,
             message=f"restart #{op.pk} of {model.name} asked by {op.requested_by_name}: {len(names)} replica(s) "
-            f"({', '.join(names)}), {op.mode}, {max_parallel} at a time, {ready_timeout:g} s to be ready",
+            f"({', '.join(names)}), {op.mode}, {max_parallel} at a time, {ready_timeout:g} s to be ready, "
+            f"{settle:g} s to stay ready, "
+            + ("stopping at the first failed step" if stop_at_first_failure else "every replica tried"),
         )
         # robust: should the enqueue fail, the restart stays queued and the sweep enqueues it.
         transaction.on_commit(partial(enqueue_restart, op.pk), robust=True)

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import standin_nvidia_smi  # agent/, on the path (llmgw_web/__init__.py)
 from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
@@ -175,11 +176,17 @@ class Command(ActorCommand):
             directory.mkdir(parents=True, exist_ok=True)
             config = directory / "agent.toml"
             config.write_text(agent_config(node, directory), encoding="utf-8")
+            # No GPU here: the agent reads its cards' telemetry from the stand-in nvidia-smi, where
+            # each stand-in engine registers the memory it holds (agent/standin_nvidia_smi.py).
+            cards = [
+                {"index": c.index, "name": c.gpu_class.name, "memory_mib": c.gpu_class.memory_mib}
+                for c in node.cards.select_related("gpu_class").order_by("index")
+            ]
             self._spawn(
                 f"agent {node.name}",
                 [sys.executable, "-m", "llmgw_agent", "--config", str(config)],
                 directory / "agent.log",
-                env={"PYTHONPATH": str(AGENT_DIR)},
+                env={"PYTHONPATH": str(AGENT_DIR), **standin_nvidia_smi.install(directory / "gpus", cards)},
             )
         for node in nodes:
             self._wait_healthy(node)
@@ -201,6 +208,7 @@ class Command(ActorCommand):
             "worker",
             [sys.executable, "manage.py", "db_worker", "--no-reload", "--interval", "1"],
             root / "worker.log",
+            env={"LLMGW_TELEMETRY_SECONDS": "5"},  # its cards' telemetry, for the nodes grid
         )
         web = [sys.executable, "manage.py", "runserver", options["addr"]]
         if not options["reload"]:

@@ -57,6 +57,20 @@ class Command(ActorCommand):
             help="seconds a replacement has to become ready (default 600)",
         )
         parser.add_argument(
+            "--settle",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="seconds a replacement must stay ready before its old replica is stopped "
+            "(default: LLMGW_RESTART_SETTLE_SECONDS)",
+        )
+        parser.add_argument(
+            "--stop-at-first-failure",
+            action="store_true",
+            help="start no new step once one failed (default: every replica is still tried, so a fault on "
+            "one node does not leave the others on the old revision)",
+        )
+        parser.add_argument(
             "--no-wait",
             action="store_true",
             help="start the restart and exit; follow it in the pages or at /api/operations/ID/",
@@ -69,6 +83,8 @@ class Command(ActorCommand):
             in_place=options["in_place"],
             max_parallel=options["max_parallel"],
             ready_timeout=options["ready_timeout"],
+            settle_seconds=options["settle"],
+            stop_at_first_failure=options["stop_at_first_failure"],
         )
         names = ", ".join(
             s.old_replica.name for s in op.steps.select_related("old_replica") if s.old_replica is not None

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from catalog.management.base import ActorCommand
+from operations.management.follow import follow
+from operations.services.drain import node_drain
+from operations.services.start import MAX_PARALLEL
+
+
+class Command(ActorCommand):
+    help = (
+        "Drain a node: cordon it and move each of its replicas to other nodes, rolling (one restart per "
+        "profile, run by the worker). Shows each restart live until it ends and exits 1 unless every replica "
+        "was moved; refused whole (nothing started, the node as it was) when one has no place elsewhere."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("node", help="the node's name")
+        parser.add_argument(
+            "--max-parallel",
+            type=int,
+            default=1,
+            metavar="N",
+            help=f"replicas moved at once, 1 to {MAX_PARALLEL}",
+        )
+        parser.add_argument(
+            "--ready-timeout",
+            type=float,
+            default=600,
+            metavar="SECONDS",
+            help="seconds a replacement has to be ready",
+        )
+        parser.add_argument("--no-wait", action="store_true", help="start the moves and exit")
+
+    def act(self, *args: Any, **options: Any) -> None:
+        operations = node_drain(
+            node_name=options["node"],
+            max_parallel=options["max_parallel"],
+            ready_timeout=options["ready_timeout"],
+        )
+        self.stdout.write(f"{options['node']} is cordoned")
+        if not operations:
+            self.stdout.write("nothing runs on it: nothing to move")
+            return
+        for op in operations:
+            self.stdout.write(f"restart #{op.pk} of {op.model.name} queued: {op.cause}")
+        if options["no_wait"]:
+            return
+        failed = []
+        for op in operations:
+            try:
+                follow(op.pk, self.stdout, self.stderr)
+            except CommandError as exc:
+                if exc.returncode != 1:
+                    raise
+                failed.append(str(exc))
+        if failed:
+            raise CommandError("; ".join(failed), returncode=1)
+        self.stdout.write(f"{options['node']} is drained: every replica on it was moved")

@@ -1,0 +1,306 @@
+"""The reconciler: the catalog kept in line with what each node's agent runs.
+
+A pass (``reconcile``, the workers' periodic task ``reconcile_fleet``, or
+``python manage.py reconcile``) asks every node's agent for its replicas
+(``GET /v1/replicas``), in parallel (``LLMGW_RECONCILE_PARALLEL`` at once) and
+each within ``LLMGW_AGENT_TIMEOUT_SECONDS``, then brings the catalog in line,
+one node at a time, each change audited as the reconciler's:
+
+- a replica the catalog holds as live that the agent no longer runs (failed,
+  stopped, or unknown to it) becomes failed, with the agent's reason and exit
+  code, and its cards are freed: the agent says nothing runs on them;
+- a replica whose stop was not confirmed (``stopping``) is asked to stop
+  again; once the agent confirms it, it is stopped and its cards are freed;
+- a replica ``unknown`` (its node did not answer) takes the state the agent
+  reports again, or failed when the agent no longer runs it;
+- engines the agent runs that the catalog does not hold are listed on the
+  node as orphans, for an operator to adopt or stop (they may hold cards the
+  catalog thinks free: the agent is the truth of what runs);
+- a node whose agent does not answer (down, slow, a refused token) is marked
+  unreachable with the reason, keeping when it was last seen; its live
+  replicas become ``unknown``, not ready. Placement passes over it.
+
+Replicas an operation in flight owns (a step's replacement, or the old
+replica it stops or restores) are left to the runner, which records them as
+it goes. When an agent last answered is a reading, not a change: it is kept
+in ``operations.AgentContact``, outside the catalog, and written without an
+audit entry; whether a node is reachable, its orphans and every replica's
+state are changes to the catalog, and audited.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.actor import Actor
+from audit.services import audit_record, snapshot
+from catalog.models import Node, Replica, Shard
+from operations.agents import AgentCallFailed, AgentClient, describe_failure
+from operations.models import AgentContact, RestartOperation, RestartStep
+
+log = logging.getLogger("operations.reconcile")
+
+RECONCILER = "reconciler"
+
+
+def reconciler_actor() -> Actor:
+    return Actor(via="worker", name=RECONCILER, request_id=f"reconcile-{uuid.uuid4().hex[:12]}")
+
+
+@dataclass
+class NodeReport:
+    node: str
+    reachable: bool
+    reason: str = ""
+    changed: list[str] = field(default_factory=list)  # one sentence a change
+    orphans: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    nodes: list[NodeReport] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": len(self.nodes),
+            "unreachable": [n.node for n in self.nodes if not n.reachable],
+            "changes": [c for n in self.nodes for c in n.changed],
+            "orphans": {n.node: n.orphans for n in self.nodes if n.orphans},
+        }
+
+
+# --- node reachability: also what the runner calls when an agent refuses the connection ------------
+
+
+def node_unreachable(node: Node, *, reason: str, actor: Actor) -> bool:
+    """Mark the node's agent unreachable (audited), with why; False when it already was (the first
+    reason is kept)."""
+    with transaction.atomic():
+        row = Node.objects.select_for_update().get(pk=node.pk)
+        if not row.reachable:
+            return False
+        before = {"reachable": row.reachable, "unreachable_reason": row.unreachable_reason}
+        row.reachable, row.unreachable_reason = False, reason
+        row.save(update_fields=["reachable", "unreachable_reason"])
+        seen = f"{row.last_seen_at:%Y-%m-%d %H:%M:%S} UTC" if row.last_seen_at else "never"
+        audit_record(
+            action="unreachable",
+            object_type="node",
+            object_key=row.name,
+            object_repr=str(row),
+            before=before,
+            after={"reachable": False, "unreachable_reason": reason},
+            actor=actor,
+            message=f"node {row.name}'s agent does not answer (last seen {seen}): {reason}",
+        )
+    return True
+
+
+def _node_reachable(node: Node, actor: Actor) -> bool:
+    """Its agent answered: last seen now (a reading, not audited), and reachable again (audited) if it
+    was not. True when it was not."""
+    AgentContact.objects.update_or_create(node_id=node.pk, defaults={"last_seen_at": timezone.now()})
+    with transaction.atomic():
+        row = Node.objects.select_for_update().get(pk=node.pk)
+        was = row.reachable
+        if not was:
+            row.reachable, row.unreachable_reason = True, ""
+            row.save(update_fields=["reachable", "unreachable_reason"])
+            audit_record(
+                action="reachable",
+                object_type="node",
+                object_key=row.name,
+                object_repr=str(row),
+                before={"reachable": False, "unreachable_reason": node.unreachable_reason},
+                after={"reachable": True},
+                actor=actor,
+                message=f"node {row.name}'s agent answers again",
+            )
+    return not was
+
+
+# --- a pass --------------------------------------------------------------------------------------
+
+
+def _owned_by_operations() -> set[int]:
+    """Replicas a step in flight of an active operation is working on: the runner records those."""
+    steps = RestartStep.objects.filter(
+        operation__state__in=RestartOperation.ACTIVE_STATES, state__in=RestartStep.IN_FLIGHT_STATES
+    ).values_list("old_replica_id", "new_replica_id")
+    return {pk for pair in steps for pk in pair if pk is not None}
+
+
+def _ask(node: Node) -> list[dict[str, Any]] | AgentCallFailed:
+    try:
+        answer = AgentClient.for_node(node).replicas()
+    except AgentCallFailed as exc:
+        return exc
+    if not isinstance(answer, list):
+        return AgentCallFailed(
+            "agent_bad_answer",
+            f"The agent of node {node.name} answered its replica list with something else.",
+        )
+    return [r for r in answer if isinstance(r, dict) and isinstance(r.get("id"), str)]
+
+
+def reconcile(*, nodes: list[Node] | None = None, actor: Actor | None = None) -> Report:
+    """One pass over ``nodes`` (every node): ask their agents in parallel, then bring the catalog in line."""
+    actor = actor or reconciler_actor()
+    nodes = list(Node.objects.order_by("name")) if nodes is None else nodes
+    report = Report()
+    if not nodes:
+        return report
+    # Only the agents are asked in threads: the database is written from this thread alone.
+    with ThreadPoolExecutor(
+        max_workers=min(settings.LLMGW_RECONCILE_PARALLEL, len(nodes)), thread_name_prefix="reconcile"
+    ) as pool:
+        answers = list(pool.map(_ask, nodes))
+    for node, answer in zip(nodes, answers, strict=True):
+        try:
+            report.nodes.append(_reconcile_node(node, answer, actor))
+        except Exception:  # one node's trouble does not keep the others out of line
+            log.exception("reconciling node %s failed", node.name)
+    return report
+
+
+def _reconcile_node(node: Node, answer: list[dict[str, Any]] | AgentCallFailed, actor: Actor) -> NodeReport:
+    owned = _owned_by_operations()
+    on_node = list(
+        Replica.objects.filter(state__in=Replica.HOLDING_STATES, shards__card__node=node)
+        .exclude(pk__in=owned)
+        .distinct()
+        .order_by("name")
+    )
+    if isinstance(answer, AgentCallFailed):
+        out = NodeReport(node=node.name, reachable=False, reason=answer.message)
+        if node_unreachable(node, reason=answer.message, actor=actor):
+            out.changed.append(f"node {node.name} unreachable: {answer.message}")
+        for replica in on_node:
+            if replica.is_live:
+                _set_state(
+                    replica,
+                    Replica.State.UNKNOWN,
+                    release=False,
+                    reason=f"its node's agent does not answer: {answer.message}",
+                    actor=actor,
+                    out=out,
+                )
+        return out
+
+    out = NodeReport(node=node.name, reachable=True)
+    if _node_reachable(node, actor):
+        out.changed.append(f"node {node.name} reachable again")
+    running = {r["id"]: r for r in answer}
+    for replica in on_node:
+        theirs = running.get(replica.name)
+        state = str(theirs.get("state")) if theirs else ""
+        if replica.state == Replica.State.STOPPING:
+            if state in Replica.LIVE_STATES:
+                try:
+                    AgentClient.for_node(node).stop(replica.name)
+                except AgentCallFailed as exc:
+                    log.info("%s is still not stopped on %s: %s", replica.name, node.name, exc.message)
+                    continue
+            _set_state(
+                replica,
+                Replica.State.STOPPED,
+                release=True,
+                reason="its agent confirmed the stop",
+                actor=actor,
+                out=out,
+            )
+        elif state in Replica.LIVE_STATES:
+            if replica.state == Replica.State.UNKNOWN:
+                _set_state(
+                    replica, state, release=False, reason="its agent answers again", actor=actor, out=out
+                )
+        else:
+            said = (
+                describe_failure(theirs, lines=3)
+                if theirs
+                else "the agent does not run it (it does not know it)"
+            )
+            _set_state(replica, Replica.State.FAILED, release=True, reason=said, actor=actor, out=out)
+    held = set(
+        Replica.objects.filter(state__in=Replica.HOLDING_STATES, shards__card__node=node).values_list(
+            "name", flat=True
+        )
+    ) | set(Replica.objects.filter(pk__in=owned).values_list("name", flat=True))
+    orphans = [
+        {
+            "id": r["id"],
+            "state": r.get("state"),
+            "port": r.get("port"),
+            "cards": r.get("cards"),
+            "pid": r.get("pid"),
+        }
+        for r in answer
+        if r.get("state") in Replica.LIVE_STATES and r["id"] not in held
+    ]
+    out.orphans = [o["id"] for o in orphans]
+    _set_orphans(node, orphans, actor, out)
+    return out
+
+
+def _set_state(
+    replica: Replica, state: str, *, release: bool, reason: str, actor: Actor, out: NodeReport
+) -> None:
+    with transaction.atomic():
+        row = Replica.objects.select_for_update().filter(pk=replica.pk, state=replica.state).first()
+        if row is None:
+            return  # changed meanwhile (a runner, an operator): read again next pass
+        shards = Shard.objects.filter(replica=row).select_related("card__node")
+        held = [str(s.card) for s in shards]
+        before = {**snapshot(row), "cards": held}
+        row.state, row.reason = state, reason
+        row.save(update_fields=["state", "reason"])
+        if release:
+            shards.delete()
+        audit_record(
+            action="reconcile",
+            object_type="replica",
+            object_key=row.name,
+            object_repr=str(row),
+            before=before,
+            after={**snapshot(row), "cards": [] if release else held},
+            actor=actor,
+            message=f"{row.name}: {before['state']} -> {state} ({reason})"
+            + (f"; cards {', '.join(held)} freed" if release and held else ""),
+        )
+    out.changed.append(f"{replica.name}: {replica.state} -> {state}")
+
+
+def _set_orphans(node: Node, orphans: list[dict[str, Any]], actor: Actor, out: NodeReport) -> None:
+    with transaction.atomic():
+        row = Node.objects.select_for_update().get(pk=node.pk)
+        if [o["id"] for o in row.orphans or []] == [o["id"] for o in orphans]:
+            return
+        before = {"orphans": row.orphans}
+        row.orphans = orphans
+        row.save(update_fields=["orphans"])
+        audit_record(
+            action="orphans",
+            object_type="node",
+            object_key=row.name,
+            object_repr=str(row),
+            before=before,
+            after={"orphans": orphans},
+            actor=actor,
+            message=f"node {row.name}'s agent runs "
+            + (
+                f"{len(orphans)} engine(s) the catalog does not hold: {', '.join(o['id'] for o in orphans)}; "
+                "adopt them in the catalog or stop them on the agent"
+                if orphans
+                else "no engine the catalog does not hold"
+            ),
+        )
+    if orphans:
+        out.changed.append(f"node {node.name} orphans: {', '.join(o['id'] for o in orphans)}")
