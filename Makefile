@@ -17,6 +17,10 @@ export DJANGO_SETTINGS_MODULE := llmgw_web.settings
 
 install: .venv/.synced
 
+# The demo's GGUF model is written under the demo directory, a path source: the launch policy takes
+# a path only under LLMGW_MODEL_ROOTS, so the demo's runs name it (unless the environment does).
+demo-db run: export LLMGW_MODEL_ROOTS := $(or $(LLMGW_MODEL_ROOTS),$(or $(LLMGW_DEMO_DIR),/tmp/llmgw-demo))
+
 demo-db: install
 	mkdir -p var
 	DJANGO_DEBUG=1 $(PY) manage.py migrate --no-input

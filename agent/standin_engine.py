@@ -345,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         timer.daemon = True
         timer.start()
 
+    if os.environ.get("HF_TOKEN"):
+        # As an engine that logs its settings, secrets and all, would: what the agent must redact.
+        log(f"logging in to the Hugging Face Hub with token {os.environ['HF_TOKEN']}")
     memory = os.environ.get("STANDIN_MEMORY", "").strip()
     if memory:
         log_memory(memory_figures(memory))

@@ -61,6 +61,9 @@ class AuditEntry(models.Model):
     after = models.JSONField(null=True, blank=True)
     message = models.TextField(blank=True, default="")
     request_id = models.CharField(max_length=64, blank=True, default="", db_index=True)
+    # The database transaction that wrote the entry (PostgreSQL: set by a trigger, catalog row changes
+    # carry the same id); not hashed: the row triggers' record is checked against it, not the chain.
+    txid = models.BigIntegerField(null=True, blank=True, editable=False)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64, unique=True)
 
@@ -86,6 +89,7 @@ class AuditEntry(models.Model):
             models.Index(fields=["via", "id"], name="audit_via_id"),
             models.Index(fields=["request_id", "id"], name="audit_request_id"),
             models.Index(fields=["at", "id"], name="audit_at_id"),
+            models.Index(fields=["txid"], name="audit_txid"),
         ]
 
     def __str__(self) -> str:
@@ -124,3 +128,33 @@ class AuditEntry(models.Model):
         if key is None:
             return hashlib.sha256(self.canonical()).hexdigest()
         return hmac.new(key, b"llmgw-audit-entry\n" + self.canonical(), hashlib.sha256).hexdigest()
+
+
+class RowChange(models.Model):
+    """A row of a catalog table inserted, updated or deleted, as the database's own trigger saw it
+    (PostgreSQL only: audit/migrations/0005). Append-only like the log. A change whose transaction
+    wrote no audit entry was made outside the application."""
+
+    at = models.DateTimeField()
+    txid = models.BigIntegerField()
+    table_name = models.CharField(max_length=64)
+    operation = models.CharField(max_length=8)
+    row_key = models.CharField(max_length=64, blank=True, default="")
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    db_role = models.CharField(max_length=64, help_text="The database role that connected (session_user).")
+
+    objects = AuditQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["txid"], name="audit_rowchange_txid")]
+
+    def __str__(self) -> str:
+        return f"{self.table_name} {self.operation} {self.row_key} (transaction {self.txid})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        raise AuditLogIsAppendOnly("row changes are written by the database's triggers only")
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AuditLogIsAppendOnly("row changes are never deleted")

@@ -11,7 +11,8 @@ from __future__ import annotations
 from django.db import connection
 
 # Tables the application may only read and append to: the audit log, and the catalog's row history.
-APPEND_ONLY_TABLES = ("catalog_auditentry",)
+ROW_CHANGES = "audit_rowchange"
+APPEND_ONLY_TABLES = ("catalog_auditentry", ROW_CHANGES)
 
 
 def grant_app_role(role: str) -> None:
@@ -47,5 +48,7 @@ def grant_app_role(role: str) -> None:
         ]
         for table in APPEND_ONLY_TABLES:
             statements.append(f"REVOKE UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER ON {q(table)} FROM {r}")
+        # Only the database's triggers write the row changes (their function runs as the owner).
+        statements.append(f"REVOKE INSERT ON {q(ROW_CHANGES)} FROM {r}")
         for sql in statements:
             cursor.execute(sql)

@@ -16,7 +16,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from audit.models import AuditEntry
+from audit.models import AuditEntry, RowChange
 
 FILTERS = ("who", "object_type", "object", "action", "via", "since", "until", "request_id", "operation")
 
@@ -70,7 +70,7 @@ def entries_matching(filters: Mapping[str, Any]) -> QuerySet[AuditEntry]:
 class KeysetPage:
     """One page of entries, newest first, and the ids the links to the pages beside it carry."""
 
-    entries: list[AuditEntry]
+    entries: list[Any]  # audit entries, or row changes
     newer: int | None  # ?after=<newer> shows the page of newer entries
     older: int | None  # ?before=<older> shows the page of older entries
 
@@ -80,7 +80,7 @@ class KeysetPage:
 
 
 def keyset_page(
-    qs: QuerySet[AuditEntry], *, before: int | None = None, after: int | None = None, size: int = 50
+    qs: QuerySet[Any], *, before: int | None = None, after: int | None = None, size: int = 50
 ) -> KeysetPage:
     """The page of ``size`` entries older than ``before``, or newer than ``after`` (``after=0``: the
     oldest page), or the newest page. Each is one range scan on the id, whatever the page's depth."""
@@ -119,3 +119,10 @@ def entries_of_request(request_id: str) -> QuerySet[AuditEntry]:
 def node_history_q(name: str) -> Q:
     """A node's entries and its cards' (their keys are ``<node>#<index>``)."""
     return Q(object_type="node", object_key=name) | Q(object_type="card", object_key__startswith=f"{name}#")
+
+
+def changed_outside() -> QuerySet[RowChange]:
+    """Catalog row changes whose transaction wrote no audit entry: made outside the application
+    (PostgreSQL's triggers record them; elsewhere nothing is recorded and this is empty), newest first."""
+    audited = AuditEntry.objects.filter(txid__isnull=False).values("txid")
+    return RowChange.objects.exclude(txid__in=audited).order_by("-id")

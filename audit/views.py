@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, render
@@ -19,7 +20,7 @@ from django.views.decorators.http import require_GET
 from audit.export import KINDS, export_response
 from audit.forms import AuditFilterForm
 from audit.models import AuditEntry
-from audit.selectors import entries_matching, entries_of_request, keyset_page
+from audit.selectors import changed_outside, entries_matching, entries_of_request, keyset_page
 from audit.summary import diff_rows, summarize
 
 VIEW = "audit.view_auditentry"
@@ -95,6 +96,25 @@ def entry_detail(request: HttpRequest, pk: int) -> HttpResponse:
             if entry.request_id.startswith("restart-")
             else (entry.object_key if entry.object_type == "restart" else ""),
         },
+    )
+
+
+@login_required
+@require_GET
+def outside_list(request: HttpRequest) -> HttpResponse:
+    """Catalog rows changed with no audit entry in their transaction: by SQL, behind the application."""
+    require(request, VIEW)
+    page = keyset_page(
+        changed_outside(),
+        before=_int(request.GET.get("before")),
+        after=_int(request.GET.get("after")),
+        size=PAGE_SIZE,
+    )
+    rows = [(change, diff_rows(change.before, change.after)) for change in page.entries]
+    return render(
+        request,
+        "audit/outside_list.html",
+        {"section": "audit", "page": page, "rows": rows, "recorded": connection.vendor == "postgresql"},
     )
 
 

@@ -237,6 +237,11 @@ class NodeAdmin(ServiceAdmin):
     list_display = ["name", "state", "reachable", "last_seen_at", "agent_url", "cards_total", "free_cards"]
     # What the reconciler learnt from the agent (operations/services/reconcile.py): shown, never edited.
     readonly_fields = ["reachable", "last_seen_at", "unreachable_reason", "orphans"]
+
+    @admin.display(description="last seen")
+    def last_seen_at(self, node: Node) -> Any:
+        return node.last_seen_at
+
     list_filter = ["state", "cards__gpu_class"]
     search_fields = ["name", "agent_url"]
 

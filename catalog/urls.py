@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from catalog.views import models, nodes, replicas
+from catalog.views import models, nodes, profiles, replicas
 
 urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
@@ -16,7 +16,18 @@ urlpatterns = [
     path("models/<str:name>/resize/", models.resize_apply, name="model-resize"),
     path("models/<str:name>/context/preview/", models.context_preview, name="model-context-preview"),
     path("models/<str:name>/context/", models.context_apply, name="model-context"),
+    path(
+        "models/<str:name>/profiles/<str:profile>/revisions/",
+        profiles.profile_revisions,
+        name="profile-revisions",
+    ),
+    path(
+        "models/<str:name>/profiles/<str:profile>/rollback/",
+        profiles.profile_rollback_apply,
+        name="profile-rollback",
+    ),
     path("replicas/<str:name>/", replicas.replica_detail, name="replica-detail"),
+    path("replicas/<str:name>/log/", replicas.replica_log, name="replica-log"),
     path("nodes/", nodes.node_list, name="node-list"),
     path("nodes/<str:name>/", nodes.node_detail, name="node-detail"),
 ]

@@ -68,6 +68,15 @@ class AgentClient:
             what="taking a new token",
         )
 
+    def log(self, replica_id: str, *, lines: int = 200) -> dict[str, Any]:
+        """GET /v1/replicas/{id}/log: the last ``lines`` lines of its engine's log, secrets redacted."""
+        return self._call(
+            "GET",
+            self._path(replica_id) + "/log",
+            params={"lines": str(lines)},
+            what=f"reading replica {replica_id}'s log",
+        )
+
     def telemetry(self) -> dict[str, Any]:
         """GET /v1/telemetry: each card's memory, utilisation, temperature and processes."""
         return self._call("GET", "/v1/telemetry", what="reading its cards' telemetry")

@@ -13,7 +13,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.models import Via
-from catalog.models import Profile, Replica, ServedModel
+from catalog.models import Node, Profile, Replica, ServedModel
 
 
 class RestartOperation(models.Model):
@@ -152,6 +152,22 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds // 60} min"
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+class AgentContact(models.Model):
+    """When a node's agent last answered the reconciler (``Node.last_seen_at`` reads it).
+
+    A reading, not a change: written on every pass without an audit entry, so it is kept apart from
+    the catalog's tables, whose every row change the database records and the audit log must explain.
+    """
+
+    node = models.OneToOneField(
+        Node, on_delete=models.CASCADE, primary_key=True, related_name="agent_contact"
+    )
+    last_seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.node.name}: last seen {self.last_seen_at:%Y-%m-%d %H:%M:%S}"
 
 
 class RestartStep(models.Model):

@@ -15,7 +15,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Count, Q
+from django.db.models import Count, Max, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -24,8 +24,15 @@ from django.views.decorators.http import require_GET, require_POST
 from audit.selectors import operation_q
 from audit.views import history_context
 from catalog.errors import DomainError
-from catalog.models import Node, Replica, ServedModel
-from catalog.views.common import RESTART, redirect_or_location, render_page, require_perm, wants_partial
+from catalog.models import Node, Profile, Replica, ServedModel
+from catalog.views.common import (
+    RESIZE,
+    RESTART,
+    redirect_or_location,
+    render_page,
+    require_perm,
+    wants_partial,
+)
 from operations.models import RestartOperation, RestartStep
 from operations.selectors import operations_with_steps
 from operations.services import drain
@@ -48,6 +55,18 @@ def operation_of(change: Any) -> RestartOperation | None:
     return RestartOperation.objects.filter(pk=operation).first()
 
 
+def rollback_to(operation: RestartOperation) -> int | None:
+    """After a restart that failed: the revision the profile's live replicas still run, when the
+    profile has moved past it (what a rollback would go back to); else None."""
+    if operation.state not in (RestartOperation.State.FAILED, RestartOperation.State.PARTLY_FAILED):
+        return None
+    profile = Profile.objects.get(pk=operation.profile_id)
+    older = Replica.objects.filter(
+        profile=profile, state__in=Replica.LIVE_STATES, revision__lt=profile.revision
+    ).aggregate(revision=Max("revision"))["revision"]
+    return int(older) if older is not None else None
+
+
 def progress_context(request: HttpRequest, operation: RestartOperation, **extra: Any) -> dict[str, Any]:
     steps = list(operation.steps.all())
     done = sum(s.state == RestartStep.State.SUCCEEDED for s in steps)
@@ -59,6 +78,8 @@ def progress_context(request: HttpRequest, operation: RestartOperation, **extra:
         "steps_failed": failed,
         "steps_finished": sum(s.is_finished for s in steps),
         "can_restart": request.user.has_perm(RESTART),
+        "rollback_to": rollback_to(operation),
+        "can_rollback": request.user.has_perm(RESIZE) and not operation.model.declared,
         # Out-of-band updates only ride along a fragment, never a whole page.
         "fragment": wants_partial(request),
         **extra,

@@ -47,11 +47,51 @@ def _flush_past_the_append_only_triggers() -> Iterator[None]:
 
     def sql_flush(self: Any, style: Any, tables: Any, **kwargs: Any) -> list[str]:
         statements = original(self, style, tables, **kwargs)
-        return ["SET LOCAL session_replication_role = replica", *statements] if statements else statements
+        # RESET ROLE first: a test run as the application's role (``as_app_role``) hands the connection back.
+        return (
+            ["RESET ROLE", "SET LOCAL session_replication_role = replica", *statements]
+            if statements
+            else statements
+        )
 
     DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]
     yield
     DatabaseOperations.sql_flush = original  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def as_app_role(transactional_db: None) -> Iterator[str | None]:
+    """On PostgreSQL, the test runs as the application's role, set up as the README says
+    (``db_app_role``): every connection, the test's and its threads', ``SET ROLE`` to a role that owns
+    nothing. None on SQLite, which has no roles."""
+    if connection.vendor != "postgresql":
+        yield None
+        return
+    import uuid
+
+    from django.core.management import call_command
+    from django.db.backends.signals import connection_created
+
+    name = f"llmgw_app_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {name} NOLOGIN")
+    call_command("db_app_role", name, stdout=__import__("io").StringIO())
+
+    def become(sender: Any = None, connection: Any = connection, **kwargs: Any) -> None:
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET ROLE {name}")
+
+    connection_created.connect(become, weak=False)
+    become()
+    try:
+        yield name
+    finally:
+        connection_created.disconnect(become)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+            cursor.execute(f"DROP OWNED BY {name}")
+            cursor.execute(f"DROP ROLE {name}")
 
 
 @pytest.fixture

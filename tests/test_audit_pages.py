@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from audit.actor import Actor, acting_as
 from audit.models import AuditEntry
+from audit.selectors import changed_outside
 from audit.services import audit_record
 from audit.summary import summarize
 from catalog.models import Node, Profile
@@ -79,8 +80,15 @@ def lead_user():
 @pytest.mark.django_db(
     transaction=True
 )  # the worker's heartbeat thread reads the operation from its own connection
-@pytest.mark.usefixtures("audit_flushable")
-def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_and_both_exports(tmp_path):
+@pytest.mark.usefixtures("audit_flushable", "as_app_role")
+def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_and_both_exports(
+    tmp_path, request
+):
+    app_role = request.getfixturevalue("as_app_role")
+    if app_role:  # PostgreSQL: every path below runs as the application's role, which owns nothing
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_user")
+            assert cursor.fetchone()[0] == app_role
     lead = lead_user()
     root = b.user("root")
     root.is_superuser = root.is_staff = True
@@ -89,6 +97,8 @@ def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_
     with fleet_of(tmp_path) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         cls = b.gpu_class("l4-24g", memory_mib=23034, usable_mib=20000, capability="8.9")
+        # What the builders wrote went straight to the database; from here on, everything is a path's.
+        unaudited_before = set(changed_outside().values_list("id", flat=True))
 
         # page: a resize from the model's page, which starts a restart
         response = signed_in(operator).post(f"/models/{MODEL}/resize/", {"gpus": 2, "profile": "h100"})
@@ -107,8 +117,10 @@ def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_
         api.force_authenticate(root)
         assert api.patch("/api/gpu-classes/l4-24g/", {"usable_mib": 21500}, format="json").status_code == 200
         # command
-        call_command("gpus", MODEL, "1", "--in-place", "--as", "root", stdout=io.StringIO())
+        call_command("gpus", MODEL, "1", "--in-place", "--no-wait", "--as", "root", stdout=io.StringIO())
 
+    # Every catalog row the paths changed (PostgreSQL records them) has its audit entry in its transaction.
+    assert set(changed_outside().values_list("id", flat=True)) == unaudited_before
     by_via = {
         via: list(AuditEntry.objects.filter(via=via).values_list("id", flat=True))
         for via in ("ui", "worker", "admin", "api", "cli")

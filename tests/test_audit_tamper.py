@@ -343,3 +343,66 @@ def test_the_worker_keeps_the_checkpoint_schedule_and_audit_verify_checks_agains
     assert "intact: 5 entries" in out.getvalue()
     superuser_sql("DELETE FROM catalog_auditentry WHERE id = (SELECT max(id) FROM catalog_auditentry)")
     assert "its tail was removed" in verify_fails(path)
+
+
+# -- catalog rows changed behind the application's back -----------------------------------------------
+
+
+@pytest.mark.postgres
+def test_every_catalog_table_has_the_row_change_trigger(db):
+    from django.apps import apps
+
+    tables = sorted(m._meta.db_table for m in apps.get_app_config("catalog").get_models())
+    with connection.cursor() as c:
+        c.execute(
+            "SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+            "WHERE t.tgname = 'audit_row_change' AND NOT t.tgisinternal"
+        )
+        with_trigger = sorted(row[0] for row in c.fetchall())
+    assert with_trigger == tables
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("audit_flushable")
+def test_a_catalog_row_changed_by_sql_is_listed_as_changed_outside_the_application(tmp_path):
+    from audit.models import RowChange
+    from audit.selectors import changed_outside
+
+    with acting_as(Actor(via="cli", name="pytest")):
+        cls = services.gpu_class_save(
+            instance=GPUClass(name="h100-80g", memory_mib=81559, usable_mib=79000, compute_capability="9.0")
+        )
+        cls.usable_mib = 78000
+        services.gpu_class_save(instance=cls)
+    assert RowChange.objects.filter(table_name="catalog_gpuclass").count() == 2  # both seen, both audited
+    assert not changed_outside().exists()
+    path = checkpoint(tmp_path)
+    call_command("audit_verify", "--checkpoint", str(path), stdout=StringIO())
+
+    with connection.cursor() as c:  # as the next restart would read it: edited behind the log's back
+        c.execute("UPDATE catalog_gpuclass SET usable_mib = 81000 WHERE name = 'h100-80g'")
+
+    (change,) = changed_outside()
+    assert (change.table_name, change.operation, change.row_key) == (
+        "catalog_gpuclass",
+        "UPDATE",
+        str(cls.pk),
+    )
+    assert (change.before["usable_mib"], change.after["usable_mib"]) == (78000, 81000)
+    assert change.db_role == connection.settings_dict["USER"]
+    err = StringIO()
+    with pytest.raises(CommandError) as failed:
+        call_command("audit_verify", "--checkpoint", str(path), stdout=StringIO(), stderr=err)
+    assert failed.value.returncode == 1 and "made outside the application" in str(failed.value)
+    assert f"catalog_gpuclass UPDATE row {cls.pk}" in err.getvalue()
+    lead = b.user("lead", "audit.view_auditentry")
+    from django.test import Client
+
+    client = Client()
+    client.force_login(lead)
+    page = client.get("/audit/outside/").content.decode()
+    assert "catalog_gpuclass" in page and "81000" in page
+    # and the record itself is append-only
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as c:
+        c.execute("DELETE FROM audit_rowchange")

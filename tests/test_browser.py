@@ -461,3 +461,82 @@ def test_draining_a_node_moves_its_replicas_and_leaves_it_empty_and_cordoned(
         page.get_by_role("button", name="Uncordon gpu-a").click()
         page.locator(".message.success").wait_for()
         assert page.locator(".page-head .badge.state-ready").count() == 1
+
+
+def test_a_replicas_page_shows_its_engine_log_live_while_it_starts_with_secrets_redacted(
+    page, tmp_path, fast_restarts
+):
+    from operations.services.specs import replica_spec
+    from tests.restart_support import fleet_of
+
+    secret = "hf_" + "t" * 32  # the stand-in logs its Hub token, as a careless engine would
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, env={"HF_TOKEN": secret}, load_seconds=4) as fleet:
+        replica = b.replica(
+            fleet.profile,
+            fleet.nodes["gpu-a"],
+            [0],
+            name="llama-1",
+            port=fast_restarts.LLMGW_REPLICA_PORT_BASE,
+        )
+        Replica.objects.filter(pk=replica.pk).update(state="starting")
+        spec = replica_spec(
+            Profile.objects.select_related("model").get(pk=fleet.profile.pk), port=replica.port, cards=[0]
+        )
+        with fleet.agents["gpu-a"].client() as http:
+            assert http.put("/v1/replicas/llama-1", json=spec).status_code == 201
+        b.user("viewer", "catalog.view_servedmodel", password=PASSWORD)
+        sign_in(page, "viewer")
+        page.goto("/replicas/llama-1/")
+        live = page.locator("#replica-log[data-polling]")
+        live.wait_for()
+        assert "live while it loading" in live.inner_text() or "live while it starting" in live.inner_text()
+        done = page.locator("#replica-log:not([data-polling]) pre.log")
+        done.wait_for(timeout=20_000)  # it stops polling once the agent says it is ready
+        text = done.inner_text()
+        assert "listening on" in text and "with token ***" in text
+        assert secret not in page.content()
+
+
+def test_a_resize_whose_restart_failed_is_rolled_back_from_its_page(page, tmp_path, fast_restarts, shots):
+    """A resize saved at revision 2 whose restart failed: its page says how to roll back, and the button
+    does it: the profile at its old settings as revision 3, the replicas current, both in the audit log."""
+    from catalog.models import Node
+    from operations.services.runner import run_operation
+    from tests.restart_support import MODEL, fleet_of
+
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2) as fleet:
+        fleet.start(f"{MODEL}-1", "gpu-a", [0])
+        # The node's record lists two cards more than its agent has: a replica placed on them fails to start.
+        node = Node.objects.get(name="gpu-a")
+        for index in (2, 3):
+            Card.objects.create(node=node, index=index, gpu_class=fleet.profile.gpu_class)
+        operator()
+        sign_in(page, "operator")
+        page.goto(f"/models/{MODEL}/")
+        page.get_by_label("Cards per replica").fill("2")
+        page.locator("#resize-preview .preview.ok").wait_for()
+        page.get_by_role("button", name="Apply: 2 cards").click()
+        page.locator(".message.success").wait_for()
+        resize = RestartOperation.objects.get(model__name=MODEL)
+        assert run_operation(resize.pk) == "failed"  # the worker's part: the agent has no card 2
+        assert Profile.objects.get(pk=fleet.profile.pk).revision == 2
+
+        page.goto(f"/operations/{resize.pk}/")
+        note = page.locator(".rollback")
+        assert "its replicas still run revision 1" in note.inner_text()
+        page.screenshot(path=shots / "restart-failed-rollback.png", full_page=True)
+        note.get_by_role("button", name="Roll back h100 to revision 1").click()
+        page.locator(".message.success").wait_for()
+        assert "is at revision 3, with revision 1's settings" in page.locator(".message.success").inner_text()
+        rollback = RestartOperation.objects.exclude(pk=resize.pk).get(model__name=MODEL)
+        assert page.url.endswith(f"/operations/{rollback.pk}/")
+        assert run_operation(rollback.pk) == "succeeded"
+        page.locator(f"#operation-{rollback.pk}:not([hx-trigger])").wait_for()
+
+        profile = Profile.objects.get(pk=fleet.profile.pk)
+        assert (profile.revision, profile.gpus_per_node, profile.tp) == (3, 1, 1)
+        live = Replica.objects.filter(profile=profile, state__in=Replica.LIVE_STATES)
+        assert [r.revision for r in live] == [3]  # current
+        assert AuditEntry.objects.filter(action="resize", via="ui", actor="operator").count() == 1
+        entry = AuditEntry.objects.get(action="rollback", via="ui", actor="operator")
+        assert (entry.before["tp"], entry.after["tp"], entry.after["revision"]) == (2, 1, 3)

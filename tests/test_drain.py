@@ -10,6 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from rest_framework.test import APIClient
 
+from audit.actor import Actor, acting_as
 from audit.models import AuditEntry
 from catalog.models import Node, Replica
 from operations.models import RestartOperation
@@ -105,3 +106,21 @@ def test_a_replica_moved_over_the_api_goes_to_another_node_though_its_own_has_fr
         assert Replica.objects.get(name="llama-1").state == "stopped"
         stopped = api(RESTART).post("/api/replicas/llama-1/move/", {}, format="json")
         assert stopped.status_code == 400 and stopped.json()["code"] == "not_live"
+
+
+@pytest.mark.django_db
+def test_a_cordoned_node_is_said_so_where_the_model_page_names_it():
+    from django.test import Client
+
+    from operations.services.drain import node_cordon
+
+    n = b.node("gpu-1", cards=2)
+    b.replica(b.profile(b.llama_8b(MODEL)), n, [0], name="llama-1")
+    client = Client()
+    client.force_login(b.user("viewer"))
+    assert 'badge state-cordoned">cordoned' not in client.get(f"/models/{MODEL}/").content.decode()
+    with acting_as(Actor(via="cli", name="pytest")):
+        node_cordon(node_name="gpu-1")
+    page = client.get(f"/models/{MODEL}/").content.decode()
+    assert '>gpu-1</a> <span class="badge state-cordoned">cordoned</span>' in page
+    assert "Cordoned: no new replica is placed on gpu-1" in client.get("/nodes/gpu-1/").content.decode()

@@ -13,10 +13,12 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db.models import Max
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from audit.models import AuditEntry
+from audit.models import AuditEntry, RowChange
+from audit.selectors import changed_outside
 from catalog.models import Node, Profile, Replica
 from operations.models import RestartOperation
 from operations.services.lease import claim
@@ -54,6 +56,14 @@ def test_an_engine_the_catalog_does_not_hold_is_listed_as_an_orphan_and_audited(
         (entry,) = reconciler_entries("orphans")
         assert "stray-1" in entry.message and "adopt them in the catalog or stop them" in entry.message
         assert Replica.objects.get(name="llama-1").state == "ready"  # what is in line is left alone
+        # Card 2 is free in the catalog and not on the node: placement does not pick it.
+        from operations.services.placement import best_fit
+
+        b.replica(
+            b.profile(b.llama_8b("filler"), cls=profile.gpu_class), node, [1], name="filler-1", port=8999
+        )
+        fit = best_fit(Profile.objects.select_related("gpu_class").get(pk=profile.pk))
+        assert fit is not None and [c.index for c in fit[1]] == [3]
 
         reconcile()  # nothing new: nothing written
         assert len(reconciler_entries("orphans")) == 1
@@ -71,6 +81,7 @@ def test_a_node_whose_agent_does_not_answer_is_unreachable_with_its_last_seen_ti
     with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b")) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         fleet.start("llama-2", "gpu-b", [0])
+        mark = RowChange.objects.aggregate(top=Max("id"))["top"] or 0
         reconcile()
         seen = Node.objects.get(name="gpu-b").last_seen_at
         assert seen is not None
@@ -108,6 +119,11 @@ def test_a_node_whose_agent_does_not_answer_is_unreachable_with_its_last_seen_ti
         assert len(reconciler_entries("reachable")) == 1
         states = [(e.before["state"], e.after["state"]) for e in reconciler_entries("reconcile")]
         assert states == [("ready", "unknown"), ("unknown", "ready")]
+        # Every catalog row the passes changed is explained by an audit entry (PostgreSQL records them);
+        # the last-seen readings are kept outside the catalog.
+        assert not changed_outside().filter(id__gt=mark).exists(), list(
+            changed_outside().filter(id__gt=mark).values_list("table_name", "before", "after")
+        )
         assert_catalog_is_what_agents_run(fleet)
 
 

@@ -15,8 +15,10 @@ import time
 
 import pytest
 from agent_testing import wait_until
+from django.db.models import Max
 
-from audit.models import AuditEntry
+from audit.models import AuditEntry, RowChange
+from audit.selectors import changed_outside
 from catalog.models import Node, Replica, Shard
 from operations.models import RestartOperation, RestartStep
 from operations.services.start import restart_start
@@ -202,8 +204,13 @@ def test_a_hanging_agent_with_the_shortest_settings_has_one_worker_write_each_st
             assert answers(old.port)  # it kept serving (its agent hung, not its engine)
             # The replacement's stop was never confirmed: it held its card as stopping, and the reconciler
             # stops it once the agent answers again (and says llama-1 is ready again, not unknown).
+            wait_until(
+                lambda: Replica.objects.get(pk=step.new_replica_id).state == "stopped",
+                timeout=30,
+                interval=0.2,
+                what="the reconciler to confirm the replacement's stop",
+            )
             in_line(fleet)
-            assert Replica.objects.get(pk=step.new_replica_id).state == "stopped"
             old.refresh_from_db()
             assert old.state == "ready"
 
@@ -217,6 +224,7 @@ def test_with_one_agent_down_among_three_its_replicas_go_elsewhere_and_the_healt
         fleet.start("llama-3", "gpu-c", [0])
         fleet.change_profile(args=["--max-num-seqs", "8"])
         down = fleet.agents["gpu-c"]
+        mark = RowChange.objects.aggregate(top=Max("id"))["top"] or 0
         kill_agent(down)  # its engine runs on, unseen
         with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE) as worker:
             op = restart_start(model_name=MODEL, ready_timeout=60)
@@ -240,6 +248,10 @@ def test_with_one_agent_down_among_three_its_replicas_go_elsewhere_and_the_healt
             assert Node.objects.get(name="gpu-c").reachable
             assert not engines_on(down)
         assert_nothing_half_done()
+        # Every catalog row the workers and the reconciler changed is explained by an audit entry.
+        assert not changed_outside().filter(id__gt=mark).exists(), list(
+            changed_outside().filter(id__gt=mark).values_list("table_name", "operation", "after")
+        )
 
 
 def test_in_place_with_both_specs_failing_says_the_model_has_no_replica(tmp_path, actor, settings, client):

@@ -205,6 +205,10 @@ class AgentHandler(BaseHTTPRequestHandler):
         if path in ("/v1/replicas", "/v1/replicas/"):
             self._allow(method, "GET")
             return 200, supervisor.all_replicas()
+        if path.startswith(REPLICAS_PREFIX) and path.endswith("/log") and path.count("/") == 4:
+            replica_id = unquote(path[len(REPLICAS_PREFIX) : -len("/log")])
+            self._allow(method, "GET")
+            return 200, supervisor.log(replica_id, _lines(query))
         if path.startswith(REPLICAS_PREFIX) and "/" not in path[len(REPLICAS_PREFIX) :]:
             replica_id = unquote(path[len(REPLICAS_PREFIX) :])
             self._allow(method, "GET", "PUT", "DELETE")
@@ -293,6 +297,16 @@ def _wait(query: dict[str, list[str]]) -> tuple[float, str | None]:
             f"state must be the state last seen, one of {', '.join(sorted(ALL_STATES))}; got {state[:40]!r}.",
         )
     return wait, state
+
+
+def _lines(query: dict[str, list[str]]) -> int:
+    """``?lines=N``: how many of the log's last lines, 1 to 500 (default 200)."""
+    raw = query.get("lines", ["200"])[-1]
+    if not raw.isdigit() or not 1 <= int(raw) <= 500:
+        raise AgentError(
+            400, "invalid_lines", f"lines must be a whole number from 1 to 500, got {raw[:40]!r}."
+        )
+    return int(raw)
 
 
 def _grace(query: dict[str, list[str]]) -> float | None:

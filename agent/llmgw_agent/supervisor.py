@@ -48,6 +48,8 @@ from .spec import AgentError, Spec, parse_spec
 log = logging.getLogger("llmgw_agent")
 
 MAX_FINISHED_RECORDS = 500
+LOG_MAX_LINES = 500  # lines a log request may ask for (read from the log's last 64 KiB)
+LOG_MIN_INTERVAL = 0.5  # seconds between two reads of one replica's log, however often it is asked
 KILL_WAIT = 5.0
 # The longest a reader may wait for a replica to change (GET ...?wait=): bounded, so a connection
 # is never held open for long, whatever the caller asked.
@@ -76,6 +78,7 @@ class Supervisor:
         # wakes the readers waiting for one (get with wait).
         self._lock = threading.Condition()
         self._replicas: dict[str, Replica] = {}
+        self._log_cache: dict[str, tuple[float, int, list[str]]] = {}  # replica: (read at, lines, tail)
         self._closing = False
         config.log_dir.mkdir(parents=True, exist_ok=True)
         config.state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -94,6 +97,24 @@ class Supervisor:
             {"index": c.index, "name": c.name, "memory_mib": c.memory_mib, "replica": holders.get(c.index)}
             for c in self.cards
         ]
+
+    def log(self, replica_id: str, lines: int) -> dict[str, Any]:
+        """The last ``lines`` lines (at most ``LOG_MAX_LINES``, read from the last 64 KiB) this run of
+        the replica wrote to its log, with the spec's secrets replaced by ``***``. Read from the file
+        at most every ``LOG_MIN_INTERVAL`` seconds per replica, however often it is asked (a page
+        polls while the replica starts): the last answer is given meanwhile."""
+        lines = max(1, min(lines, LOG_MAX_LINES))
+        with self._lock:
+            record = self._find(replica_id)
+            state = record.state
+        now = time.monotonic()
+        cached = self._log_cache.get(replica_id)
+        if cached is not None and now - cached[0] < LOG_MIN_INTERVAL and cached[1] >= lines:
+            tail = cached[2][-lines:]
+        else:
+            tail = [record.redact(line) for line in record.log_tail(lines)]
+            self._log_cache[replica_id] = (now, lines, tail)
+        return {"id": replica_id, "state": state, "lines": tail}
 
     def process_groups(self) -> dict[int, str]:
         """The process group of each replica whose process runs: ``{pgid: replica id}`` (an engine

@@ -44,6 +44,9 @@ class NodeSerializer(serializers.ModelSerializer):
     # per card was most of the answer's time.
     cards = serializers.SerializerMethodField()
     agent_token = serializers.CharField(write_only=True, help_text="Never shown again once set.")
+    last_seen_at = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="When its agent last answered the reconciler."
+    )
 
     class Meta:
         model = Node
@@ -60,7 +63,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "cards",
         ]
         # What the reconciler learnt from the node's agent: read here, written by it alone.
-        read_only_fields = ["reachable", "last_seen_at", "unreachable_reason", "orphans"]
+        read_only_fields = ["reachable", "unreachable_reason", "orphans"]
 
     @extend_schema_field(CardSerializer(many=True, read_only=True))
     def get_cards(self, node: Node) -> list[dict[str, Any]]:

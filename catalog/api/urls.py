@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from catalog.api import resize, views, whoami
+from catalog.api import resize, rollback, views, whoami
 
 router = DefaultRouter()
 router.register("gpu-classes", views.GPUClassViewSet, basename="api-gpuclass")
@@ -16,5 +16,11 @@ urlpatterns = [
     path("whoami/", whoami.WhoAmIView.as_view(), name="api-whoami"),
     path("models/<str:name>/gpus/", resize.ResizeView.as_view(), name="api-model-gpus"),
     path("models/<str:name>/context/", resize.ContextView.as_view(), name="api-model-context"),
+    path("models/<str:name>/rollback/", rollback.RollbackView.as_view(), name="api-model-rollback"),
+    path(
+        "models/<str:name>/profiles/<str:profile>/revisions/",
+        rollback.RevisionsView.as_view(),
+        name="api-profile-revisions",
+    ),
     path("", include(router.urls)),
 ]

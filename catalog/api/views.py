@@ -79,7 +79,7 @@ class NodeViewSet(ServiceViewSet):
     holding each card. Filter with ``?state=`` or ``?name=``. The agent token is write-only.
     """
 
-    queryset = Node.objects.prefetch_related(_cards)
+    queryset = Node.objects.select_related("agent_contact").prefetch_related(_cards)
     serializer_class = s.NodeSerializer
     filterset_fields = ["state", "name"]
     lookup_field = "name"

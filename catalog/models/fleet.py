@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from urllib.parse import urlsplit
 
 from django.core.validators import RegexValidator
@@ -68,7 +69,6 @@ class Node(models.Model):
     reachable = models.BooleanField(
         default=True, help_text="Whether its agent answered the last time it was asked."
     )
-    last_seen_at = models.DateTimeField(null=True, blank=True, help_text="When its agent last answered.")
     unreachable_reason = models.TextField(blank=True, default="", help_text="Why its agent did not answer.")
     orphans = models.JSONField(
         default=list,
@@ -86,6 +86,13 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def last_seen_at(self) -> datetime | None:
+        """When its agent last answered the reconciler (``operations.models.AgentContact``: a reading
+        written every pass, kept out of the catalog, whose every row change is audited)."""
+        contact = getattr(self, "agent_contact", None)
+        return contact.last_seen_at if contact is not None else None
 
     @property
     def agent_host(self) -> str:

@@ -134,6 +134,8 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
     )
     for r in replicas:
         r.cards_said = [(node, cards_said(indices)) for node, indices in r.placement]  # type: ignore[attr-defined]
+        # Each node it runs on with the node's state: a cordoned or down node is said beside its name.
+        r.nodes = list({s.card.node.name: s.card.node.state for s in r.shards.all()}.items())  # type: ignore[attr-defined]
         # The need planned beside the need measured, over the terms the engine logged.
         r.memory_need = None  # type: ignore[attr-defined]
         if r.measured_memory:

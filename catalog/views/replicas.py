@@ -7,12 +7,13 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404
+from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 
-from catalog.models import Replica
+from catalog.models import Node, Replica
 from catalog.planning.measured import compare, drift
 from catalog.planning.units import gib
+from catalog.secrets import profile_secrets, redact
 from catalog.services.fit import profile_memory
 from catalog.views.common import render_page
 from catalog.views.display import hue
@@ -74,3 +75,53 @@ def replica_detail(request: HttpRequest, name: str) -> HttpResponse:
             ],
         },
     )
+
+
+LOG_LINES = 200  # the tail the replica page shows
+LOG_POLL = "every 2s"  # while the replica starts or loads
+
+
+def _node_of(replica: Replica) -> Node | None:
+    """Where the replica runs, or last ran: its cards' node, else the node its restart put it on."""
+    shard = replica.shards.select_related("card__node").first()
+    if shard is not None:
+        return shard.card.node
+    from operations.models import RestartStep
+
+    step = RestartStep.objects.filter(new_replica=replica).exclude(node="").order_by("-id").first()
+    return Node.objects.filter(name=step.node).first() if step is not None else None
+
+
+@login_required
+@require_GET
+def replica_log(request: HttpRequest, name: str) -> HttpResponse:
+    """The tail of the replica's engine log, from its node's agent (which redacts the spec's secrets,
+    bounds the size and reads the file at most twice a second); it polls itself while the replica
+    starts or loads. The profile's secret values are masked here again, whatever the agent sent."""
+    from operations.agents import AgentCallFailed, AgentClient
+
+    replica = get_object_or_404(Replica.objects.select_related("profile"), name=name)
+    node = _node_of(replica)
+    context: dict[str, Any] = {
+        "replica": replica,
+        "node": node,
+        "lines": [],
+        "error": "",
+        "state": replica.state,
+    }
+    if node is None:
+        context["error"] = (
+            f"{replica.name} holds no card and no restart recorded where it ran: no agent to ask."
+        )
+    else:
+        try:
+            body = AgentClient.for_node(node).log(replica.name, lines=LOG_LINES)
+        except AgentCallFailed as exc:
+            context["error"] = exc.message
+        else:
+            secrets = profile_secrets(replica.profile.engine, replica.profile.env or {})
+            context["lines"] = [redact(str(line), secrets) for line in body.get("lines", [])][-LOG_LINES:]
+            context["state"] = str(body.get("state", replica.state))
+    context["polling"] = context["state"] in ("starting", "loading") and not context["error"]
+    context["poll"] = LOG_POLL
+    return render(request, "catalog/replica_detail.html#log", context)

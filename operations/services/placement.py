@@ -75,12 +75,19 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
         .select_related("node")
         .order_by("node__name", "index")
     ):
+        if card.index in orphan_cards(card.node):
+            continue  # an engine the catalog does not hold runs there (the reconciler listed it)
         free.setdefault(card.node_id, []).append(card)
     fits = [cards for cards in free.values() if len(cards) >= need]
     if not fits:
         return None
     best = min(fits, key=lambda cards: (cards[0].node_id in siblings, len(cards), cards[0].node.name))
     return best[0].node, best[:need]
+
+
+def orphan_cards(node: Node) -> set[int]:
+    """The cards of ``node`` its agent's orphans run on (``Node.orphans``): free in the catalog, not on the node."""
+    return {int(i) for o in node.orphans or [] for i in o.get("cards") or [] if isinstance(i, int)}
 
 
 def replica_name(model: ServedModel, step: RestartStep | None = None) -> str:

@@ -22,9 +22,10 @@ one node at a time, each change audited as the reconciler's:
 
 Replicas an operation in flight owns (a step's replacement, or the old
 replica it stops or restores) are left to the runner, which records them as
-it goes. ``last_seen_at`` is a reading, not a change: it is written without
-an audit entry; whether a node is reachable, its orphans and every replica's
-state are changes, and audited.
+it goes. When an agent last answered is a reading, not a change: it is kept
+in ``operations.AgentContact``, outside the catalog, and written without an
+audit entry; whether a node is reachable, its orphans and every replica's
+state are changes to the catalog, and audited.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from audit.actor import Actor
 from audit.services import audit_record, snapshot
 from catalog.models import Node, Replica, Shard
 from operations.agents import AgentCallFailed, AgentClient, describe_failure
-from operations.models import RestartOperation, RestartStep
+from operations.models import AgentContact, RestartOperation, RestartStep
 
 log = logging.getLogger("operations.reconcile")
 
@@ -80,38 +81,39 @@ class Report:
 
 
 def node_unreachable(node: Node, *, reason: str, actor: Actor) -> bool:
-    """Mark the node's agent unreachable (audited); False when it already was."""
+    """Mark the node's agent unreachable (audited), with why; False when it already was (the first
+    reason is kept)."""
     with transaction.atomic():
         row = Node.objects.select_for_update().get(pk=node.pk)
-        if not row.reachable and row.unreachable_reason == reason:
+        if not row.reachable:
             return False
         before = {"reachable": row.reachable, "unreachable_reason": row.unreachable_reason}
-        was = row.reachable
         row.reachable, row.unreachable_reason = False, reason
         row.save(update_fields=["reachable", "unreachable_reason"])
-        if was:
-            seen = f"{row.last_seen_at:%Y-%m-%d %H:%M:%S} UTC" if row.last_seen_at else "never"
-            audit_record(
-                action="unreachable",
-                object_type="node",
-                object_key=row.name,
-                object_repr=str(row),
-                before=before,
-                after={"reachable": False, "unreachable_reason": reason},
-                actor=actor,
-                message=f"node {row.name}'s agent does not answer (last seen {seen}): {reason}",
-            )
+        seen = f"{row.last_seen_at:%Y-%m-%d %H:%M:%S} UTC" if row.last_seen_at else "never"
+        audit_record(
+            action="unreachable",
+            object_type="node",
+            object_key=row.name,
+            object_repr=str(row),
+            before=before,
+            after={"reachable": False, "unreachable_reason": reason},
+            actor=actor,
+            message=f"node {row.name}'s agent does not answer (last seen {seen}): {reason}",
+        )
     return True
 
 
 def _node_reachable(node: Node, actor: Actor) -> bool:
-    """Its agent answered: last seen now, and reachable again (audited) if it was not."""
+    """Its agent answered: last seen now (a reading, not audited), and reachable again (audited) if it
+    was not. True when it was not."""
+    AgentContact.objects.update_or_create(node_id=node.pk, defaults={"last_seen_at": timezone.now()})
     with transaction.atomic():
         row = Node.objects.select_for_update().get(pk=node.pk)
         was = row.reachable
-        row.reachable, row.unreachable_reason, row.last_seen_at = True, "", timezone.now()
-        row.save(update_fields=["reachable", "unreachable_reason", "last_seen_at"])
         if not was:
+            row.reachable, row.unreachable_reason = True, ""
+            row.save(update_fields=["reachable", "unreachable_reason"])
             audit_record(
                 action="reachable",
                 object_type="node",

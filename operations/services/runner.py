@@ -53,6 +53,7 @@ from operations.services.placement import (
     free_port,
     in_place_cards,
     lock_placement,
+    orphan_cards,
     replica_name,
     replica_placement,
 )
@@ -513,6 +514,8 @@ class OperationRun:
                 )
                 if len(cards) != len(indices) or len(cards) != profile.cards:
                     return False
+                if orphan_cards(cards[0].node) & set(indices):
+                    return False  # an orphan engine runs there: the best fit stands in
                 node = cards[0].node
             else:
                 fit = best_fit(profile, replacing=step.old_replica)

@@ -1,0 +1,55 @@
+"""The agent serves the tail of a replica's engine log: bounded, at a bounded rate, secrets redacted."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import unittest
+from pathlib import Path
+
+from agent_testing import free_port, running_agent, standin_spec
+
+
+class TheLogTail(unittest.TestCase):
+    def setUp(self) -> None:
+        tmp = Path(self.enterContext(tempfile.TemporaryDirectory(prefix="llmgw-log-")))
+        self.agent = self.enterContext(running_agent(tmp / "agent"))
+        self.http = self.enterContext(self.agent.client())
+
+    def test_the_tail_shows_the_engines_lines_with_its_secrets_replaced(self) -> None:
+        secret = "hf_" + "s" * 30
+        spec = standin_spec(port=free_port(), env={"HF_TOKEN": secret})
+        self.assertEqual(self.http.put("/v1/replicas/r1", json=spec).status_code, 201)
+        self.agent.wait_for_state("r1", "ready")
+        raw = (self.agent.log_dir / "r1.log").read_text()
+        self.assertIn(secret, raw)  # the engine wrote it; the agent must not pass it on
+        time.sleep(0.6)  # past the read interval
+        body = self.http.get("/v1/replicas/r1/log", params={"lines": "50"}).json()
+        text = "\n".join(body["lines"])
+        self.assertEqual(body["state"], "ready")
+        self.assertIn("logging in to the Hugging Face Hub with token ***", text)
+        self.assertIn("listening on", text)
+        self.assertNotIn(secret, text)
+
+    def test_size_and_rate_are_bounded(self) -> None:
+        self.assertEqual(
+            self.http.put("/v1/replicas/r1", json=standin_spec(port=free_port())).status_code, 201
+        )
+        self.agent.wait_for_state("r1", "ready")
+        time.sleep(0.6)
+        first = self.http.get("/v1/replicas/r1/log", params={"lines": "2"}).json()["lines"]
+        self.assertEqual(len(first), 2)
+        # Within the interval the file is not read again: the same lines, whatever was written since.
+        with (self.agent.log_dir / "r1.log").open("a") as log:
+            log.write("a line written after the first read\n")
+        self.assertEqual(self.http.get("/v1/replicas/r1/log", params={"lines": "2"}).json()["lines"], first)
+        time.sleep(0.6)
+        again = self.http.get("/v1/replicas/r1/log", params={"lines": "2"}).json()["lines"]
+        self.assertEqual(again[-1], "a line written after the first read")
+        too_many = self.http.get("/v1/replicas/r1/log", params={"lines": "501"})
+        self.assertEqual((too_many.status_code, too_many.json()["code"]), (400, "invalid_lines"))
+        self.assertEqual(self.http.get("/v1/replicas/nope/log").status_code, 404)
+
+
+if __name__ == "__main__":
+    unittest.main()
