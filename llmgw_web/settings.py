@@ -284,6 +284,8 @@ LLMGW_AUDIT_CHECKPOINT_SECONDS = env_float("LLMGW_AUDIT_CHECKPOINT_SECONDS", 300
 
 # Card telemetry (telemetry/): how long a card's samples are kept, and how old its latest reading
 # may be and still count (a foreign process seen longer ago than that no longer keeps placement off).
+# How often the worker samples every node's cards (telemetry/tasks.py); 0: it does not.
+LLMGW_TELEMETRY_SECONDS = env_float("LLMGW_TELEMETRY_SECONDS", 15.0, minimum=0.0)
 LLMGW_TELEMETRY_HISTORY_SECONDS = env_float("LLMGW_TELEMETRY_HISTORY_SECONDS", 3600.0, minimum=60.0)
 LLMGW_TELEMETRY_STALE_SECONDS = env_float("LLMGW_TELEMETRY_STALE_SECONDS", 300.0, minimum=5.0)
 # /metrics (telemetry/views.py): off unless a token is set; Prometheus sends it as its bearer token.

@@ -8,12 +8,9 @@ the catalog. Counters are the operations' and steps' rows, which are never delet
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Count, F, Q, QuerySet
-from django.utils import timezone
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -71,22 +68,24 @@ class FleetCollector(Collector):
     def _nodes(self) -> Iterator[Metric]:
         reachable = GaugeMetricFamily(
             "llmgw_node_reachable",
-            "1 when the node's agent answered its last telemetry request, recently; 0 otherwise.",
+            "1 when the node's agent answered the reconciler the last time it was asked; 0 otherwise.",
             labels=["node", "state"],
         )
         seen = GaugeMetricFamily(
             "llmgw_node_last_seen_timestamp_seconds",
-            "When the node's agent last answered a telemetry request (Unix time).",
+            "When the node's agent last answered (the reconciler or a telemetry request; Unix time).",
             labels=["node"],
         )
-        fresh = timezone.now() - timedelta(seconds=settings.LLMGW_TELEMETRY_STALE_SECONDS)
-        readings = {r.node_id: r for r in NodeReading.objects.all()}
-        for node in Node.objects.order_by("name").only("id", "name", "state"):
-            r = readings.get(node.pk)
-            ok = r is not None and not r.error and r.seen_at is not None and r.seen_at >= fresh
-            reachable.add_metric([node.name, node.state], 1 if ok else 0)
-            if r is not None and r.seen_at is not None:
-                seen.add_metric([node.name], r.seen_at.timestamp())
+        telemetry = {r.node_id: r.seen_at for r in NodeReading.objects.exclude(seen_at=None)}
+        for node in (
+            Node.objects.select_related("agent_contact")
+            .order_by("name")
+            .only("id", "name", "state", "reachable", "agent_contact__last_seen_at")
+        ):
+            reachable.add_metric([node.name, node.state], 1 if node.reachable else 0)
+            times = [t for t in (node.last_seen_at, telemetry.get(node.pk)) if t is not None]
+            if times:
+                seen.add_metric([node.name], max(times).timestamp())
         yield reachable
         yield seen
 

@@ -39,6 +39,7 @@ def test_the_figures_match_the_catalog(live_server, settings):
     call_command("seed_demo")
     with acting_as(Actor(via="cli", name="pytest")):
         Node.objects.filter(name="gpu-l1").update(state="cordoned")
+        Node.objects.filter(name="gpu-a1").update(reachable=False, unreachable_reason="connection refused")
         h1 = Node.objects.get(name="gpu-h1")
         telemetry_record(
             node=h1,
@@ -109,9 +110,13 @@ def test_the_figures_match_the_catalog(live_server, settings):
     assert cordoned == l40s
     for state in Replica.State.values:
         assert got[("llmgw_replicas", (("state", state),))] == Replica.objects.filter(state=state).count()
-    # Reachability: gpu-h1's agent answered; the others were never asked.
-    assert got[("llmgw_node_reachable", (("node", "gpu-h1"), ("state", "ready")))] == 1
-    assert got[("llmgw_node_reachable", (("node", "gpu-l1"), ("state", "cordoned")))] == 0
+    # Reachability as the reconciler last found it; gpu-h1's agent answered a telemetry request.
+    for node in Node.objects.all():
+        assert got[("llmgw_node_reachable", (("node", node.name), ("state", node.state)))] == int(
+            node.reachable
+        )
+    assert got[("llmgw_node_reachable", (("node", "gpu-a1"), ("state", "ready")))] == 0
+    assert ("llmgw_node_last_seen_timestamp_seconds", (("node", "gpu-h1"),)) in got
     card = (("card", "0"), ("gpu_class", "h100-80g"), ("node", "gpu-h1"))
     assert got[("llmgw_card_memory_used_bytes", card)] == 73403 * 2**20
     assert got[("llmgw_card_foreign_memory_bytes", card)] == 4096 * 2**20

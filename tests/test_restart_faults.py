@@ -285,3 +285,75 @@ def test_in_place_with_both_specs_failing_says_the_model_has_no_replica(tmp_path
         assert_catalog_is_what_agents_run(fleet)
         assert not engines_on(fleet.agents["gpu-a"])
         assert_nothing_half_done()
+
+
+def test_a_profile_save_during_a_running_restart_is_refused_busy_and_every_replica_runs_one_revision(
+    tmp_path, actor, settings
+):
+    from django.test import Client
+    from rest_framework.test import APIClient
+
+    from catalog.models import Profile
+    from tests import builders as b
+
+    with fleet_of(tmp_path) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.start("llama-2", "gpu-b", [0])
+        profile = fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "3"})
+        api = APIClient()
+        api.force_authenticate(b.user("alice", "catalog.change_profile", "catalog.resize_model"))
+        root = b.user("root")
+        root.is_superuser = root.is_staff = True
+        root.save()
+        admin = Client()
+        admin.force_login(root)
+        with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE) as worker:
+            op = restart_start(model_name=MODEL, ready_timeout=60)
+            wait_until(
+                lambda: RestartStep.objects.filter(operation=op, state="waiting").exists(),
+                timeout=60,
+                interval=0.1,
+                what="a replacement loading",
+            )
+            attempts = {
+                "api": api.patch(
+                    f"/api/profiles/{profile.pk}/", {"args": ["--max-num-seqs", "8"]}, format="json"
+                ),
+                "resize": api.post(f"/api/models/{MODEL}/gpus/", {"gpus": 2}, format="json"),
+                "context": api.post(f"/api/models/{MODEL}/context/", {"tokens": 8192}, format="json"),
+            }
+            for path, response in attempts.items():
+                assert (response.status_code, response.json()["code"]) == (409, "busy"), (
+                    path,
+                    response.content,
+                )
+                assert (
+                    f"Restart #{op.pk} of {MODEL} is running (/operations/{op.pk}/)"
+                    in response.json()["detail"]
+                )
+            form = {
+                "model": profile.model_id,
+                "name": profile.name,
+                "engine": "vllm",
+                "gpu_class": profile.gpu_class_id,
+                "gpus_per_node": 1,
+                "tp": 1,
+                "nodes": 1,
+                "pp": 0,
+                "args": '["--max-num-seqs", "8"]',
+                "env": '{"STANDIN_LOAD_SECONDS": "3"}',
+            }
+            said = admin.post(f"/admin/catalog/profile/{profile.pk}/change/", form, follow=True).context[
+                "messages"
+            ]
+            assert any(f"Restart #{op.pk} of {MODEL} is running" in str(m) for m in said), [
+                str(m) for m in said
+            ]
+            op = wait_for_operation(op.pk, timeout=120)
+        assert op.state == "succeeded", (op.reason, worker.output())
+        now = Profile.objects.get(pk=profile.pk)
+        assert (now.revision, now.args) == (profile.revision, profile.args)  # nothing was saved midway
+        live = Replica.objects.filter(state="ready", profile=now)
+        assert live.count() == 2 and {r.revision for r in live} == {now.revision}
+        assert_catalog_is_what_agents_run(fleet)
+        assert_nothing_half_done()

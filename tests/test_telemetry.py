@@ -91,3 +91,28 @@ def test_the_history_keeps_what_is_recent_and_a_silent_agent_is_said(tmp_path, s
     silent = NodeReading.objects.get(node=node)
     assert "gpu-1" in silent.error and silent.seen_at is not None  # the last answer is still known
     assert Card.objects.count() == 2
+
+
+def test_a_worker_starting_schedules_one_sampling_chain_and_each_sample_the_next(settings):
+    from django_tasks import TaskResultStatus
+    from django_tasks_db.models import DBTaskResult
+
+    from telemetry.tasks import ensure_sampler, sample_telemetry
+
+    DBTaskResult.objects.all().delete()
+    settings.LLMGW_TELEMETRY_SECONDS = 9
+    ensure_sampler(due_in=0)
+    ensure_sampler(due_in=0)  # a second worker starting: still one chain
+    waiting = DBTaskResult.objects.filter(
+        task_path=sample_telemetry.module_path, status=TaskResultStatus.READY
+    )
+    assert waiting.count() == 1
+    waiting.update(status=TaskResultStatus.SUCCESSFUL)
+    b.node("gpu-1", cards=1, agent_url="http://127.0.0.1:9")
+    assert sample_telemetry.call() == {"gpu-1": False}
+    (following,) = waiting.all()
+    assert timedelta(seconds=8) < following.run_after - timezone.now() <= timedelta(seconds=9)
+    following.delete()
+    settings.LLMGW_TELEMETRY_SECONDS = 0  # off: the worker does not sample
+    ensure_sampler(due_in=0)
+    assert not waiting.exists()

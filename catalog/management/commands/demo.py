@@ -208,16 +208,12 @@ class Command(ActorCommand):
             "worker",
             [sys.executable, "manage.py", "db_worker", "--no-reload", "--interval", "1"],
             root / "worker.log",
+            env={"LLMGW_TELEMETRY_SECONDS": "5"},  # its cards' telemetry, for the nodes grid
         )
         web = [sys.executable, "manage.py", "runserver", options["addr"]]
         if not options["reload"]:
             web.append("--noreload")
         self._spawn("web", web, root / "web.log")
-        self._spawn(
-            "telemetry",
-            [sys.executable, "manage.py", "telemetry_sample", "--loop", "5"],
-            root / "telemetry.log",
-        )
         self.stdout.write(f"worker: python manage.py db_worker (log {root / 'worker.log'})")
         self.stdout.write(f"web: http://{options['addr']}/ (log {root / 'web.log'}); API docs at /api/docs/")
         self.stdout.write("Ctrl-C stops the web server, the worker, the agents and their replicas.")
