@@ -339,6 +339,11 @@ def test_the_replicas_table_changes_with_the_restart_card(page, tmp_path, fast_r
 
         assert run_operation(op.pk) == "succeeded"  # the worker's part, while the page polls
         page.locator(f"#operation-{op.pk}:not([hx-trigger])").wait_for()
+        # The table follows the card: after its last poll, llama-1 is folded away among the stopped
+        # (a poll during the run may show both ready for a moment, before the old one stops).
+        page.locator(
+            "#replicas details.stopped-replicas tr.replica.state-stopped", has_text=f"{MODEL}-1"
+        ).wait_for(state="attached")
         page.locator("#replicas tr.replica.state-ready", has_text=f"{MODEL}-2").wait_for()
         assert page.evaluate(MARKER) == "still here"  # swapped in, not reloaded
         ready = table.locator("tr.replica.state-ready")
@@ -540,3 +545,25 @@ def test_a_resize_whose_restart_failed_is_rolled_back_from_its_page(page, tmp_pa
         assert AuditEntry.objects.filter(action="resize", via="ui", actor="operator").count() == 1
         entry = AuditEntry.objects.get(action="rollback", via="ui", actor="operator")
         assert (entry.before["tp"], entry.after["tp"], entry.after["revision"]) == (2, 1, 3)
+
+
+def test_an_operator_moves_a_replica_from_its_page_to_another_node(page, tmp_path, fast_restarts):
+    from operations.services.runner import run_operation
+    from tests.restart_support import fleet_of
+
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        operator()
+        sign_in(page, "operator")
+        page.goto("/replicas/llama-1/")
+        page.get_by_role("button", name="Move llama-1 to another node").click()
+        page.locator(".message.success").wait_for()
+        op = RestartOperation.objects.get()
+        assert op.cause == "move of llama-1 off gpu-a"
+        assert run_operation(op.pk) == "succeeded"
+        page.locator(f"#operation-{op.pk}:not([hx-trigger])").wait_for()
+        # The table follows the card: once it has ended, llama-1 is folded away among the stopped.
+        page.locator(
+            "#replicas details.stopped-replicas tr.replica.state-stopped", has_text="llama-1"
+        ).wait_for(state="attached")
+        assert "gpu-b" in page.locator("#replicas tr.replica.state-ready", has_text="llama-2").inner_text()
