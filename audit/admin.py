@@ -21,7 +21,7 @@ class AuditEntryAdmin(admin.ModelAdmin):
     every row before them (the admin pages by offset); /audit/ does not.
     """
 
-    list_display = ["at", "actor", "via", "action", "object_type", "object_key", "request_id"]
+    list_display = ["at", "actor", "via", "action", "object_type", "object_key", "message", "request_id"]
     list_filter = ["via"]  # its choices are Via's, not read from the table
     search_fields = ["actor", "object_key", "object_repr", "message", "request_id"]
     show_full_result_count = False

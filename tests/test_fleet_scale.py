@@ -61,7 +61,9 @@ REQUESTS = [
     ("GET", "/api/whoami/", None),
     ("POST", "/api/models/gen-model-001/gpus/", {"gpus": 2, "profile": "one", "dry_run": True}),
     ("POST", "/api/models/gen-model-001/context/", {"tokens": 16384, "profile": "one", "dry_run": True}),
-    ("GET", "/models/gen-model-001/", None),
+    # gen-model-002: its latest restart succeeded at both sizes (gen-model-001's failed at the larger,
+    # and a failed restart's page asks two more queries for what a rollback would go back to).
+    ("GET", "/models/gen-model-002/", None),
     ("POST", "/models/gen-model-001/resize/preview/", {"gpus": 2, "profile": "one"}),
     ("GET", "/nodes/", None),
     ("GET", "/nodes/?gpu_class=gen-h100-80g&state=ready&free=1", None),

@@ -21,7 +21,8 @@ from tests.restart_support import MODEL, fleet_of
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.usefixtures("fast_restarts", "audit_flushable"),
+    # On PostgreSQL every test here runs as the application's role (tests/conftest.py, as_app_role).
+    pytest.mark.usefixtures("fast_restarts", "audit_flushable", "as_app_role"),
 ]
 
 
