@@ -406,3 +406,36 @@ def test_a_catalog_row_changed_by_sql_is_listed_as_changed_outside_the_applicati
     # and the record itself is append-only
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as c:
         c.execute("DELETE FROM audit_rowchange")
+
+
+def test_entries_from_before_keyed_hashes_check_as_the_logs_first_ones_and_the_checkpoint_counts_them(
+    actor, tmp_path
+):
+    """A log begun before keyed hashes: its first entries carry plain SHA-256 and still check; keyed ones
+    follow; the checkpoint records how many plain ones there were, so none can be added later."""
+    from django.utils import timezone
+
+    from audit.chain import GENESIS_HASH
+
+    prev = GENESIS_HASH
+    for i in range(3):
+        old = AuditEntry(
+            at=timezone.now(),
+            actor="before",
+            via="cli",
+            action="update",
+            object_type="node",
+            object_key=f"old-{i}",
+            object_repr=f"old-{i}",
+            prev_hash=prev,
+        )
+        old.hash = hashlib.sha256(old.canonical()).hexdigest()
+        old.save()
+        prev = old.hash
+    entries(2)
+    assert verify_chain() == []
+    path = checkpoint(tmp_path)
+    assert latest_checkpoint(path).plain == 3
+    out = StringIO()
+    call_command("audit_verify", "--checkpoint", str(path), stdout=out)
+    assert "intact: 5 entries" in out.getvalue()
