@@ -127,7 +127,10 @@ def test_the_revisions_page_shows_a_diff_and_offers_rollback_to_operators_only(m
     )
     operator = signed_in(b.user("operator", "catalog.resize_model", "catalog.restart_model"))
     page = operator.get(f"/models/{MODEL}/profiles/h100/revisions/").content.decode()
-    assert "Roll back to revision 1" in page
+    assert "Roll back to revision 1" in page and "History" not in page  # the log is the leads'
+    lead = signed_in(b.user("lead", "audit.view_auditentry"))
+    panel = lead.get(f"/models/{MODEL}/profiles/h100/revisions/").content.decode()
+    assert "History" in panel and f"{MODEL}/h100: arguments none → --max-num-seqs 8" in panel
     response = operator.post(f"/models/{MODEL}/profiles/h100/rollback/", {"revision": "1"})
     op = RestartOperation.objects.get()
     assert response.status_code == 303 and response["Location"] == f"/operations/{op.pk}/"

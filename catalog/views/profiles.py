@@ -8,6 +8,7 @@ API's sentence, and nothing changes.
 from __future__ import annotations
 
 from django.contrib import messages
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -15,6 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from access.rules import requires
 from audit.summary import diff_rows, summarize
+from audit.views import history_context
 from catalog.errors import DomainError
 from catalog.models import Profile, Replica
 from catalog.services.rollback import profile_rollback, revisions
@@ -61,6 +63,12 @@ def profile_revisions(request: HttpRequest, name: str, profile: str) -> HttpResp
             "diff": diff,
             "running": running,
             "can_rollback": request.user.has_perm(RESIZE) and not found.model.declared,
+            **history_context(
+                request,
+                Q(object_type="profile", object_key=str(found)),
+                object_type="profile",
+                object=str(found),
+            ),
         },
     )
 
