@@ -8,6 +8,9 @@ class Migration(migrations.Migration):
     dependencies = [
         ("catalog", "0007_node_reachability_replica_reason"),
         ("operations", "0002_step_planned_place"),
+        # After the cause: on SQLite, undoing the constraint below rebuilds the table from this
+        # migration's state, which must hold the cause's columns or the rebuild drops them.
+        ("operations", "0003_operation_cause"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
