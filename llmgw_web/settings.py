@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -47,6 +48,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "knox",
+    "axes",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -76,7 +78,24 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "audit.middleware.ActorMiddleware",
+    # Last (django-axes): answers a locked-out sign-in, on /accounts/login/ and /admin/login/ alike.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Failed sign-ins are counted per user name and address (django-axes): the twentieth failure within
+# AXES_COOLOFF_TIME locks that pair out until it has passed, whatever password comes next; a
+# success resets the count. access/lockout.py says when it ends.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LLMGW_SIGNIN_FAILURES", 20, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LLMGW_SIGNIN_LOCKOUT_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "access.lockout.locked_out"
+# Behind a proxy that sets X-Forwarded-For (LLMGW_BEHIND_PROXY), the client's address is its first hop.
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
 
 ROOT_URLCONF = "llmgw_web.urls"
 WSGI_APPLICATION = "llmgw_web.wsgi.application"
@@ -170,6 +189,8 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "catalog.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Per caller: anonymous by address, signed in by user (access/throttles.py reads the rates).
+    "DEFAULT_THROTTLE_CLASSES": ["access.throttles.AnonymousRate", "access.throttles.UserRate"],
 }
 
 # API tokens (django-rest-knox): only a hash is stored; the secret is shown once, at creation.
@@ -179,6 +200,9 @@ KNOX_TOKEN_MODEL = "access.Token"
 # table that nothing uses and that holds a key to the users: they are not run.
 MIGRATION_MODULES = {"knox": None}
 REST_KNOX = {"TOKEN_PREFIX": "llmgw_", "AUTO_REFRESH": False, "TOKEN_TTL": None}
+# API calls a minute, per address when anonymous and per user when signed in (429 beyond).
+LLMGW_API_RATE_ANONYMOUS = env_int("LLMGW_API_RATE_ANONYMOUS", 60, minimum=1)
+LLMGW_API_RATE_USER = env_int("LLMGW_API_RATE_USER", 1200, minimum=1)
 LLMGW_TOKEN_MAX_DAYS = env_int("LLMGW_TOKEN_MAX_DAYS", 365, minimum=1)
 # The OpenAPI schema and Swagger UI need sign-in unless this opens them to anyone.
 LLMGW_API_DOCS_PUBLIC = env_bool("LLMGW_API_DOCS_PUBLIC", False)
@@ -277,6 +301,8 @@ LOGGING = {
     "loggers": {
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.db.backends": {"level": "WARNING"},
+        # django-axes logs every sign-in at INFO; its lockouts are warnings.
+        "axes": {"level": "WARNING"},
     },
 }
 

@@ -123,6 +123,10 @@ ADMIN_MODELS = {
     "catalog.replica": CATALOG,
     "operations.restartoperation": SHOWN,
     "access.token": AdminRule(ONLY_ADMIN, NOBODY, ONLY_ADMIN),  # listed and revoked, never made there
+    # django-axes' records of sign-ins: read, and deleted to unlock, by admins.
+    "axes.accessattempt": AdminRule(ONLY_ADMIN, NOBODY, ONLY_ADMIN),
+    "axes.accesslog": AdminRule(ONLY_ADMIN, NOBODY, ONLY_ADMIN),
+    "axes.accessfailurelog": AdminRule(ONLY_ADMIN, NOBODY, ONLY_ADMIN),
 }
 # An app's index in the admin opens for whoever may open one of its models there.
 ADMIN_APPS = {
@@ -132,6 +136,7 @@ ADMIN_APPS = {
     "catalog": ADMIN_SITE,
     "operations": ADMIN_SITE,
     "access": ONLY_ADMIN,
+    "axes": ONLY_ADMIN,
 }
 ADMIN_SITE_URLS = {
     "admin:index": ADMIN_SITE,
@@ -248,6 +253,7 @@ def world(actor: Any) -> dict[str, Any]:
         "catalog.replica": replica,
         "operations.restartoperation": operation,
         "django_tasks_database.dbtaskresult": DBTaskResult.objects.first(),
+        **_axes_rows(),
         "access.token": Token.objects.get(token_key=b.token(users["viewer"])[:15]),
     }
     assert AuditEntry.objects.exists()
@@ -264,6 +270,25 @@ def world(actor: Any) -> dict[str, Any]:
             "audit": str(entry.pk),
             "tokens": "llmgw_nokey",
         },
+    }
+
+
+def _axes_rows() -> dict[str, Any]:
+    from axes.models import AccessAttempt, AccessFailureLog, AccessLog
+
+    seen = {
+        "username": "alice",
+        "ip_address": "10.0.0.1",
+        "user_agent": "t",
+        "path_info": "/",
+        "http_accept": "*",
+    }
+    return {
+        "axes.accessattempt": AccessAttempt.objects.create(
+            **seen, get_data="", post_data="", failures_since_start=1
+        ),
+        "axes.accesslog": AccessLog.objects.create(**seen),
+        "axes.accessfailurelog": AccessFailureLog.objects.create(**seen, locked_out=False),
     }
 
 

@@ -6,6 +6,7 @@ import io
 import logging
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.test import Client, override_settings
 
 from tests import builders as b
@@ -28,7 +29,7 @@ def test_a_refused_page_request_writes_one_line_without_a_traceback():
     b.profile(b.llama_8b())
     b.user("viewer", password="pw-for-tests-only-123")
     client = Client()
-    client.login(username="viewer", password="pw-for-tests-only-123")
+    client.force_login(get_user_model().objects.get(username="viewer"))
     # Every stream handler the logging config set up writes into one buffer, as to a terminal.
     out = io.StringIO()
     # (pytest's own capturing handlers are subclasses: left alone.)
