@@ -15,6 +15,7 @@ urlpatterns = [
     path("api/", include("operations.api.urls")),
     path("api/", include("catalog.api.urls")),
     path("audit/", include("audit.urls")),
+    path("", include("access.urls")),
     path("", include("operations.urls")),
     path("", include("catalog.urls")),
 ]

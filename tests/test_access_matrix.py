@@ -20,6 +20,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 from django.test import Client
 
+from access.models import Token
 from access.rules import declared_rule
 from access.urlmap import Route, routes
 from audit.models import AuditEntry
@@ -79,6 +80,9 @@ PAGES_AND_API: dict[str, dict[str, frozenset[str]]] = {
     "operation-cancel": {"POST": OPERATE},
     "schema": {"GET": SIGNED_IN},
     "api-docs": {"GET": SIGNED_IN},
+    # A user's own tokens: another's token is not found for them (tests/test_tokens.py).
+    "token-list": {"GET": SIGNED_IN, "POST": SIGNED_IN},
+    "token-revoke": {"POST": SIGNED_IN},
     "audit:entry_list": {"GET": AUDIT},
     "audit:entry_detail": {"GET": AUDIT},
     "audit:entry_export": {"GET": AUDIT},
@@ -118,6 +122,7 @@ ADMIN_MODELS = {
     "catalog.card": CATALOG,
     "catalog.replica": CATALOG,
     "operations.restartoperation": SHOWN,
+    "access.token": AdminRule(ONLY_ADMIN, NOBODY, ONLY_ADMIN),  # listed and revoked, never made there
 }
 # An app's index in the admin opens for whoever may open one of its models there.
 ADMIN_APPS = {
@@ -126,6 +131,7 @@ ADMIN_APPS = {
     "audit": AUDIT,
     "catalog": ADMIN_SITE,
     "operations": ADMIN_SITE,
+    "access": ONLY_ADMIN,
 }
 ADMIN_SITE_URLS = {
     "admin:index": ADMIN_SITE,
@@ -242,6 +248,7 @@ def world(actor: Any) -> dict[str, Any]:
         "catalog.replica": replica,
         "operations.restartoperation": operation,
         "django_tasks_database.dbtaskresult": DBTaskResult.objects.first(),
+        "access.token": Token.objects.get(token_key=b.token(users["viewer"])[:15]),
     }
     assert AuditEntry.objects.exists()
     return {
@@ -255,6 +262,7 @@ def world(actor: Any) -> dict[str, Any]:
             "profiles": str(profile.pk),
             "operations": str(operation.pk),
             "audit": str(entry.pk),
+            "tokens": "llmgw_nokey",
         },
     }
 
@@ -348,3 +356,23 @@ def test_each_role_is_allowed_or_refused_as_its_rule_says(case: Case, world: dic
         if not ok:
             wrong.append(f"{role}: {response.status_code} {response.get('Location', '')}".strip())
     assert wrong == [], f"{case.method} {url}: expected allowed for {sorted(allowed)}"
+
+
+def test_a_setting_opens_the_schema_and_the_docs_to_anyone(settings):
+    assert Client().get("/api/schema/").status_code == 401
+    assert Client().get("/api/docs/")["Location"].startswith("/accounts/login/?next=")
+    settings.LLMGW_API_DOCS_PUBLIC = True
+    assert Client().get("/api/schema/").status_code == 200
+    assert Client().get("/api/docs/").status_code == 200
+
+
+def test_a_refusal_names_the_permission_and_the_roles_that_give_it():
+    client = Client()
+    client.force_login(b.user("someone"))  # a viewer
+    response = client.post("/api/models/llama/gpus/", {"gpus": 2}, content_type="application/json")
+    assert response.status_code == 403
+    assert response.json() == {
+        "detail": "You need the permission 'Can resize a model or change its context' "
+        "(catalog.resize_model): the operator role gives it.",
+        "code": "permission_denied",
+    }

@@ -1,0 +1,66 @@
+"""A user's own API tokens: list, create (the secret shown once), revoke."""
+
+from __future__ import annotations
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from access.models import Token
+from access.rules import SIGNED_IN, requires
+from access.services import token_create, token_revoke
+from catalog.errors import DomainError
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What will use it, e.g. ci-deploy.")
+    days = forms.IntegerField(
+        min_value=1, initial=30, help_text="Days until it expires; it can be revoked before."
+    )
+
+    def clean_days(self) -> int:
+        days: int = self.cleaned_data["days"]
+        if days > settings.LLMGW_TOKEN_MAX_DAYS:
+            raise forms.ValidationError(
+                f"At most {settings.LLMGW_TOKEN_MAX_DAYS} days (LLMGW_TOKEN_MAX_DAYS sets the longest)."
+            )
+        return days
+
+
+@requires(SIGNED_IN)
+@require_http_methods(["GET", "POST"])
+def token_list(request: HttpRequest) -> HttpResponse:
+    form = TokenForm(request.POST or None)
+    secret = ""
+    if request.method == "POST" and form.is_valid():
+        try:
+            token, secret = token_create(
+                user=request.user, name=form.cleaned_data["name"], days=form.cleaned_data["days"]
+            )
+        except DomainError as err:
+            form.add_error(None, err.message)
+        else:
+            form = TokenForm()
+            messages.success(
+                request, f"Token {token.name!r} made. Copy its secret now: it is not shown again."
+            )
+    tokens = Token.objects.filter(user=request.user).order_by("name")
+    return render(
+        request,
+        "access/tokens.html",
+        {"section": "tokens", "form": form, "tokens": tokens, "secret": secret},
+        status=400 if form.errors else 200,
+    )
+
+
+@requires(SIGNED_IN)
+@require_POST
+def token_revoke_view(request: HttpRequest, key: str) -> HttpResponse:
+    # Only the user's own: another user's token is "not found", not "not allowed".
+    token = get_object_or_404(Token, user=request.user, token_key=key)
+    token_revoke(token=token)
+    messages.success(request, f"Token {token.name!r} revoked: it no longer works.")
+    return redirect("token-list")
