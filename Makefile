@@ -25,8 +25,6 @@ demo-db: install
 	mkdir -p var
 	DJANGO_DEBUG=1 $(PY) manage.py migrate --no-input
 	DJANGO_DEBUG=1 $(PY) manage.py seed_demo --users --as demo
-	# The audit log's signed checkpoints, written by the worker on its schedule (README, "The database's two roles").
-	DJANGO_DEBUG=1 $(PY) manage.py audit_checkpoint --schedule
 
 # A node agent per demo node (stand-in engines), the seeded replicas started on them, the worker and
 # the web server on http://127.0.0.1:8000; Ctrl-C stops them all (catalog/management/commands/demo.py).

@@ -1,8 +1,9 @@
 """The worker's recurring checkpoint of the audit log (audit/chain.py says why).
 
 The task writes a checkpoint and puts the next one in the queue, due
-LLMGW_AUDIT_CHECKPOINT_SECONDS later: once started (``audit_checkpoint
---schedule``), the worker keeps the schedule by itself. At most one waits in
+LLMGW_AUDIT_CHECKPOINT_SECONDS later: every ``db_worker`` starts the chain as
+it starts (``audit_checkpoint --schedule`` does the same by hand), and the
+worker keeps the schedule by itself. At most one waits in
 the queue, under a lock, whoever asks.
 """
 

@@ -321,7 +321,7 @@ def test_the_worker_keeps_the_checkpoint_schedule_and_audit_verify_checks_agains
     settings.LLMGW_AUDIT_CHECKPOINT_SECONDS = 1.0
     with acting_as(Actor(via="cli", name="pytest")):
         entries(3)
-    call_command("audit_checkpoint", "--schedule", stdout=StringIO())
+    # Nobody asks for the schedule: the worker starts it as it starts.
     env = {"LLMGW_AUDIT_CHECKPOINT_FILE": str(path), "LLMGW_AUDIT_CHECKPOINT_SECONDS": "1"}
     with db_worker(tmp_path, "w1", port_base=port_block(), extra_env=env):
         wait_until(
