@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "knox",
     "axes",
+    "csp",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -80,6 +81,7 @@ MIDDLEWARE = [
     "audit.middleware.ActorMiddleware",
     # Last (django-axes): answers a locked-out sign-in, on /accounts/login/ and /admin/login/ alike.
     "axes.middleware.AxesMiddleware",
+    "csp.middleware.CSPMiddleware",
 ]
 
 # Failed sign-ins are counted per user name and address (django-axes): the twentieth failure within
@@ -172,8 +174,34 @@ if not DEBUG:
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000, minimum=0)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# Behind a proxy that terminates TLS and sets X-Forwarded-Proto (and X-Forwarded-For) itself,
+# overwriting what the client sent: only then may the request say it came over HTTPS, or any client
+# could claim it. Off by default.
+LLMGW_BEHIND_PROXY = env_bool("LLMGW_BEHIND_PROXY", False)
+if LLMGW_BEHIND_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
+
+# Content Security Policy (django-csp): scripts only from this site's own files, so an injected
+# <script> or on*= attribute does not run; htmx and Swagger UI are served from here and start from
+# files (llmgw_web/api_docs.py). Styles allow inline: the memory bars draw their widths in style
+# attributes, and Swagger UI and htmx set element styles.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "font-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 REST_FRAMEWORK = {
     # The token scheme first: an anonymous call is answered 401 with "WWW-Authenticate: Token".

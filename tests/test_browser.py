@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -63,13 +64,26 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture
 def page(browser, live_server) -> Iterator[object]:
-    """A fresh page at laptop width; fails the test on any console error or uncaught exception."""
+    """A fresh page at laptop width; fails the test on any console error, uncaught exception or
+    Content Security Policy violation, and on any page of the site served without the policy."""
     context = browser.new_context(viewport=LAPTOP, base_url=live_server.url)
+    # Playwright's init scripts are not subject to the page's policy: this one reports each violation.
+    context.add_init_script(
+        "document.addEventListener('securitypolicyviolation', e => console.error("
+        "'CSP violation: ' + e.violatedDirective + ' blocked ' + (e.blockedURI || 'inline')))"
+    )
     page = context.new_page()
     page.set_default_timeout(10_000)
     errors: list[str] = []
     page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+
+    def policed(response: Any) -> None:
+        ours = response.request.resource_type == "document" and response.url.startswith(live_server.url)
+        if ours and "script-src 'self'" not in (response.headers.get("content-security-policy") or ""):
+            errors.append(f"no Content-Security-Policy on {response.url}")
+
+    page.on("response", policed)
     yield page
     context.close()
     assert errors == [], errors
@@ -245,6 +259,15 @@ def test_a_viewer_sees_the_pages_without_any_form(page, demo, shots):
     page.goto("/nodes/")
     assert page.locator(".card.held").count() == 13 and page.locator(".card.free").count() == 19
     page.screenshot(path=shots / "nodes.png", full_page=True)
+
+
+def test_swagger_ui_loads_the_schema_under_the_content_security_policy(page, demo):
+    b.user("viewer", password=PASSWORD)
+    sign_in(page, "viewer")
+    page.goto("/api/docs/")
+    page.locator(".swagger-ui .info .title").wait_for()
+    assert "llmgw-web API" in page.locator(".swagger-ui .info .title").inner_text()
+    page.locator(".opblock-tag").first.wait_for()
 
 
 def test_the_models_filters_narrow_the_list_in_place(page, demo):

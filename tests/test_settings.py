@@ -135,3 +135,33 @@ def test_a_stale_threshold_not_above_the_longest_agent_call_is_refused():
         LLMGW_AGENT_WAIT_SECONDS="0.5",
     )
     assert good.returncode == 0, good.stderr
+
+
+def show(expression: str, **env: str) -> str:
+    """``expression`` evaluated in the production settings of ``env``."""
+    result = manage(
+        "shell",
+        "-c",
+        f"from django.conf import settings; print({expression})",
+        DJANGO_SECRET_KEY="k3-9fQ_zp7Lw2mXc8vRt5yBn1aHs4dJg6eUo0iKl_QwErTyUi-7Zx2Vb",
+        ALLOWED_HOSTS="llmgw.example.org",
+        **env,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_a_request_may_claim_https_only_when_a_setting_says_a_proxy_sets_the_header():
+    assert show("getattr(settings, 'SECURE_PROXY_SSL_HEADER', None)") == "None"
+    assert (
+        show("settings.SECURE_PROXY_SSL_HEADER", LLMGW_BEHIND_PROXY="1")
+        == "('HTTP_X_FORWARDED_PROTO', 'https')"
+    )
+
+
+def test_every_response_carries_a_content_security_policy_without_inline_scripts(client):
+    policy = client.get("/accounts/login/")["Content-Security-Policy"]
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";") if d.strip())
+    assert directives["script-src"] == "'self'"
+    assert "unsafe-inline" not in directives["script-src"] and "unsafe-eval" not in policy
+    assert directives["object-src"] == "'none'" and directives["frame-ancestors"] == "'none'"
