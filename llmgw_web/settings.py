@@ -212,7 +212,7 @@ REST_FRAMEWORK = {
     # Every endpoint declares its required_permission; one without is refused (access/rules.py).
     "DEFAULT_PERMISSION_CLASSES": ["access.rules.RequiredPermission"],
     "DEFAULT_FILTER_BACKENDS": ["catalog.api.filters.StrictFilterBackend"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "catalog.api.pagination.Pages",
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "catalog.api.errors.exception_handler",

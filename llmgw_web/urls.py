@@ -19,3 +19,5 @@ urlpatterns = [
     path("", include("operations.urls")),
     path("", include("catalog.urls")),
 ]
+
+handler404 = "llmgw_web.errors.not_found"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -39,9 +40,27 @@ def _first_code(detail: Any, default: str) -> str:
     return default
 
 
+def _not_found(exc: Exception, context: dict[str, Any]) -> str | None:
+    """A detail lookup that found nothing, in the operators' words: "No model 'nope' in the catalog."."""
+    view = context.get("view")
+    queryset = getattr(view, "queryset", None)
+    kwargs = getattr(view, "kwargs", None) or {}
+    if queryset is None:
+        return None
+    key = getattr(view, "lookup_url_kwarg", None) or getattr(view, "lookup_field", "pk")
+    value = kwargs.get(key)
+    if value is None:
+        return None
+    label = queryset.model._meta.verbose_name
+    where = "in the catalog" if queryset.model._meta.app_label == "catalog" else "here"
+    return f"No {label} {value!r} {where}."
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
         return Response(exc.as_dict(), status=exc.status)
+    if isinstance(exc, Http404) and (sentence := _not_found(exc, context)):
+        return Response({"detail": sentence, "code": "not_found"}, status=status.HTTP_404_NOT_FOUND)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None  # unknown exceptions are not swallowed: Django's 500 handling applies
