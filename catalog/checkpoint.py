@@ -674,7 +674,27 @@ def _per_weight_text(per_weight: Fraction, method: str | None) -> str:
 # ---- Uploaded and local files ---------------------------------------------
 
 
-def _parse_json_object(data: bytes, name: str, what: str) -> dict[str, Any]:
+# A config.json is a few kB and a safetensors index a few MB: beyond these a file is not one (or is
+# built to exhaust the parser), and is refused with a sentence before or while it is parsed.
+MAX_JSON_BYTES = 16 * 1024 * 1024
+MAX_JSON_DIGITS = 30  # an integer in a model's settings: no count or size needs more
+
+
+def _json_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_DIGITS:
+        raise _bad(
+            f"a number of {len(text.lstrip('-'))} digits, more than the {MAX_JSON_DIGITS} any model setting "
+            "needs: the file is not a model's settings as published."
+        )
+    return int(text)
+
+
+def _parse_json_object(data: bytes, name: str, what: str, *, limit: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    if len(data) > limit:
+        raise _bad(
+            f"{name} is {len(data)} bytes, over the {limit // 2**20} MiB such a file may be: "
+            "it is not the file the model publishes."
+        )
     try:
         text = data.decode("utf-8-sig")  # tolerate a byte-order mark from Windows editors
     except UnicodeDecodeError as exc:
@@ -682,7 +702,13 @@ def _parse_json_object(data: bytes, name: str, what: str) -> dict[str, Any]:
             f"{name} is not UTF-8 text (bad byte at offset {exc.start}); upload the file as downloaded."
         ) from exc
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_int=_json_int)
+    except DomainError as exc:
+        raise _bad(f"{name} holds {exc.message}") from None
+    except RecursionError:
+        raise _bad(
+            f"{name} nests its values too deeply to read (hundreds of levels): no model's settings do."
+        ) from None
     except json.JSONDecodeError as exc:
         raise _bad(
             f"{name} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}. "
@@ -761,7 +787,7 @@ def read_safetensors_header(path: str | Path) -> dict[str, Any]:
             raw = handle.read(length)
     except OSError as exc:
         raise _bad(f"{name} cannot be read: {exc.strerror or exc}.") from exc
-    header = _parse_json_object(raw, f"{name} (header)", "of tensors")
+    header = _parse_json_object(raw, f"{name} (header)", "of tensors", limit=MAX_HEADER_BYTES)
     data_bytes = size - 8 - length
     for tensor, entry in header.items():
         if tensor == "__metadata__":
