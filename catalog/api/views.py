@@ -16,7 +16,11 @@ from catalog.services import catalog as services
 
 _errors = {
     400: OpenApiResponse(s.ErrorSerializer, description="Invalid input"),
-    403: OpenApiResponse(s.ErrorSerializer, description="Not signed in, or missing the permission"),
+    401: OpenApiResponse(s.ErrorSerializer, description="Not signed in: no valid token or session"),
+    403: OpenApiResponse(
+        s.ErrorSerializer, description="Missing the permission (its name and the roles that give it)"
+    ),
+    404: OpenApiResponse(s.ErrorSerializer, description="not_found: no such object"),
     409: OpenApiResponse(s.ErrorSerializer, description="Refused: declared, in use, or a conflict"),
 }
 
@@ -43,14 +47,20 @@ class ServiceViewSet(viewsets.ModelViewSet):
 
 
 def _crud_schema(name: str) -> Callable[[type], type]:
-    return extend_schema_view(
-        list=extend_schema(summary=f"Each {name}, filtered by the query's parameters"),
-        retrieve=extend_schema(summary=f"One {name}"),
-        create=extend_schema(responses={201: None, **_errors}, summary=f"Create a {name}"),
-        update=extend_schema(responses={200: None, **_errors}, summary=f"Replace a {name}"),
-        partial_update=extend_schema(responses={200: None, **_errors}, summary=f"Change a {name}"),
-        destroy=extend_schema(responses={204: None, **_errors}, summary=f"Remove a {name}"),
-    )
+    """Summaries, and the truth of each write: create and update answer the object as saved."""
+
+    def decorate(cls: type) -> type:
+        body = cls.serializer_class  # type: ignore[attr-defined]
+        return extend_schema_view(
+            list=extend_schema(summary=f"Each {name}, filtered by the query's parameters"),
+            retrieve=extend_schema(summary=f"One {name}"),
+            create=extend_schema(responses={201: body, **_errors}, summary=f"Create a {name}"),
+            update=extend_schema(responses={200: body, **_errors}, summary=f"Replace a {name}"),
+            partial_update=extend_schema(responses={200: body, **_errors}, summary=f"Change a {name}"),
+            destroy=extend_schema(responses={204: None, **_errors}, summary=f"Remove a {name}"),
+        )(cls)
+
+    return decorate
 
 
 @_crud_schema("GPU class")

@@ -70,11 +70,12 @@ class RestartInput(StrictInput):
 
 
 class RestartStepSerializer(serializers.ModelSerializer):
+    # Null until the step has a replica on that side (a replacement not yet started, a removed one).
     old_replica: serializers.SlugRelatedField[Replica] = serializers.SlugRelatedField(
-        slug_field="name", read_only=True
+        slug_field="name", read_only=True, allow_null=True
     )
     new_replica: serializers.SlugRelatedField[Replica] = serializers.SlugRelatedField(
-        slug_field="name", read_only=True
+        slug_field="name", read_only=True, allow_null=True
     )
     cards = serializers.ListField(child=serializers.IntegerField(), read_only=True)
 
