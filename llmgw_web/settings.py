@@ -214,7 +214,7 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["catalog.api.filters.StrictFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "catalog.api.pagination.Pages",
     "PAGE_SIZE": 100,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "llmgw_web.schema.AutoSchema",
     "EXCEPTION_HANDLER": "catalog.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     # Per caller: anonymous by address, signed in by user (access/throttles.py reads the rates).
