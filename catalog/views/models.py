@@ -16,9 +16,11 @@ from typing import Any
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, render
+from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils.safestring import SafeString
 from django.views.decorators.http import require_GET, require_POST
 
 from access.rules import requires
@@ -33,12 +35,15 @@ from catalog.views.common import (
     RESIZE,
     RESTART,
     VIEW_MODEL,
+    fragment,
+    normalized,
     redirect_or_location,
     render_page,
     wants_partial,
 )
 from catalog.views.display import Preview, cards_said, hue, profile_memory, served_contexts, shape_facts
 from operations import views as operation_views
+from versions.cache import remembered
 
 PAGE_SIZE = 50  # models on a page of the list: it pages and filters, whatever the catalog's size
 
@@ -96,27 +101,41 @@ def models_with_usage(models: list[ServedModel]) -> list[ServedModel]:
     return models
 
 
-@requires(VIEW_MODEL)
-@require_GET
-def model_list(request: HttpRequest) -> HttpResponse:
-    form = ModelFilterForm.for_catalog(request.GET or None)
+def model_results(query: QueryDict) -> SafeString:
+    """The models list's results (count, the page of models with their profiles and usage, pager)
+    for the query's filters and page: what an htmx filter swaps in, and the page shows."""
+    form = ModelFilterForm.for_catalog(query or None)
     filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
-    page = Paginator(models_matching(filters).only("pk"), PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(models_matching(filters).only("pk"), PAGE_SIZE).get_page(query.get("page"))
     models = models_with_usage(list(page.object_list))
-    query = request.GET.copy()
-    query.pop("page", None)
-    return render_page(
-        request,
-        "catalog/model_list.html",
+    rest = query.copy()
+    rest.pop("page", None)
+    return render_to_string(
+        "catalog/model_list.html#results",
         {
-            "section": "models",
-            "form": form,
             "page": page,
             "models": models,
             "filtered": any(v not in (None, "", False) for v in filters.values()),
-            "query": query.urlencode(),
+            "query": rest.urlencode(),
         },
-        partial="results",
+    )
+
+
+@requires(VIEW_MODEL)
+@require_GET
+def model_list(request: HttpRequest) -> HttpResponse:
+    # The results read only the catalog, and hold nothing of the reader's: kept under its version
+    # (versions/cache.py); the page around them is drawn anew.
+    query = normalized(request.GET)
+    results = remembered(
+        "models-results", ["catalog"], [query.urlencode()], lambda: model_results(query), request=request
+    )
+    if wants_partial(request):
+        return fragment(results)
+    return render_page(
+        request,
+        "catalog/model_list.html",
+        {"section": "models", "form": ModelFilterForm.for_catalog(request.GET or None), "results": results},
     )
 
 
