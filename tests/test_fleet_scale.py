@@ -113,6 +113,7 @@ KEPT = {
     "POST /api/models/gen-model-001/gpus/": 4,  # and the cards a foreign process holds
     "POST /api/models/gen-model-001/context/": 4,
     "POST /models/gen-model-001/resize/preview/": 6,  # and the model and its profiles, for the form
+    "GET /models/gen-model-002/": 7,  # and the model, its latest restart (two), its history (two)
     "GET /nodes/": 4,  # and the GPU classes, for the filter form
     "GET /nodes/?gpu_class=gen-h100-80g&state=ready&free=1": 4,
     "GET /nodes/?view=compact": 4,

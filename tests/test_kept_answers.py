@@ -299,3 +299,34 @@ def test_an_active_restart_is_never_kept_since_its_abandoned_line_reads_the_cloc
         _, cold = get(viewer, url)
         _, again = get(viewer, url)
         assert again == cold
+
+
+# -- the model page -----------------------------------------------------------------------------------------
+
+
+def test_the_model_page_keeps_its_replicas_and_profiles_until_they_change(fleet):
+    viewer = client()
+    page = kept(viewer, "/models/llama/")
+    assert 'href="/replicas/llama-1/"' in page and "revision 1" in page
+    sql("UPDATE catalog_replica SET state = 'failed' WHERE name = 'llama-1'")
+    assert '<tr class="replica state-failed">' in kept(viewer, "/models/llama/")
+    with acting_as(Actor(via="cli", name="pytest")):
+        profile = Profile.objects.get(name="one")
+        profile.args = ["--max-num-seqs", "64"]
+        services.profile_save(instance=profile)
+    page = kept(viewer, "/models/llama/")
+    assert "revision 2" in page and "--max-num-seqs 64" in page
+    assert "stale: profile is at 2" in page
+    fragment, _ = get(viewer, "/models/llama/replicas/")
+    assert "stale: profile is at 2" in fragment
+
+
+def test_two_roles_never_see_each_others_buttons_on_a_kept_model_page(fleet):
+    viewer, operator = client("viewer"), client("operator")
+    _, cold = get(viewer, "/models/llama/")
+    for _ in range(2):  # each asks twice, after the other: the kept parts are shared, the buttons not
+        seen_by_viewer = get(viewer, "/models/llama/")[0]
+        seen_by_operator = get(operator, "/models/llama/")[0]
+        assert 'id="resize-h"' not in seen_by_viewer and "needs the resize permission" in seen_by_viewer
+        assert 'id="resize-h"' in seen_by_operator and "needs the resize permission" not in seen_by_operator
+    assert get(operator, "/models/llama/")[1] < cold  # the operator's page is drawn around the kept parts

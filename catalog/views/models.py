@@ -17,7 +17,7 @@ from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, QueryDict
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.safestring import SafeString
@@ -175,6 +175,39 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
     return replicas
 
 
+def replicas_section(model: ServedModel) -> tuple[SafeString, int]:
+    """The model page's replicas section, drawn, and how many of its live replicas are stale."""
+    replicas = _replicas_of(model)
+    html = render_to_string(
+        "catalog/model_detail.html#replicas",
+        {
+            "model": model,
+            "replicas_shown": [r for r in replicas if r.state != Replica.State.STOPPED],
+            # Stopped replicas pile up after restarts: folded away below the ones that run or failed.
+            "replicas_stopped": [r for r in replicas if r.state == Replica.State.STOPPED],
+        },
+    )
+    return html, sum(r.is_stale and r.is_live for r in replicas)
+
+
+def kept_replicas_section(request: HttpRequest, model: ServedModel) -> tuple[SafeString, int]:
+    """``replicas_section``, kept under the catalog's version (it reads nothing else)."""
+    return remembered(
+        "model-replicas", ["catalog"], [model.pk], lambda: replicas_section(model), request=request
+    )
+
+
+def kept_profiles(request: HttpRequest, model: ServedModel) -> tuple[list[Profile], list[Any]]:
+    """The model's profiles and each one's card memory as the memory model reckons it, kept under
+    the catalog's version."""
+
+    def read() -> tuple[list[Profile], list[Any]]:
+        profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
+        return profiles, profile_memory(model, profiles)
+
+    return remembered("model-profiles", ["catalog"], [model.pk], read, request=request)
+
+
 def _detail_context(
     request: HttpRequest,
     model: ServedModel,
@@ -184,8 +217,7 @@ def _detail_context(
     resize_preview: Preview | None = None,
     context_preview: Preview | None = None,
 ) -> dict[str, Any]:
-    profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
-    memories = profile_memory(model, profiles)
+    profiles, memories = kept_profiles(request, model)
     on_cards = [m for m in memories if m.profile.gpu_class_id]
     can_resize = request.user.has_perm(RESIZE) and not model.declared and bool(on_cards)
     if can_resize:
@@ -197,7 +229,7 @@ def _detail_context(
             model=model, profiles=profiles, initial={"tokens": first.context}
         )
     operation = operation_views.latest_for(model)
-    replicas = _replicas_of(model)
+    replicas, stale_live = kept_replicas_section(request, model)
     return {
         **(operation_views.progress_context(request, operation) if operation else {"operation": None}),
         "section": "models",
@@ -207,10 +239,7 @@ def _detail_context(
         "memories": memories,
         "on_cards": on_cards,
         "replicas": replicas,
-        # Stopped replicas pile up after restarts: folded away below the ones that run or failed.
-        "replicas_shown": [r for r in replicas if r.state != Replica.State.STOPPED],
-        "replicas_stopped": [r for r in replicas if r.state == Replica.State.STOPPED],
-        "stale_live": sum(r.is_stale and r.is_live for r in replicas),
+        "stale_live": stale_live,
         # A profile its cards cannot hold is not offered a restart: the restart would refuse it.
         "unfit": [m for m in on_cards if m.bar is not None and not m.bar.fits],
         "can_resize": can_resize,
@@ -235,16 +264,7 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
 def model_replicas(request: HttpRequest, name: str) -> HttpResponse:
     """The model page's replicas section alone: what the page swaps in as its restart progresses."""
     model = get_object_or_404(ServedModel, name=name)
-    replicas = _replicas_of(model)
-    return render(
-        request,
-        "catalog/model_detail.html#replicas",
-        {
-            "model": model,
-            "replicas_shown": [r for r in replicas if r.state != Replica.State.STOPPED],
-            "replicas_stopped": [r for r in replicas if r.state == Replica.State.STOPPED],
-        },
-    )
+    return HttpResponse(kept_replicas_section(request, model)[0])
 
 
 # -- resize and context: preview (dry run) and apply ---------------------------------------------------
