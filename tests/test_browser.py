@@ -592,6 +592,45 @@ def test_a_resize_whose_restart_failed_is_rolled_back_from_its_page(page, tmp_pa
         assert "without a restart: it runs revision 1's settings, the same" in adopt.message
 
 
+def test_a_lead_reads_the_audit_log_at_a_laptops_width_with_its_messages_and_whole_request_ids(page, shots):
+    """The leads' own page, from the menu: the summary and the message of each entry, and the request id
+    whole, every column inside 1366 px (the admin's list cut the id off and had no message)."""
+    from catalog.models import GPUClass
+    from catalog.services import catalog as services
+
+    actor = Actor(via="api", name="pytest")
+    with acting_as(actor):
+        cls = services.gpu_class_save(
+            instance=GPUClass(name="h100-80g", memory_mib=81559, usable_mib=79000, compute_capability="9.0")
+        )
+        cls.usable_mib = 78000
+        services.gpu_class_save(instance=cls)
+    b.user(
+        "lead",
+        "audit.view_auditentry",
+        "audit.export_auditentry",
+        "catalog.view_servedmodel",
+        password=PASSWORD,
+    )
+    sign_in(page, "lead")
+    page.get_by_role("link", name="Audit", exact=True).click()
+    page.wait_for_url(re.compile(r"/audit/$"))
+    rows = page.locator("table.audit-list tbody tr")
+    assert rows.count() == 2
+    newest = rows.first
+    assert "h100-80g: usable memory (MiB) 79000 → 78000" in newest.locator("td.summary").inner_text()
+    request_id = newest.locator("td.request-id")
+    assert request_id.inner_text() == actor.request_id and len(actor.request_id) == 32
+    box = request_id.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= LAPTOP["width"]
+    assert request_id.evaluate("e => e.scrollWidth <= e.clientWidth")  # not cut off
+    assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]  # no sideways scroll
+    page.screenshot(path=shots / "audit-list.png", full_page=True)
+    request_id.get_by_role("link").click()
+    page.wait_for_url(re.compile(r"request_id=" + actor.request_id))
+    assert rows.count() == 2  # both entries of the one request
+
+
 def test_an_operator_moves_a_replica_from_its_page_to_another_node(page, tmp_path, fast_restarts):
     from operations.services.runner import run_operation
     from tests.restart_support import fleet_of

@@ -299,6 +299,11 @@ def test_the_revisions_page_shows_a_diff_and_offers_rollback_to_operators_only(s
     op = RestartOperation.objects.get()
     assert response.status_code == 303 and response["Location"] == f"/operations/{op.pk}/"
     assert AuditEntry.objects.get(action="rollback").via == "ui"
+    # A diff between any two: revision 3 runs revision 1's settings again, and revision 2's differ.
+    same = operator.get(f"/models/{MODEL}/profiles/h100/revisions/", {"a": 1, "b": 3}).context["diff"]
+    assert same and not any(row.changed for row in same)
+    other = operator.get(f"/models/{MODEL}/profiles/h100/revisions/", {"a": 2, "b": 3}).context["diff"]
+    assert [row.field for row in other if row.changed] == ["args"]
     refused = operator.post(f"/models/{MODEL}/profiles/h100/rollback/", {"revision": "2"})
     assert refused["Location"] == f"/models/{MODEL}/profiles/h100/revisions/"
     said = operator.get(refused["Location"]).content.decode()
@@ -325,6 +330,10 @@ def test_a_failed_restart_says_on_its_page_how_to_roll_back_with_the_button(move
     assert f'action="/models/{MODEL}/profiles/h100/rollback/"' in page
     viewer = signed_in(b.user("viewer")).get(f"/operations/{op.pk}/").content.decode()
     assert "How to roll back" in viewer and "manage.py rollback" in viewer and "Roll back h100" not in viewer
+    # Rolled back (llama-1 adopts revision 3 as it runs), the page no longer offers it.
+    operator.post(f"/models/{MODEL}/profiles/h100/rollback/", {"revision": "1"})
+    assert Replica.objects.get(name="llama-1").revision == Profile.objects.get().revision == 3
+    assert "How to roll back" not in operator.get(f"/operations/{op.pk}/").content.decode()
 
 
 SECRET_NOW = "hf_" + "n" * 32
