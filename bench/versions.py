@@ -66,7 +66,8 @@ def main() -> None:
     url = args.database_url
     with psycopg.connect(url, autocommit=True) as conn:
         card_ids = [r[0] for r in conn.execute("SELECT id FROM catalog_card ORDER BY id LIMIT 1000")]
-        first = conn.execute("SELECT coalesce(max(id), 0) FROM telemetry_cardsample").fetchone()[0]
+        row = conn.execute("SELECT coalesce(max(id), 0) FROM telemetry_cardsample").fetchone()
+        first = row[0] if row else 0
         if not card_ids:
             raise SystemExit(
                 "no cards: generate the fleet first (bench/pages.py or manage.py generate_fleet)"
