@@ -330,3 +330,16 @@ def test_two_roles_never_see_each_others_buttons_on_a_kept_model_page(fleet):
         assert 'id="resize-h"' not in seen_by_viewer and "needs the resize permission" in seen_by_viewer
         assert 'id="resize-h"' in seen_by_operator and "needs the resize permission" not in seen_by_operator
     assert get(operator, "/models/llama/")[1] < cold  # the operator's page is drawn around the kept parts
+
+
+def test_the_kept_filter_forms_show_the_query_and_the_catalogs_choices(fleet):
+    viewer = client()
+    assert 'value="gpu-1"' in kept(viewer, "/nodes/?name=gpu-1")
+    assert 'value="gpu-2"' in get(viewer, "/nodes/?name=gpu-2")[0]
+    assert "a100-80g" not in kept(viewer, "/nodes/") and "a100-80g" not in kept(viewer, "/")
+    sql(
+        "INSERT INTO catalog_gpuclass (name, memory_mib, usable_mib, compute_capability) "
+        "VALUES ('a100-80g', 81920, 79000, '8.0')"
+    )
+    assert '<option value="a100-80g">a100-80g</option>' in kept(viewer, "/nodes/")
+    assert '<option value="a100-80g">a100-80g</option>' in kept(viewer, "/")

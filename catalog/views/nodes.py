@@ -31,7 +31,15 @@ from catalog.forms import NodeFilterForm
 from catalog.models import Card, Node, Replica
 from catalog.selectors import cards_of, fleet_summary, nodes_matching
 from catalog.services.fit import profile_memory
-from catalog.views.common import RESTART, VIEW_NODE, fragment, normalized, render_page, wants_partial
+from catalog.views.common import (
+    RESTART,
+    VIEW_NODE,
+    fragment,
+    kept_filters,
+    normalized,
+    render_page,
+    wants_partial,
+)
 from catalog.views.display import hue
 from operations import views as operation_views
 from operations.selectors import operations_with_steps
@@ -314,7 +322,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
         "catalog/node_list.html",
         {
             "section": "nodes",
-            "form": NodeFilterForm.for_fleet(request.GET or None),
+            "filters": kept_filters(request, "catalog/node_list.html", query, NodeFilterForm.for_fleet),
             "summary": remembered("nodes-summary", ["catalog"], [], fleet_summary, request=request),
             "results": results,
         },
