@@ -209,6 +209,8 @@ def test_a_parallel_step_whose_planned_cards_are_still_held_lets_a_later_step_go
         assert_nothing_half_done()
 
 
+# Steps run in threads only where their connections share the database: not the tests' in-memory SQLite.
+@pytest.mark.postgres
 def test_the_next_step_starts_once_a_replacement_is_ready_while_its_old_replica_is_still_stopping(
     tmp_path, actor
 ):
@@ -234,6 +236,31 @@ def test_the_next_step_starts_once_a_replacement_is_ready_while_its_old_replica_
         assert first.state == "stopped" and not Shard.objects.filter(replica=first).exists()
         assert sum(fleet.ready_on_agents().values()) == 2
         assert verify_chain() == []
+        assert_nothing_half_done()
+
+
+def test_a_step_let_go_first_never_takes_cards_a_later_steps_old_replica_still_serves(tmp_path, actor):
+    # One node of four cards, three replicas, one card free. One at a time the plan puts llama-1's
+    # replacement on card 3, llama-2's on the card llama-1 frees (0), llama-3's on the one llama-2
+    # frees (1). llama-1's engine ignores SIGTERM: once its replacement is ready, llama-2's card is
+    # still held by it, and llama-3's by llama-2, whose step has not started. llama-3 must not go
+    # first (it would find no card and fail): each waits its turn, and all go where planned.
+    with fleet_of(tmp_path, nodes=("gpu-a",)) as fleet:
+        fleet.start("llama-1", "gpu-a", [0], env={"STANDIN_IGNORE_SIGTERM": "1"})
+        fleet.start("llama-2", "gpu-a", [1])
+        fleet.start("llama-3", "gpu-a", [2])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, max_parallel=1, ready_timeout=30, settle_seconds=0)
+        planned = [(s.old_replica.name, s.planned_node, s.planned_cards) for s in steps_of(op)]
+        assert planned == [("llama-1", "gpu-a", [3]), ("llama-2", "gpu-a", [0]), ("llama-3", "gpu-a", [1])]
+        assert run_operation(op.pk) == "succeeded"
+
+        steps = steps_of(op)
+        assert [(s.state, s.node, s.cards) for s in steps] == [
+            ("succeeded", "gpu-a", c) for _, _, c in planned
+        ]
+        assert steps[0].finished_at <= steps[1].started_at and steps[1].finished_at <= steps[2].started_at
+        assert sum(fleet.ready_on_agents().values()) == 3
         assert_nothing_half_done()
 
 

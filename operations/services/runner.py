@@ -351,25 +351,27 @@ class OperationRun:
         return self._finish(cancelled=cancelled)
 
     def _next_with_its_cards(self, queue: deque[int], resume: list[int], running: list[int]) -> int | None:
-        """The first queued step whose planned cards no step under way is about to free, or None.
+        """The first queued step whose planned cards no other step of the run is yet to free, or None.
 
         The plan (``place_restart``) counts in waves of ``max_parallel``: a step's cards may be
-        ones an earlier wave's old replica frees. The run starts a step as soon as a slot is free
+        ones an earlier step's old replica frees. The run starts a step as soon as a slot is free
         (a replacement ready), so the step whose turn comes may find its cards still held by the
-        old replica of a step under way; a later step whose cards are not starts in its place (the plan gave those
-        cards to that step alone, so taking them early changes no other step's), and with none,
-        the run waits for the next step to end. Cards held by anything else (another restart's
-        replica, say) are not waited for: the step starts and finds the fleet changed.
+        old replica of a step under way, or of a step still queued that a step let go first; a
+        later step whose cards are free starts in its place (the plan gave those cards to that
+        step alone, so taking them early changes no other step's), and with none, the run waits
+        for the next step to end. Cards held by anything else (another restart's replica, or the
+        old replica of a step that failed) are not waited for: the step starts and finds the
+        fleet changed.
         """
         pending = [pk for pk in queue if pk not in resume]
-        freeing = set(RestartStep.objects.filter(pk__in=running).values_list("old_replica_id", flat=True))
-        planned = {
+        steps = {
             r["pk"]: r
-            for r in RestartStep.objects.filter(pk__in=pending).values(
+            for r in RestartStep.objects.filter(pk__in=[*running, *pending]).values(
                 "pk", "planned_node", "planned_cards", "old_replica_id"
             )
         }
-        nodes = {r["planned_node"] for r in planned.values() if r["planned_node"]}
+        freeing = {r["old_replica_id"] for r in steps.values()} - {None}
+        nodes = {steps[pk]["planned_node"] for pk in pending if pk in steps and steps[pk]["planned_node"]}
         held = {
             (node, index): replica
             for node, index, replica in Shard.objects.filter(
@@ -377,10 +379,11 @@ class OperationRun:
             ).values_list("card__node__name", "card__index", "replica_id")
         }
         for pk in pending:
-            step = planned.get(pk)
+            step = steps.get(pk)
             if step is None or not step["planned_node"]:
                 return pk
-            if not any((step["planned_node"], i) in held for i in step["planned_cards"]):
+            holders = {held.get((step["planned_node"], i)) for i in step["planned_cards"]}
+            if not holders - {None, step["old_replica_id"]}:  # in place, its own cards are its to free
                 return pk
         return None
 
@@ -1064,9 +1067,18 @@ class OperationRun:
             except AgentCallFailed as exc:
                 away_since = self._agent_away(step, replica, exc, away_since, left)
                 continue
-            early = min(self.poll, left) - (time.monotonic() - asked)
-            if state.get("state") == now_state and early > 0:
-                time.sleep(early)  # answered at once, unchanged: not waiting, so poll
+            if state.get("state") == now_state:
+                self._poll_pause(asked, wait, left)
+
+    def _poll_pause(self, asked: float, wait: float, left: float) -> None:
+        """The agent answered a wait of ``wait`` s asked at ``asked`` with no change: when it held
+        the answer that long, ask again at once; when it answered sooner (an agent older than the
+        long poll), or no wait was asked (LLMGW_AGENT_WAIT_SECONDS=0), poll every
+        LLMGW_OPERATION_POLL_SECONDS. (A wait cut short by the heartbeat's interval is not a
+        reason to sleep a poll's interval.)"""
+        took = time.monotonic() - asked
+        if wait <= 0 or took < wait:
+            time.sleep(max(min(self.poll, left) - took, 0.0))
 
     def _agent_away(
         self, step: RestartStep, replica: Replica, exc: AgentCallFailed, since: float | None, left: float
@@ -1112,10 +1124,9 @@ class OperationRun:
             if left <= 0:
                 return
             asked = time.monotonic()
+            wait = min(self.wait, left, self.lease.interval)
             try:
-                state = agent.get(
-                    replica.name, wait=min(self.wait, left, self.lease.interval), unless="ready"
-                )
+                state = agent.get(replica.name, wait=wait, unless="ready")
                 away_since = None
             except AgentCallFailed as exc:
                 away_since = self._agent_away(step, replica, exc, away_since, left)
@@ -1141,9 +1152,7 @@ class OperationRun:
                     f"the {settle:g} s it had to stay ready: {said}",
                     started=now_state not in ("failed", "stopped"),
                 )
-            early = min(self.poll, left) - (time.monotonic() - asked)
-            if early > 0:
-                time.sleep(early)  # answered at once (an agent without the long poll): poll
+            self._poll_pause(asked, wait, left)
 
     def _check_node_policy(self, node: Node, agent: AgentClient, replica: Replica) -> None:
         """The node's agent enforces the same launch policy as the control plane:
