@@ -59,6 +59,16 @@ def _flush_past_the_append_only_triggers() -> Iterator[None]:
     DatabaseOperations.sql_flush = original  # type: ignore[method-assign]
 
 
+@pytest.fixture(autouse=True)
+def _no_answers_kept_from_another_test() -> Iterator[None]:
+    """What versions/cache.py keeps lives in this process across tests, whose databases are emptied
+    (and the version counters with them) between them: each test starts with none kept."""
+    from django.core.cache import caches
+
+    caches["answers"].clear()
+    yield
+
+
 @pytest.fixture
 def as_app_role(transactional_db: None) -> Iterator[str | None]:
     """On PostgreSQL, the test runs as the application's role, set up as the README says

@@ -337,14 +337,16 @@ def test_a_failed_restart_says_on_its_page_how_to_roll_back_with_the_button(move
 
 
 SECRET_NOW = "hf_" + "n" * 32
+SECRET_THEN = "hf_" + "o" * 32
 
 
 @pytest.fixture
 def secret_changed(tmp_path):
-    """Revision 1 ran one Hub token, revision 2 runs another: the log holds only the first's fingerprint."""
-    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, env={"HF_TOKEN": "hf_" + "o" * 32}) as fleet:
+    """Revision 1 ran one Hub token, revision 2 runs another (and more sequences): the log holds only the
+    first token's fingerprint."""
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, env={"HF_TOKEN": SECRET_THEN}) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
-        fleet.change_profile(env={**fleet.profile.env, "HF_TOKEN": SECRET_NOW})
+        fleet.change_profile(env={**fleet.profile.env, "HF_TOKEN": SECRET_NOW}, args=["--max-num-seqs", "8"])
         yield fleet
 
 
@@ -373,3 +375,18 @@ def test_a_secret_changed_since_the_revision_is_refused_saying_how_to_proceed_on
     refused_for_the_secret(html.unescape(operator.get(response["Location"]).content.decode()))
     assert AuditEntry.objects.count() == before and Profile.objects.get().revision == 2
     assert Profile.objects.get().env["HF_TOKEN"] == SECRET_NOW
+    # The way on the sentence gives: set the secret again through the API, then roll back.
+    profile = Profile.objects.get()
+    editor = APIClient()
+    editor.force_authenticate(b.user("editor", "catalog.change_profile", "catalog.view_profile"))
+    set_again = editor.patch(
+        f"/api/profiles/{profile.pk}/", {"env": {**profile.env, "HF_TOKEN": SECRET_THEN}}, format="json"
+    )
+    assert set_again.status_code == 200, set_again.content
+    assert Profile.objects.get().revision == 3
+    response = api.post(f"/api/models/{MODEL}/rollback/", {"profile": "h100", "revision": 1}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["new_revision"] == 4 and response.json()["adopted"] == [
+        {"replica": "llama-1", "runs": 1}
+    ]
+    assert (Profile.objects.get().env["HF_TOKEN"], Profile.objects.get().args) == (SECRET_THEN, [])

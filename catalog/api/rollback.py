@@ -22,7 +22,9 @@ class RollbackInput(StrictInput):
     profile = serializers.CharField(help_text="The profile to roll back.")
     revision = StrictIntegerField(help_text="The revision whose settings it is to run again.")
     dry_run = serializers.BooleanField(
-        required=False, default=False, help_text="Run every check, save nothing."
+        required=False,
+        default=False,
+        help_text="Run every check and plan it all (adopted, restarted and where), save nothing.",
     )
 
 
