@@ -21,6 +21,7 @@ from audit.forms import AuditFilterForm
 from audit.models import AuditEntry
 from audit.selectors import changed_outside, entries_matching, entries_of_request, keyset_page
 from audit.summary import diff_rows, summarize
+from versions.cache import remembered
 
 VIEW = "audit.view_auditentry"
 EXPORT = "audit.export_auditentry"
@@ -131,7 +132,11 @@ def history_context(request: HttpRequest, q: Any, **filters: str) -> dict[str, A
 
     if not request.user.has_perm(VIEW):
         return {"history": None}
+    # Kept under the audit log's version (versions/cache.py): every entry written raises it.
+    rows = remembered(
+        "history", ["audit"], [repr(q)], lambda: [(e, summarize(e)) for e in history(q)], request=request
+    )
     return {
-        "history": [(e, summarize(e)) for e in history(q)],
+        "history": rows,
         "history_url": reverse("audit:entry_list") + ("?" + urlencode(filters) if filters else ""),
     }

@@ -70,7 +70,32 @@ def rollback_to(operation: RestartOperation) -> int | None:
     return int(older) if older is not None else None
 
 
-def progress_context(request: HttpRequest, operation: RestartOperation, **extra: Any) -> dict[str, Any]:
+def kept_latest_for(request: HttpRequest, model: ServedModel) -> tuple[RestartOperation | None, int | None]:
+    """``latest_for(model)`` with its steps, and what a rollback would go back to, kept under the
+    catalog's and the operations' versions (versions/cache.py); not while it is active, since its
+    "abandoned" line is read from the clock."""
+
+    def read() -> tuple[RestartOperation | None, int | None]:
+        operation = latest_for(model)
+        return operation, rollback_to(operation) if operation is not None else None
+
+    return remembered(
+        "latest-restart",
+        ["catalog", "operations"],
+        [model.pk],
+        read,
+        request=request,
+        keep=lambda answer: answer[0] is None or not answer[0].is_active,
+    )
+
+
+_UNSET: Any = object()
+
+
+def progress_context(
+    request: HttpRequest, operation: RestartOperation, *, rollback: int | None = _UNSET, **extra: Any
+) -> dict[str, Any]:
+    """The restart card's context; ``rollback``: ``rollback_to(operation)`` when already read."""
     steps = list(operation.steps.all())
     done = sum(s.state == RestartStep.State.SUCCEEDED for s in steps)
     failed = sum(s.state == RestartStep.State.FAILED for s in steps)
@@ -81,7 +106,7 @@ def progress_context(request: HttpRequest, operation: RestartOperation, **extra:
         "steps_failed": failed,
         "steps_finished": sum(s.is_finished for s in steps),
         "can_restart": request.user.has_perm(RESTART),
-        "rollback_to": rollback_to(operation),
+        "rollback_to": rollback_to(operation) if rollback is _UNSET else rollback,
         "can_rollback": request.user.has_perm(RESIZE) and not operation.model.declared,
         # Out-of-band updates only ride along a fragment, never a whole page.
         "fragment": wants_partial(request),

@@ -113,9 +113,9 @@ KEPT = {
     "POST /api/models/gen-model-001/gpus/": 4,  # and the cards a foreign process holds
     "POST /api/models/gen-model-001/context/": 4,
     "POST /models/gen-model-001/resize/preview/": 6,  # and the model and its profiles, for the form
-    "GET /models/gen-model-002/": 7,  # and the model, its latest restart (two), its history (two)
+    "GET /models/gen-model-002/": 4,  # and the model
     "GET /nodes/": 3,  # the filter form is kept too
-    "GET /nodes/gen-node-0003/": 6,  # and the node, its drains, its history (two)
+    "GET /nodes/gen-node-0003/": 5,  # and the node, and its drains
     "GET /nodes/?gpu_class=gen-h100-80g&state=ready&free=1": 3,
     "GET /nodes/?view=compact": 3,
     "GET /": 3,

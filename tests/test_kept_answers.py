@@ -372,3 +372,40 @@ def test_a_nodes_actions_are_the_readers_own_around_its_kept_cards(fleet):
     assert "Cordon gpu-0" in seen_by_operator and "Cordon gpu-0" not in seen_by_viewer
     body = seen_by_viewer.split('<ul class="legend"')[1].split('<section class="panel history"')[0]
     assert body in seen_by_operator
+
+
+# -- the model page's restart card and history panel --------------------------------------------------------
+
+
+def test_the_model_pages_history_is_kept_until_an_entry_is_written(fleet):
+    lead = client("lead")
+    assert "org/other" not in kept(lead, "/models/llama/")
+    with acting_as(Actor(via="cli", name="pytest")):
+        model = fleet["model"]
+        model.source = "org/other"
+        services.model_save(instance=model)
+    page = kept(lead, "/models/llama/")
+    assert 'id="history-title"' in page and "org/other" in page.split('id="history-title"')[1]
+    assert (
+        'id="history-title"' not in get(client("viewer"), "/models/llama/")[0]
+    )  # by permission, kept or not
+
+
+def test_the_model_pages_restart_card_follows_its_restart(fleet):
+    from operations.models import RestartOperation
+
+    op = RestartOperation.objects.create(model=fleet["model"], profile=fleet["profile"], state="succeeded")
+    viewer = client()
+    assert '<span class="badge state-succeeded">' in kept(viewer, "/models/llama/")
+    sql("UPDATE catalog_restartoperation SET state = 'failed' WHERE id = %s", [op.pk])
+    assert '<span class="badge state-failed">' in kept(viewer, "/models/llama/")
+
+
+def test_an_active_restart_on_the_model_page_is_read_anew_as_the_clock_moves(fleet, settings):
+    from operations.models import RestartOperation
+
+    RestartOperation.objects.create(model=fleet["model"], profile=fleet["profile"], state="queued")
+    viewer = client()
+    assert "abandoned: no worker has it" not in get(viewer, "/models/llama/")[0]
+    settings.LLMGW_OPERATION_STALE_SECONDS = 0  # no write: only the clock says it is abandoned now
+    assert "abandoned: no worker has it" in get(viewer, "/models/llama/")[0]

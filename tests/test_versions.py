@@ -25,6 +25,8 @@ def test_the_tracked_tables_are_every_table_of_the_catalog_operations_and_teleme
             assert tables[model._meta.db_table] == label
     assert "catalog_shard" in tables and "telemetry_cardreading" in tables
     assert "catalog_restartstep" in tables  # the operations' tables kept their catalog_ names
+    assert tables["catalog_auditentry"] == "audit"  # the log, for the history panels
+    assert "audit_rowchange" not in tables  # written beside every catalog write, read by no kept answer
 
 
 @pytest.mark.django_db

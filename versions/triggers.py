@@ -1,8 +1,8 @@
 """The database raises an area's version in every transaction that writes one of its tables.
 
 The areas are apps' tables (``AREAS``): the catalog's (classes, nodes, cards, models, profiles,
-replicas, shards), the operations' (restarts, their steps, each agent's contact) and the
-telemetry's (readings and samples). A cached answer is kept under the versions of the areas it
+replicas, shards), the operations' (restarts, their steps, each agent's contact), the
+telemetry's (readings and samples) and the audit log (its entries: the history panels). A cached answer is kept under the versions of the areas it
 reads (``versions/cache.py``); a write to any of their tables, by the services or by raw SQL
 behind the application's back, gives the next reader another key.
 
@@ -30,7 +30,8 @@ orders. What remains is that committing writers of one area queue on its row for
 commit (an UPDATE of one row and the commit's WAL flush, well under a millisecond to a few
 on a busy disk): at the telemetry sampler's rate (a thousand nodes every 15 s, eight at a time,
 about 70 transactions a second) or a restart's heartbeats (one every 5 s a restart) that is a
-small share of one row's time. The areas are separate counters for what they invalidate rather
+small share of one row's time. Audit appends are serialised by the chain's own advisory lock
+already, so their counter adds no queue of its own. The areas are separate counters for what they invalidate rather
 than for the locks: the sampler writes readings all the time, and were it one counter, every
 cached answer would be thrown away every few milliseconds while it runs; kept apart, only the
 answers that show readings are.
@@ -49,7 +50,11 @@ from __future__ import annotations
 from typing import Any
 
 # The app whose tables count, and the area each raises. The order is the order counters are taken.
-AREAS = {"catalog": "catalog", "operations": "operations", "telemetry": "telemetry"}
+AREAS = {"catalog": "catalog", "operations": "operations", "telemetry": "telemetry", "audit": "audit"}
+# Of an app, only these models count (else all): of the audit app, the log, which the pages'
+# history panels read; not the row changes, which the database writes beside every catalog write
+# and no kept answer reads.
+ONLY = {"audit": {"auditentry"}}
 TRIGGER = "versions_touch"  # the trigger's name on each table (PostgreSQL; SQLite adds the table and op)
 
 PG_FUNCTIONS = """
@@ -112,6 +117,8 @@ def tracked_tables(apps: Any) -> dict[str, str]:
     out = {}
     for label, area in AREAS.items():
         for model in apps.get_app_config(label).get_models():
+            if label in ONLY and model._meta.model_name not in ONLY[label]:
+                continue
             if not model._meta.proxy and model._meta.managed:
                 out[model._meta.db_table] = area
     return dict(sorted(out.items()))

@@ -233,10 +233,14 @@ def _detail_context(
         context_form = context_form or ContextForm(
             model=model, profiles=profiles, initial={"tokens": first.context}
         )
-    operation = operation_views.latest_for(model)
+    operation, rollback = operation_views.kept_latest_for(request, model)
     replicas, stale_live = kept_replicas_section(request, model)
     return {
-        **(operation_views.progress_context(request, operation) if operation else {"operation": None}),
+        **(
+            operation_views.progress_context(request, operation, rollback=rollback)
+            if operation
+            else {"operation": None}
+        ),
         "section": "models",
         "model": model,
         "hue": hue(model.pk),
