@@ -13,6 +13,8 @@ from django.db import connection
 # Tables the application may only read and append to: the audit log, and the catalog's row history.
 ROW_CHANGES = "audit_rowchange"
 APPEND_ONLY_TABLES = ("catalog_auditentry", ROW_CHANGES)
+# Tables only the version triggers write (their functions run as the owner).
+VERSION_TABLES = ("versions_version", "versions_pending")
 
 
 def grant_app_role(role: str) -> None:
@@ -50,5 +52,8 @@ def grant_app_role(role: str) -> None:
             statements.append(f"REVOKE UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER ON {q(table)} FROM {r}")
         # Only the database's triggers write the row changes (their function runs as the owner).
         statements.append(f"REVOKE INSERT ON {q(ROW_CHANGES)} FROM {r}")
+        # Nor the fleet's versions (versions/triggers.py): a counter set back would give old answers.
+        for table in VERSION_TABLES:
+            statements.append(f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {q(table)} FROM {r}")
         for sql in statements:
             cursor.execute(sql)

@@ -31,6 +31,9 @@ LABELS = {
     "gpu_class": "GPU class",
 }
 SPREAD = ("gpus_per_node", "tp", "nodes", "pp")
+# Actions whose message says it in the operators' words better than the changed fields would
+# ("replica x adopted revision 5 without a restart: ..." rather than "revision 3 → 5").
+SAID_BY_MESSAGE = frozenset({"adopt"})
 
 
 def label(field: str) -> str:
@@ -71,6 +74,8 @@ def summarize(entry: AuditEntry) -> str:
         return f"{entry.object_type} {entry.object_repr} added"
     if entry.after is None and entry.before is not None and entry.action == "delete":
         return f"{entry.object_type} {entry.object_repr} removed"
+    if entry.action in SAID_BY_MESSAGE and entry.message:
+        return entry.message
     fields = changed(entry)
     if not fields:
         return entry.message or f"{entry.action} {entry.object_type} {name}"

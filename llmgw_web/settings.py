@@ -62,9 +62,25 @@ INSTALLED_APPS = [
     "audit",
     "catalog",
     "telemetry",
+    # After the apps whose tables it tracks: its migration puts the version triggers on them.
+    "versions",
     # Last: after each migrate it gives the roles the permissions every other app has made.
     "access",
 ]
+
+# "answers": what versions/cache.py keeps under the fleet's versions, in each process's own memory
+# (a gunicorn worker computes an answer once per version; the versions are read from the database
+# at every request, so no process's copy is ever stale). An entry under an older version is never
+# asked for again: it leaves when the cache is full or after TIMEOUT.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "answers": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "llmgw-answers",
+        "TIMEOUT": 600,
+        "OPTIONS": {"MAX_ENTRIES": 500},
+    },
+}
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -63,7 +63,7 @@ PAGES_AND_API: dict[str, dict[str, frozenset[str]]] = {
     "node-uncordon": {"POST": OPERATE},
     "node-drain": {"POST": OPERATE},
     "profile-revisions": {"GET": READ},
-    "profile-rollback": {"POST": OPERATE},
+    "profile-rollback": {"GET": OPERATE, "POST": OPERATE},
     "api-node-cordon": {"POST": OPERATE},
     "api-node-uncordon": {"POST": OPERATE},
     "api-node-drain": {"POST": OPERATE},

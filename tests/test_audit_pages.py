@@ -59,15 +59,15 @@ def streamed(response: Any) -> str:
     return b"".join(response.streaming_content).decode()
 
 
-def csv_ids(client: Client, **filters: str) -> list[int]:
-    response = client.get("/audit/export.csv", filters)
+def csv_ids(client: Client, url: str = "/audit/export.csv", **filters: str) -> list[int]:
+    response = client.get(url, filters)
     assert response.status_code == 200 and response.streaming
     rows = list(csv.DictReader(io.StringIO(streamed(response))))
     return [int(r["id"]) for r in rows]
 
 
-def jsonl_ids(client: Client, **filters: str) -> list[int]:
-    response = client.get("/audit/export.jsonl", filters)
+def jsonl_ids(client: Client, url: str = "/audit/export.jsonl", **filters: str) -> list[int]:
+    response = client.get(url, filters)
     assert response.status_code == 200 and response.streaming
     lines = streamed(response).splitlines()
     return [json.loads(line)["id"] for line in lines]
@@ -167,13 +167,28 @@ def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_
         assert api_ids(api, **filters) == expected, path
         assert csv_ids(page, **filters) == sorted(expected), path
         assert jsonl_ids(page, **filters) == sorted(expected), path
-        assert api.get("/api/audit/export.csv", filters).status_code == 200, path
+        assert csv_ids(api, "/api/audit/export.csv", **filters) == sorted(expected), path
+        assert jsonl_ids(api, "/api/audit/export.jsonl", **filters) == sorted(expected), path
 
     # the operation's entries: the resize that asked for it, the restart and every step the worker wrote
     grouped = set(listed(page, operation=str(operation.pk)))
     assert resize_ui.pk in grouped and set(by_via["worker"]) <= grouped
     yesterday = str(timezone.localdate() - timedelta(days=1))
-    assert listed(page, until=yesterday) == []
+    tomorrow = str(timezone.localdate() + timedelta(days=1))
+    assert listed(page, until=yesterday) == [] and listed(page, since=tomorrow) == []
+    assert api_ids(api, since=tomorrow) == [] and csv_ids(page, since=tomorrow) == []
+    # the entry page: the resize with every other entry of its request (the restart it started), and
+    # the restart's entry with the way to every entry of its operation
+    started = AuditEntry.objects.get(action="restart_start", object_key=str(operation.pk))
+    assert started.request_id == resize_ui.request_id
+    entry_page = page.get(f"/audit/{resize_ui.pk}/")
+    assert [e.pk for e, _ in entry_page.context["together"]] == sorted(
+        AuditEntry.objects.filter(request_id=resize_ui.request_id).values_list("id", flat=True)
+    )
+    assert "The same request" in entry_page.content.decode() and started.pk in [
+        e.pk for e, _ in entry_page.context["together"]
+    ]
+    assert f"?operation={operation.pk}" in page.get(f"/audit/{started.pk}/").content.decode()
 
 
 def test_the_summary_says_a_resize_as_cards_in_the_operators_words(actor):
@@ -263,6 +278,27 @@ def test_keyset_pages_walk_the_whole_filtered_log_both_ways(actor):
     assert (
         [e.pk for e in oldest.entries] == wanted[-50:] and oldest.older is None and oldest.newer is not None
     )
+
+
+def test_the_api_pages_by_cursor_so_entries_written_meanwhile_neither_repeat_nor_skip_one(actor):
+    with transaction.atomic():
+        for i in range(130):
+            audit_record(action="update", object_type="node", object_key=f"n{i}")
+    wanted = sorted(AuditEntry.objects.values_list("id", flat=True), reverse=True)
+    api = APIClient()
+    api.force_authenticate(b.user("lead2", "audit.view_auditentry"))
+    first = api.get("/api/audit/", {"page_size": 50}).json()
+    assert "cursor=" in first["next"] and first["previous"] is None
+    seen = [row["id"] for row in first["results"]]
+    with transaction.atomic():  # newer entries arrive between two pages: an offset would shift by them
+        for i in range(7):
+            audit_record(action="update", object_type="node", object_key=f"late{i}")
+    url = first["next"]
+    while url:
+        body = api.get(url).json()
+        seen += [row["id"] for row in body["results"]]
+        url = body["next"]
+    assert seen == wanted
 
 
 @pytest.mark.django_db(transaction=True)

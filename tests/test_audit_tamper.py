@@ -11,6 +11,7 @@ first entry that does not match.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -302,6 +303,32 @@ def test_an_intact_log_checks_against_its_checkpoint(actor, tmp_path):
     call_command("audit_verify", "--checkpoint", str(path), stdout=out)
     assert "intact: 5 entries" in out.getvalue() and "3 entries up to" in out.getvalue()
     assert latest_checkpoint(path).count == 3
+
+
+def test_the_checkpoint_command_appends_a_signed_line_to_a_file_or_prints_it_for_log_shipping(
+    actor, tmp_path, capsys
+):
+    log = entries(3)
+    # As from the command line: no output stream handed in (an option named "stdout" once replaced it).
+    call_command("audit_checkpoint", "--stdout")
+    line = capsys.readouterr().out.strip()
+    body = json.loads(line)
+    assert (body["count"], body["last_id"], body["last_hash"]) == (3, log[-1].pk, log[-1].hash)
+    assert body["signature"] and "\n" not in line
+    # The line shipped elsewhere checks the log as the file would, its signature included.
+    shipped = tmp_path / "shipped.jsonl"
+    shipped.write_text(line + "\n")
+    assert latest_checkpoint(shipped).count == 3
+    call_command("audit_verify", "--checkpoint", str(shipped), stdout=StringIO())
+    shipped.write_text(line.replace('"count": 3', '"count": 2') + "\n")
+    assert "its signature does not match" in verify_fails(shipped)
+    path = tmp_path / "kept.jsonl"
+    written = StringIO()
+    call_command("audit_checkpoint", "--file", str(path), stdout=written)
+    entries(2)
+    call_command("audit_checkpoint", "--file", str(path), stdout=written)
+    assert f"checkpoint written to {path}: 3 entries up to #{log[-1].pk}" in written.getvalue()
+    assert len(path.read_text().splitlines()) == 2 and latest_checkpoint(path).count == 5
 
 
 def test_audit_verify_help_says_what_it_can_and_cannot_detect():

@@ -526,8 +526,9 @@ def test_a_replicas_page_shows_its_engine_log_live_while_it_starts_with_secrets_
 
 
 def test_a_resize_whose_restart_failed_is_rolled_back_from_its_page(page, tmp_path, fast_restarts, shots):
-    """A resize saved at revision 2 whose restart failed: its page says how to roll back, and the button
-    does it: the profile at its old settings as revision 3, the replicas current, both in the audit log."""
+    """A resize saved at revision 2 whose restart failed: its page says how to roll back, the button
+    shows the rollback's plan and then does it: the profile at its old settings as revision 3, the
+    replica current without a restart (it never left revision 1's settings), both in the audit log."""
     from catalog.models import Node
     from operations.services.runner import run_operation
     from tests.restart_support import MODEL, fleet_of
@@ -538,6 +539,8 @@ def test_a_resize_whose_restart_failed_is_rolled_back_from_its_page(page, tmp_pa
         node = Node.objects.get(name="gpu-a")
         for index in (2, 3):
             Card.objects.create(node=node, index=index, gpu_class=fleet.profile.gpu_class)
+        with fleet.agents["gpu-a"].client() as http:
+            running = http.get(f"/v1/replicas/{MODEL}-1").json()
         operator()
         sign_in(page, "operator")
         page.goto(f"/models/{MODEL}/")
@@ -548,26 +551,84 @@ def test_a_resize_whose_restart_failed_is_rolled_back_from_its_page(page, tmp_pa
         resize = RestartOperation.objects.get(model__name=MODEL)
         assert run_operation(resize.pk) == "failed"  # the worker's part: the agent has no card 2
         assert Profile.objects.get(pk=fleet.profile.pk).revision == 2
+        assert Replica.objects.get(name=f"{MODEL}-1", state="ready").revision == 1
 
         page.goto(f"/operations/{resize.pk}/")
         note = page.locator(".rollback")
         assert "its replicas still run revision 1" in note.inner_text()
         page.screenshot(path=shots / "restart-failed-rollback.png", full_page=True)
         note.get_by_role("button", name="Roll back h100 to revision 1").click()
-        page.locator(".message.success").wait_for()
-        assert "is at revision 3, with revision 1's settings" in page.locator(".message.success").inner_text()
-        rollback = RestartOperation.objects.exclude(pk=resize.pk).get(model__name=MODEL)
-        assert page.url.endswith(f"/operations/{rollback.pk}/")
-        assert run_operation(rollback.pk) == "succeeded"
-        page.locator(f"#operation-{rollback.pk}:not([hx-trigger])").wait_for()
+        # The dry run first: the replica runs revision 1's settings, so it adopts revision 3 as it runs.
+        adopted = page.locator(".rollback-plan tr.adopted")
+        assert f"{MODEL}-1" in adopted.inner_text() and "no restart" in adopted.inner_text()
+        assert page.locator(".rollback-plan tr.restarted").count() == 0
+        assert Profile.objects.get(pk=fleet.profile.pk).revision == 2  # nothing saved yet
+        page.screenshot(path=shots / "rollback-plan.png", full_page=True)
+        page.get_by_role("button", name="Roll back to revision 1 now").click()
+        said = page.locator(".message.success")
+        said.wait_for()
+        assert "is at revision 3, with revision 1's settings" in said.inner_text()
+        assert f"{MODEL}-1 runs them already and took it without a restart" in said.inner_text()
 
         profile = Profile.objects.get(pk=fleet.profile.pk)
         assert (profile.revision, profile.gpus_per_node, profile.tp) == (3, 1, 1)
         live = Replica.objects.filter(profile=profile, state__in=Replica.LIVE_STATES)
-        assert [r.revision for r in live] == [3]  # current
+        assert [(r.name, r.revision) for r in live] == [(f"{MODEL}-1", 3)]  # current
+        # Not restarted: no operation for the rollback, and the agent runs the very same process.
+        assert list(RestartOperation.objects.values_list("pk", flat=True)) == [resize.pk]
+        with fleet.agents["gpu-a"].client() as http:
+            now = http.get(f"/v1/replicas/{MODEL}-1").json()
+        assert (now["state"], now["pid"], now["port"], now["started_at"]) == (
+            "ready",
+            running["pid"],
+            running["port"],
+            running["started_at"],
+        )
         assert AuditEntry.objects.filter(action="resize", via="ui", actor="operator").count() == 1
         entry = AuditEntry.objects.get(action="rollback", via="ui", actor="operator")
         assert (entry.before["tp"], entry.after["tp"], entry.after["revision"]) == (2, 1, 3)
+        adopt = AuditEntry.objects.get(action="adopt", object_key=f"{MODEL}-1", via="ui", actor="operator")
+        assert (adopt.before["revision"], adopt.after["revision"]) == (1, 3)
+        assert "without a restart: it runs revision 1's settings, the same" in adopt.message
+
+
+def test_a_lead_reads_the_audit_log_at_a_laptops_width_with_its_messages_and_whole_request_ids(page, shots):
+    """The leads' own page, from the menu: the summary and the message of each entry, and the request id
+    whole, every column inside 1366 px (the admin's list cut the id off and had no message)."""
+    from catalog.models import GPUClass
+    from catalog.services import catalog as services
+
+    actor = Actor(via="api", name="pytest")
+    with acting_as(actor):
+        cls = services.gpu_class_save(
+            instance=GPUClass(name="h100-80g", memory_mib=81559, usable_mib=79000, compute_capability="9.0")
+        )
+        cls.usable_mib = 78000
+        services.gpu_class_save(instance=cls)
+    b.user(
+        "lead",
+        "audit.view_auditentry",
+        "audit.export_auditentry",
+        "catalog.view_servedmodel",
+        password=PASSWORD,
+    )
+    sign_in(page, "lead")
+    page.get_by_role("link", name="Audit", exact=True).click()
+    page.wait_for_url(re.compile(r"/audit/$"))
+    rows = page.locator("table.audit-list tbody tr")
+    assert rows.count() == 2
+    newest = rows.first
+    assert "h100-80g: usable memory (MiB) 79000 → 78000" in newest.locator("td.summary").inner_text()
+    request_id = newest.locator("td.request-id")
+    assert request_id.inner_text() == actor.request_id and len(actor.request_id) == 32
+    box = request_id.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= LAPTOP["width"]
+    assert request_id.evaluate("e => e.scrollWidth <= e.clientWidth")  # not cut off
+    assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]  # no sideways scroll
+    page.screenshot(path=shots / "audit-list.png", full_page=True)
+    request_id.get_by_role("link").click()
+    page.wait_for_url(re.compile(r"request_id=" + actor.request_id))
+    assert rows.count() == 2  # both entries of the one request
 
 
 def test_an_operator_moves_a_replica_from_its_page_to_another_node(page, tmp_path, fast_restarts):

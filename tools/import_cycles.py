@@ -23,6 +23,8 @@ PACKAGES = {
     "operations": ROOT,
     "llmgw_web": ROOT,
     "access": ROOT,
+    "telemetry": ROOT,
+    "versions": ROOT,
     "llmgw_agent": ROOT / "agent",
 }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -20,7 +22,25 @@ class RollbackInput(StrictInput):
     profile = serializers.CharField(help_text="The profile to roll back.")
     revision = StrictIntegerField(help_text="The revision whose settings it is to run again.")
     dry_run = serializers.BooleanField(
-        required=False, default=False, help_text="Run every check, save nothing."
+        required=False,
+        default=False,
+        help_text="Run every check and plan it all (adopted, restarted and where), save nothing.",
+    )
+
+
+class AdoptedSerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    runs = serializers.IntegerField(help_text="The revision it ran, whose settings are the restored ones.")
+
+
+class RestartedSerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    runs = serializers.IntegerField(help_text="The revision it runs.")
+    why = serializers.CharField(help_text="Why it cannot take the new revision without a restart.")
+    node = serializers.CharField(help_text="Where the restart's plan puts its replacement.")
+    cards = serializers.ListField(child=serializers.IntegerField())
+    in_place = serializers.BooleanField(
+        allow_null=True, help_text="Stopped before its replacement starts (true), or beside it (false)."
     )
 
 
@@ -30,8 +50,12 @@ class RollbackSerializer(serializers.Serializer):
     to_revision = serializers.IntegerField(help_text="The revision whose settings it runs again.")
     new_revision = serializers.IntegerField(help_text="The revision it is at now (a new one).")
     operation = serializers.IntegerField(
-        allow_null=True, help_text="The restart started for its stale replicas."
+        allow_null=True, help_text="The restart started for the replicas in restarted (none on a dry run)."
     )
+    adopted = AdoptedSerializer(
+        many=True, help_text="Replicas that run the restored settings already: current without a restart."
+    )
+    restarted = RestartedSerializer(many=True, help_text="Replicas the restart takes onto the new revision.")
 
 
 class RevisionSerializer(serializers.Serializer):
@@ -55,9 +79,12 @@ class RollbackView(APIView):
             400: OpenApiResponse(ErrorSerializer),
             403: OpenApiResponse(ErrorSerializer),
             404: OpenApiResponse(ErrorSerializer),
-            409: OpenApiResponse(ErrorSerializer, description="Refused: declared, busy, unchanged, no room"),
+            409: OpenApiResponse(
+                ErrorSerializer, description="Refused: declared, busy, unchanged, no room, secret_unknown"
+            ),
         },
-        summary="Roll a profile back to a revision: a new revision with its settings, then a restart",
+        summary="Roll a profile back to a revision: a new revision with its settings; the replicas that "
+        "run them already adopt it, the others are restarted",
     )
     def post(self, request: Request, name: str) -> Response:
         data = RollbackInput(data=request.data)
@@ -74,6 +101,8 @@ class RollbackView(APIView):
                     "to_revision": done.to_revision,
                     "new_revision": done.new_revision,
                     "operation": done.operation,
+                    "adopted": [asdict(a) for a in done.adopted],
+                    "restarted": [asdict(r) for r in done.restarted],
                 }
             ).data
         )

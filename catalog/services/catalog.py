@@ -387,8 +387,10 @@ def profile_delete(*, instance: Profile, actor: Actor | None = None, from_settin
 # Replicas and their cards -----------------------------------------------------------------
 
 
-def replica_save(*, instance: Replica, actor: Actor | None = None, message: str = "") -> Replica:
-    return _save(instance, actor=actor, message=message)
+def replica_save(
+    *, instance: Replica, actor: Actor | None = None, message: str = "", action: str | None = None
+) -> Replica:
+    return _save(instance, actor=actor, message=message, action=action)
 
 
 def replica_delete(*, instance: Replica, actor: Actor | None = None) -> None:

@@ -1,6 +1,8 @@
 """A profile's revisions page: each revision from the audit log, a diff between any two, and rollback.
 
-Rollback posts to the same service the API and the command call
+Rollback shows its dry run first (which replicas adopt the new revision
+without a restart, which are restarted and where), then posts to the same
+service the API and the command call
 (``catalog.services.rollback.profile_rollback``); a refusal is shown as the
 API's sentence, and nothing changes.
 """
@@ -12,7 +14,7 @@ from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods
 
 from access.rules import requires
 from audit.summary import diff_rows, summarize
@@ -61,6 +63,8 @@ def profile_revisions(request: HttpRequest, name: str, profile: str) -> HttpResp
             "a": a,
             "b": b,
             "diff": diff,
+            "left": f"Revision {a}",
+            "right": f"Revision {b}",
             "running": running,
             "can_rollback": request.user.has_perm(RESIZE) and not found.model.declared,
             **history_context(
@@ -74,9 +78,13 @@ def profile_revisions(request: HttpRequest, name: str, profile: str) -> HttpResp
 
 
 @requires(RESIZE)
-@require_POST
+@require_http_methods(["GET", "POST"])
 def profile_rollback_apply(request: HttpRequest, name: str, profile: str) -> HttpResponse:
-    found = get_object_or_404(Profile, model__name=name, name=profile)
+    """GET: what rolling back to ``?revision=N`` would do (its dry run: which replicas adopt the new
+    revision, which are restarted and where, or the refusal), with the button; POST: do it."""
+    found = get_object_or_404(Profile.objects.select_related("model"), model__name=name, name=profile)
+    if request.method == "GET":
+        return _rollback_preview(request, found, _number(request.GET.get("revision")))
     revision = _number(request.POST.get("revision"))
     back = reverse("profile-revisions", args=[name, profile])
     if revision is None:
@@ -87,14 +95,45 @@ def profile_rollback_apply(request: HttpRequest, name: str, profile: str) -> Htt
     except DomainError as err:
         messages.error(request, err.message)
         return redirect_or_location(request, back)
-    if done.operation is not None:
-        messages.success(
-            request,
-            f"{done.profile} is at revision {done.new_revision}, with revision {revision}'s settings; "
-            f"restart #{done.operation} brings its replicas onto it.",
+    said = f"{done.profile} is at revision {done.new_revision}, with revision {revision}'s settings"
+    if done.adopted:
+        names = ", ".join(a.replica for a in done.adopted)
+        said += (
+            f"; {names} run{'s' if len(done.adopted) == 1 else ''} them already and took it without a restart"
         )
+    if done.operation is not None:
+        messages.success(request, f"{said}; restart #{done.operation} brings the others onto it.")
         return redirect_or_location(request, reverse("operation-detail", args=[done.operation]))
-    messages.success(
-        request, f"{done.profile} is at revision {done.new_revision}, with revision {revision}'s settings."
-    )
+    messages.success(request, f"{said}.")
     return redirect_or_location(request, back)
+
+
+def _rollback_preview(request: HttpRequest, found: Profile, revision: int | None) -> HttpResponse:
+    plan, refusal, diff = None, "", []
+    if revision is None:
+        refusal = "Say which revision to roll back to (?revision=N, a number)."
+    else:
+        try:
+            plan = profile_rollback(
+                model=found.model.name, profile=found.name, revision=revision, dry_run=True
+            )
+        except DomainError as err:
+            refusal = err.message
+        by_number = {r.number: r for r in revisions(found)}
+        if revision in by_number and found.revision in by_number:
+            diff = diff_rows(by_number[found.revision].settings, by_number[revision].settings)
+    return render_page(
+        request,
+        "catalog/profile_rollback.html",
+        {
+            "section": "models",
+            "profile": found,
+            "model": found.model,
+            "revision": revision,
+            "plan": plan,
+            "refusal": refusal,
+            "diff": diff,
+            "left": f"Revision {found.revision} (now)",
+            "right": f"Revision {revision}",
+        },
+    )

@@ -83,6 +83,18 @@ def replica_spec(
     )
 
 
+def started_spec(replica: Replica) -> dict[str, Any] | None:
+    """The spec the restart that started ``replica`` sent its agent (exact); None when no restart
+    started it (it was recorded by hand, or by the demo)."""
+    return (
+        RestartStep.objects.filter(new_replica=replica)
+        .exclude(spec=None)
+        .order_by("-id")
+        .values_list("spec", flat=True)
+        .first()
+    )
+
+
 def running_spec(
     replica: Replica, *, node_cards: list[int] | None = None, ready_timeout: float = 600
 ) -> dict[str, Any] | None:
@@ -93,13 +105,7 @@ def running_spec(
     replica's revision, which the audit log keeps (every profile save records
     the whole profile).
     """
-    started = (
-        RestartStep.objects.filter(new_replica=replica)
-        .exclude(spec=None)
-        .order_by("-id")
-        .values_list("spec", flat=True)
-        .first()
-    )
+    started = started_spec(replica)
     if started:
         return started
     profile = Profile.objects.select_related("model").get(pk=replica.profile_id)

@@ -19,7 +19,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         where = parser.add_mutually_exclusive_group()
         where.add_argument("--file", default=None, help="append to this file instead of the setting's")
-        where.add_argument("--stdout", action="store_true", help="print the line only, write no file")
+        # Neither named nor stored as "stdout" alone: BaseCommand.execute and call_command take an option of
+        # that name for the output stream (as the dest it crashed the command line; as the name, call_command).
+        where.add_argument(
+            "--print",
+            "--stdout",
+            dest="print_only",
+            action="store_true",
+            help="print the line only (to standard output), write no file",
+        )
         where.add_argument(
             "--schedule", action="store_true", help="have the worker write one on its schedule"
         )
@@ -34,7 +42,7 @@ class Command(BaseCommand):
             )
             return
         checkpoint = checkpoint_now()
-        if options["stdout"]:
+        if options["print_only"]:
             self.stdout.write(checkpoint.line())
             return
         path = options["file"] or settings.LLMGW_AUDIT_CHECKPOINT_FILE

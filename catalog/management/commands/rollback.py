@@ -5,14 +5,16 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from catalog.management.base import ActorCommand
-from catalog.services.rollback import profile_rollback
+from catalog.services.rollback import plan_lines, profile_rollback
 from operations.management.follow import follow
 
 
 class Command(ActorCommand):
     help = (
         "Roll a model's profile back to revision N: its settings saved again as a new revision, through "
-        "every check a resize passes, audited, and its stale replicas restarted; exits 1 when refused."
+        "every check a resize passes, audited; the replicas that run those settings already adopt the new "
+        "revision without a restart, the others are restarted (the dry run says which, and where); "
+        "exits 1 when refused."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -36,7 +38,9 @@ class Command(ActorCommand):
         self.stdout.write(
             f"{verb} {done.profile} back to revision {done.to_revision}'s settings: revision {done.from_revision} "
             f"-> {done.new_revision}"
-            + (f"; restarting its stale replicas: operation #{done.operation}" if done.operation else "")
+            + (f"; restarting: operation #{done.operation}" if done.operation else "")
         )
+        for line in plan_lines(done):
+            self.stdout.write(f"  {line}")
         if done.operation is not None and not options["dry_run"] and not options["no_wait"]:
             follow(done.operation, self.stdout, self.stderr)

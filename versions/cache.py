@@ -1,0 +1,83 @@
+"""Answers kept under the fleet's versions: computed once per version, given to every reader after.
+
+``remembered(name, areas, parts, compute)`` gives what ``compute()`` gave when the ``areas``'
+versions were what they are now and ``parts`` (what else the answer depends on: the path, the
+normalised query or body, the reader's role) were the same; else computes, keeps and gives it.
+The versions are read from the database at every call (one query a request: ``versions_of``), so
+a process's own memory is never stale (Django's local-memory cache, one per gunicorn worker, the
+``answers`` alias: settings.CACHES).
+
+An answer is never kept, nor given, inside a transaction: there the reader may see its own
+writes before they commit, or roll them back, and nobody else may be given those under any
+version (versions/triggers.py says why reading the versions first and the data after is safe).
+Whatever checks a request needs (sign-in, permissions, throttles) run before the view asks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from django.core.cache import caches
+from django.db import connection
+
+from versions.models import Version
+
+T = TypeVar("T")
+ALIAS = "answers"
+_MEMO = "_llmgw_versions"  # on the request: the versions read once for all its answers
+
+
+def versions_of(request: Any = None) -> dict[str, str]:
+    """Every area's version, ``born.n``: one query, once a request when ``request`` is given."""
+    if request is not None:
+        memo = getattr(request, _MEMO, None)
+        if memo is not None:
+            return memo
+    found = {area: f"{born}.{n}" for area, n, born in Version.objects.values_list("area", "n", "born")}
+    if request is not None:
+        setattr(request, _MEMO, found)
+    return found
+
+
+def usable() -> bool:
+    """Outside any transaction: the only place an answer may be kept or given."""
+    return not connection.in_atomic_block
+
+
+def key_of(name: str, areas: Iterable[str], parts: Iterable[Any], *, request: Any = None) -> str:
+    versions = versions_of(request)
+    stamp = ",".join(f"{a}={versions.get(a, 'none')}" for a in sorted(areas))
+    digest = hashlib.sha256(repr(tuple(parts)).encode()).hexdigest()[:32]
+    return f"{name}:{stamp}:{digest}"
+
+
+def remembered(
+    name: str,
+    areas: Iterable[str],
+    parts: Iterable[Any],
+    compute: Callable[[], T],
+    *,
+    request: Any = None,
+) -> T:
+    """``compute()``'s answer for these versions and parts, computed at most once per process."""
+    if not usable():
+        return compute()
+    cache = caches[ALIAS]
+    key = key_of(name, areas, parts, request=request)
+    found = cache.get(key, _MISSING)
+    if found is not _MISSING:
+        return found
+    value = compute()
+    cache.set(key, value)
+    return value
+
+
+_MISSING = object()
+
+
+def query_parts(query: Any, *, drop: Iterable[str] = ()) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A QueryDict as sorted pairs, each key's values in order: ``?b=1&a=2`` is ``?a=2&b=1``."""
+    left_out = set(drop)
+    return tuple(sorted((k, tuple(v)) for k, v in query.lists() if k not in left_out))

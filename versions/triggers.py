@@ -1,0 +1,183 @@
+"""The database raises an area's version in every transaction that writes one of its tables.
+
+The areas are apps' tables (``AREAS``): the catalog's (classes, nodes, cards, models, profiles,
+replicas, shards), the operations' (restarts, their steps, each agent's contact) and the
+telemetry's (readings and samples). A cached answer is kept under the versions of the areas it
+reads (``versions/cache.py``); a write to any of their tables, by the services or by raw SQL
+behind the application's back, gives the next reader another key.
+
+**Why the number can be trusted.** The counter is a row, raised in the writing transaction
+itself, so it becomes visible at the same instant as the data: a reader that sees version V sees
+every write that V counts. A reader reads the versions first and the data after (each statement
+its own snapshot, READ COMMITTED, outside any transaction: ``cache.py`` refuses to keep or use an
+answer inside one), so the data it reads is at least as new as V: perhaps newer, never older.
+What it keeps under V is then what V's state gives or something newer, and once anything newer
+commits, V is no longer what anyone reads. A PostgreSQL sequence would not do: ``nextval`` is
+not transactional, so a reader could see the new number before the writer's data commits and
+keep the old data under it.
+
+**Where the counter row is locked, and what it costs.** Raising a row locks it until the
+transaction ends. Raised at each write statement, the row would be a lock every writing
+transaction takes at its first write and holds to its end; the services also take the audit
+chain's advisory lock midway (at their first audit entry), and two locks taken in either order by
+different transactions deadlock (T1 writes a catalog row then wants the chain's lock, T2 holds the
+chain's lock and writes a catalog row). So on PostgreSQL each write statement only *notes* its
+area (a statement-level trigger sets a transaction-local setting, and queues one row in
+``versions_pending`` the first time); a deferred constraint trigger on that row raises the noted
+counters, in a fixed order, when the transaction commits: after every other lock it takes, so
+nothing waits while holding a counter, and no two transactions take counters in different
+orders. What remains is that committing writers of one area queue on its row for the time of a
+commit (an UPDATE of one row and the commit's WAL flush, well under a millisecond to a few
+on a busy disk): at the telemetry sampler's rate (a thousand nodes every 15 s, eight at a time,
+about 70 transactions a second) or a restart's heartbeats (one every 5 s a restart) that is a
+small share of one row's time. The areas are separate counters for what they invalidate rather
+than for the locks: the sampler writes readings all the time, and were it one counter, every
+cached answer would be thrown away every few milliseconds while it runs; kept apart, only the
+answers that show readings are.
+
+On SQLite a row trigger on every table raises the counter at once: it has one writer at a time,
+so there is no one to deadlock with, and the write and its counter commit together.
+
+A tracked table made later needs these triggers in a migration of its own (``install`` is
+idempotent: ``migrations.RunPython(triggers.install, migrations.RunPython.noop)``);
+``tests/test_versions.py`` fails for a table without them. On SQLite Django alters a table by
+making it anew, which drops its triggers; ``repair_sqlite`` puts them back after every migrate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The app whose tables count, and the area each raises. The order is the order counters are taken.
+AREAS = {"catalog": "catalog", "operations": "operations", "telemetry": "telemetry"}
+TRIGGER = "versions_touch"  # the trigger's name on each table (PostgreSQL; SQLite adds the table and op)
+
+PG_FUNCTIONS = """
+CREATE TABLE IF NOT EXISTS versions_pending (txid bigint NOT NULL);
+
+CREATE OR REPLACE FUNCTION versions_touch() RETURNS trigger
+SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    -- Note the area for this transaction (set_config's third argument: until it ends).
+    PERFORM set_config('llmgw.versions_touched_' || TG_ARGV[0], '1', true);
+    IF coalesce(current_setting('llmgw.versions_pending', true), '') = '' THEN
+        INSERT INTO versions_pending (txid) VALUES (txid_current());
+        PERFORM set_config('llmgw.versions_pending', '1', true);
+    END IF;
+    RETURN NULL;
+END;
+$$ LANGUAGE plpgsql;
+
+CREATE OR REPLACE FUNCTION versions_bump() RETURNS trigger
+SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    a text;
+BEGIN
+    FOREACH a IN ARRAY ARRAY[{areas}] LOOP  -- always in this order
+        IF coalesce(current_setting('llmgw.versions_touched_' || a, true), '') = '1' THEN
+            INSERT INTO versions_version (area, n, born) VALUES (a, 1, (random() * 9e15)::bigint)
+            ON CONFLICT (area) DO UPDATE SET n = versions_version.n + 1;
+            PERFORM set_config('llmgw.versions_touched_' || a, '', true);
+        END IF;
+    END LOOP;
+    DELETE FROM versions_pending WHERE txid = NEW.txid;
+    PERFORM set_config('llmgw.versions_pending', '', true);
+    RETURN NULL;
+END;
+$$ LANGUAGE plpgsql;
+
+DROP TRIGGER IF EXISTS versions_bump ON versions_pending;
+CREATE CONSTRAINT TRIGGER versions_bump AFTER INSERT ON versions_pending
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION versions_bump();
+"""
+
+PG_DROP = """
+DROP TRIGGER IF EXISTS versions_bump ON versions_pending;
+DROP TABLE IF EXISTS versions_pending;
+DROP FUNCTION IF EXISTS versions_bump();
+DROP FUNCTION IF EXISTS versions_touch();
+"""
+
+SQLITE_TRIGGER = """
+CREATE TRIGGER IF NOT EXISTS {name} AFTER {op} ON {table} BEGIN
+    INSERT OR IGNORE INTO versions_version (area, n, born) VALUES ('{area}', 0, random());
+    UPDATE versions_version SET n = n + 1 WHERE area = '{area}';
+END;
+"""
+SQLITE_OPS = ("INSERT", "UPDATE", "DELETE")
+
+
+def tracked_tables(apps: Any) -> dict[str, str]:
+    """Each table whose writes raise a version, and its area, from the apps' models."""
+    out = {}
+    for label, area in AREAS.items():
+        for model in apps.get_app_config(label).get_models():
+            if not model._meta.proxy and model._meta.managed:
+                out[model._meta.db_table] = area
+    return dict(sorted(out.items()))
+
+
+def sqlite_trigger_name(table: str, op: str) -> str:
+    return f"{TRIGGER}_{table}_{op.lower()}"
+
+
+def install(apps: Any, schema_editor: Any) -> None:
+    """The triggers on every tracked table, and the areas' rows: idempotent."""
+    vendor = schema_editor.connection.vendor
+    tables = tracked_tables(apps)
+    if vendor == "postgresql":
+        areas = ", ".join(f"'{a}'" for a in AREAS.values())
+        schema_editor.execute(PG_FUNCTIONS.replace("{areas}", areas), params=None)
+        for table, area in tables.items():
+            schema_editor.execute(
+                f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table};"
+                f"CREATE TRIGGER {TRIGGER} AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON {table} "
+                f"FOR EACH STATEMENT EXECUTE FUNCTION versions_touch('{area}');",
+                params=None,
+            )
+        for area in AREAS.values():
+            schema_editor.execute(
+                "INSERT INTO versions_version (area, n, born) VALUES (%s, 0, (random() * 9e15)::bigint) "
+                "ON CONFLICT (area) DO NOTHING",
+                params=[area],
+            )
+    elif vendor == "sqlite":
+        for table, area in tables.items():
+            for op in SQLITE_OPS:
+                schema_editor.execute(
+                    SQLITE_TRIGGER.format(name=sqlite_trigger_name(table, op), op=op, table=table, area=area),
+                    params=None,
+                )
+        for area in AREAS.values():
+            schema_editor.execute(
+                "INSERT OR IGNORE INTO versions_version (area, n, born) VALUES (%s, 0, random())",
+                params=[area],
+            )
+
+
+def uninstall(apps: Any, schema_editor: Any) -> None:
+    vendor = schema_editor.connection.vendor
+    tables = tracked_tables(apps)
+    if vendor == "postgresql":
+        for table in tables:
+            schema_editor.execute(f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table};", params=None)
+        schema_editor.execute(PG_DROP, params=None)
+    elif vendor == "sqlite":
+        for table in tables:
+            for op in SQLITE_OPS:
+                schema_editor.execute(f"DROP TRIGGER IF EXISTS {sqlite_trigger_name(table, op)}", params=None)
+
+
+def repair_sqlite(using: str = "default", **kwargs: Any) -> None:
+    """After a migrate on SQLite: the triggers back on any table a migration made anew (post_migrate)."""
+    from django.apps import apps
+    from django.db import connections
+
+    connection = connections[using]
+    if connection.vendor != "sqlite" or "versions_version" not in connection.introspection.table_names():
+        return
+    present = set(connection.introspection.table_names())
+    if not set(tracked_tables(apps)) <= present:
+        return  # migrated only part of the way (a test of migrations): the last step installs them
+    with connection.schema_editor() as editor:
+        install(apps, editor)
