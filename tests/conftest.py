@@ -72,13 +72,13 @@ def app_role(db: None) -> str | None:
 @pytest.fixture
 def owner_cursor() -> Any:
     """``with owner_cursor() as c:`` SQL the application's role rightly may not run (altering the log, say),
-    as the tables' owner, on its own connection, committed when the block ends: the test must be a
-    transactional one. ``triggers_off=True`` lifts every trigger for that transaction. On SQLite (no roles),
-    the test's own connection."""
+    as the tables' owner, on its own connection, committed when the block ends. It sees only what is
+    committed, so a test changing rows it wrote is a transactional one. On SQLite (no roles), the test's
+    own connection."""
     if connection.vendor != "postgresql":
 
         @contextlib.contextmanager
-        def same_connection(*, triggers_off: bool = False) -> Iterator[Any]:
+        def same_connection() -> Iterator[Any]:
             with connection.cursor() as cursor:
                 yield cursor
 
