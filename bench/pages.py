@@ -227,25 +227,84 @@ def burst(
     samples.wall += time.perf_counter() - t0
 
 
-def count_in_process(target: Target, username: str) -> tuple[int, int]:
-    """Queries and bytes of one request, through Django's test client on the same database."""
+def count_in_process(target: Target, username: str) -> tuple[int, int, int]:
+    """Queries and bytes of one request, through Django's test client on the same database: its
+    queries cold (nothing kept, as the first request after a write) and warm (asked again)."""
     from django.contrib.auth import get_user_model
+    from django.core.cache import caches
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
     c = Client()
     c.force_login(get_user_model().objects.get(username=username))
-    with CaptureQueriesContext(connection) as ctx:
-        if target.method == "GET":
-            r = c.get(target.path)
-        elif target.form:
-            r = c.post(target.path, target.body, HTTP_HX_REQUEST="true")
-        else:
-            r = c.post(target.path, json.dumps(target.body), content_type="application/json")
-    if r.status_code != 200:
-        raise SystemExit(f"{target.label} answered {r.status_code}: {r.content[:300]!r}")
-    return len(ctx.captured_queries), len(r.content)
+    caches["answers"].clear()
+    counts = []
+    for _ in range(2):
+        with CaptureQueriesContext(connection) as ctx:
+            if target.method == "GET":
+                r = c.get(target.path)
+            elif target.form:
+                r = c.post(target.path, target.body, HTTP_HX_REQUEST="true")
+            else:
+                r = c.post(target.path, json.dumps(target.body), content_type="application/json")
+        if r.status_code != 200:
+            raise SystemExit(f"{target.label} answered {r.status_code}: {r.content[:300]!r}")
+        counts.append(len(ctx.captured_queries))
+    return counts[0], counts[1], len(r.content)
+
+
+def in_process(target: Target, username: str, *, runs: int) -> dict[str, float]:
+    """Medians of ``runs`` requests through Django's test client, one at a time, cold (nothing kept:
+    the answers cache emptied before each, as the first request after a write finds it) and warm
+    (kept, as every request between writes finds it): time, time in the database, queries."""
+    from django.contrib.auth import get_user_model
+    from django.core.cache import caches
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    c = Client()
+    c.force_login(get_user_model().objects.get(username=username))
+
+    def one() -> tuple[float, float, int]:
+        with CaptureQueriesContext(connection) as ctx:
+            t = time.perf_counter()
+            if target.method == "GET":
+                r = c.get(target.path)
+            elif target.form:
+                r = c.post(target.path, target.body, HTTP_HX_REQUEST="true")
+            else:
+                r = c.post(target.path, json.dumps(target.body), content_type="application/json")
+            dt = time.perf_counter() - t
+        assert r.status_code == 200, (target.label, r.status_code)
+        return dt, sum(float(q["time"]) for q in ctx.captured_queries), len(ctx.captured_queries)
+
+    out: dict[str, float] = {}
+    for kind in ("cold", "warm"):
+        samples = []
+        one()  # the connection, the templates, and (warm) the answer kept
+        for _ in range(runs):
+            if kind == "cold":
+                caches["answers"].clear()
+            samples.append(one())
+        out[f"{kind}_ms"] = round(1000 * statistics.median(x[0] for x in samples), 1)
+        out[f"{kind}_db_ms"] = round(1000 * statistics.median(x[1] for x in samples), 1)
+        out[f"{kind}_queries"] = statistics.median(x[2] for x in samples)
+    return out
+
+
+def in_process_table(rows: dict[str, dict[str, float]]) -> str:
+    lines = [
+        "| request | cold | of which in the database | queries | warm | of which in the database | queries |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, r in rows.items():
+        lines.append(
+            f"| {label} | {r['cold_ms']} ms | {r['cold_db_ms']} ms | {r['cold_queries']:g} | {r['warm_ms']} ms | "
+            f"{r['warm_db_ms']} ms | {r['warm_queries']:g} |"
+        )
+    return "\n".join(lines)
 
 
 def pct(values: list[float], q: int) -> float:
@@ -261,6 +320,13 @@ def main() -> None:
     parser.add_argument("--audit", type=int, default=1_000_000, help="audit entries to generate")
     parser.add_argument("--only", default="", help="measure only targets whose name contains this")
     parser.add_argument("--out", default=str(ROOT / "var" / "bench" / "pages.json"))
+    parser.add_argument(
+        "--in-process",
+        type=int,
+        default=0,
+        metavar="RUNS",
+        help="only measure in this process, one request at a time, cold and warm: the median of RUNS",
+    )
     args = parser.parse_args()
 
     env = {
@@ -291,6 +357,14 @@ def main() -> None:
 
     chosen = [x for x in targets(audit_targets()) if x.name == "floor" or args.only in x.name]
     shape = {x.label: count_in_process(x, BENCH_USER) for x in chosen}
+    if args.in_process:
+        measured = {x.label: in_process(x, BENCH_USER, runs=args.in_process) for x in chosen}
+        out = Path(args.out).with_name("in_process.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(measured, indent=2))
+        print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_machine()}")
+        print(in_process_table(measured))
+        return
 
     port = free_port()
     server = serve(env, port)
@@ -315,7 +389,7 @@ def main() -> None:
     rows = []
     for x in chosen:
         s = samples[x.label]
-        queries, size = shape[x.label]
+        queries, warm_queries, size = shape[x.label]
         p50 = statistics.median(s.latencies)
         rows.append(
             {
@@ -324,6 +398,7 @@ def main() -> None:
                 "p95_ms": round(1000 * pct(s.latencies, 95), 1),
                 "rps": round(len(s.latencies) / s.wall, 1),
                 "queries": queries,
+                "warm_queries": warm_queries,
                 "bytes": size,
                 "ratio": round(p50 / floor, 2),
                 "errors": s.errors,
@@ -347,13 +422,14 @@ def table(rows: list[dict], meta: dict) -> str:
         f"{meta['when']}, {meta['machine']}; {meta['rounds']} rounds × {meta['requests']} requests a target, "
         f"{meta['concurrency']} at once",
         "",
-        "| page or endpoint | p50 ms | p95 ms | req/s | queries | bytes | × floor p50 |",
+        "| page or endpoint | p50 ms | p95 ms | req/s | queries cold / warm | bytes | × floor p50 |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         err = f" ({r['errors']} errors)" if r["errors"] else ""
         lines.append(
-            f"| {r['target']}{err} | {r['p50_ms']} | {r['p95_ms']} | {r['rps']} | {r['queries']} | "
+            f"| {r['target']}{err} | {r['p50_ms']} | {r['p95_ms']} | {r['rps']} | "
+            f"{r['queries']} / {r.get('warm_queries', r['queries'])} | "
             f"{r['bytes']:,} | {r['ratio']} |"
         )
     return "\n".join(lines)

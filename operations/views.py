@@ -17,7 +17,9 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Max, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from access.rules import requires
@@ -38,6 +40,7 @@ from operations.selectors import operations_with_steps
 from operations.services import drain
 from operations.services.start import operation_cancel as cancel_operation
 from operations.services.start import restart_start
+from versions.cache import remembered
 
 PAGE_SIZE = 50
 
@@ -86,9 +89,9 @@ def progress_context(request: HttpRequest, operation: RestartOperation, **extra:
     }
 
 
-@requires(VIEW_OPERATION)
-@require_GET
-def operation_list(request: HttpRequest) -> HttpResponse:
+def operation_rows(model: str, page_number: str | None) -> tuple[str, bool]:
+    """The operations list's table and pager for a model (or all) and a page; and whether any
+    operation on it is active (its "abandoned" line is read from the clock)."""
     qs = (
         RestartOperation.objects.select_related("model", "profile")
         .annotate(
@@ -98,14 +101,32 @@ def operation_list(request: HttpRequest) -> HttpResponse:
         )
         .order_by("-id")
     )
-    model = request.GET.get("model", "")
     if model:
         qs = qs.filter(model__name=model)
-    page = Paginator(qs, PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(qs, PAGE_SIZE).get_page(page_number)
+    html = render_to_string("operations/operation_list.html#rows", {"page": page, "model_name": model})
+    return html, any(op.is_active for op in page.object_list)
+
+
+@requires(VIEW_OPERATION)
+@require_GET
+def operation_list(request: HttpRequest) -> HttpResponse:
+    model = request.GET.get("model", "")
+    page_number = request.GET.get("page")
+    # Kept under the catalog's and the operations' versions (versions/cache.py), unless it shows an
+    # active restart; nothing in it is the reader's.
+    rows, _ = remembered(
+        "operation-rows",
+        ["catalog", "operations"],
+        [model, page_number],
+        lambda: operation_rows(model, page_number),
+        request=request,
+        keep=lambda answer: not answer[1],
+    )
     return render_page(
         request,
         "operations/operation_list.html",
-        {"section": "operations", "page": page, "model_name": model},
+        {"section": "operations", "model_name": model, "rows": mark_safe(rows)},  # noqa: S308 - a template's
     )
 
 

@@ -36,6 +36,13 @@ class CardReading(models.Model):
         default=0, help_text="Memory held by processes the catalog does not know."
     )
 
+    class Meta:
+        # Every dry run asks which cards a foreign process holds (kept answers are keyed on them):
+        # those few readings, not a scan of one a card.
+        indexes = [
+            models.Index(fields=["at"], condition=models.Q(foreign_mib__gt=0), name="card_reading_foreign")
+        ]
+
     def __str__(self) -> str:
         return f"card {self.card_id} at {self.at}"
 

@@ -57,6 +57,16 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
         db_roles.switch_back_to_the_owner()
 
 
+@pytest.fixture(autouse=True)
+def _no_answers_kept_from_another_test() -> Iterator[None]:
+    """What versions/cache.py keeps lives in this process across tests, whose databases are emptied
+    (and the version counters with them) between them: each test starts with none kept."""
+    from django.core.cache import caches
+
+    caches["answers"].clear()
+    yield
+
+
 @pytest.fixture
 def app_role(db: None) -> str | None:
     """The role the test's connection logged in as, checked to be the application's kind: not a superuser,

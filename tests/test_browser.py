@@ -529,7 +529,10 @@ def test_a_resize_whose_restart_failed_is_rolled_back_from_its_page(page, tmp_pa
     """A resize saved at revision 2 whose restart failed: its page says how to roll back, the button
     shows the rollback's plan and then does it: the profile at its old settings as revision 3, the
     replica current without a restart (it never left revision 1's settings), both in the audit log."""
+    from audit.services import snapshot
     from catalog.models import Node
+    from catalog.services.catalog import SERVING_FIELDS
+    from catalog.services.rollback import revisions
     from operations.services.runner import run_operation
     from tests.restart_support import MODEL, fleet_of
 
@@ -572,6 +575,11 @@ def test_a_resize_whose_restart_failed_is_rolled_back_from_its_page(page, tmp_pa
 
         profile = Profile.objects.get(pk=fleet.profile.pk)
         assert (profile.revision, profile.gpus_per_node, profile.tp) == (3, 1, 1)
+        # Every serving setting is revision 1's again, as the audit log recorded it.
+        by_number = {r.number: r.settings for r in revisions(profile)}
+        assert (
+            {f: snapshot(profile)[f] for f in SERVING_FIELDS} == by_number[1] == by_number[3] != by_number[2]
+        )
         live = Replica.objects.filter(profile=profile, state__in=Replica.LIVE_STATES)
         assert [(r.name, r.revision) for r in live] == [(f"{MODEL}-1", 3)]  # current
         # Not restarted: no operation for the rollback, and the agent runs the very same process.

@@ -107,6 +107,57 @@ def test_queries_per_request_do_not_grow_with_the_fleet(bench):
     assert counts() == small
 
 
+# What versions/cache.py keeps, and the queries a request asks once it is kept: the session, the
+# user (a superuser: no permission is read), the versions; and what is read beside the kept part.
+KEPT = {
+    "POST /api/models/gen-model-001/gpus/": 4,  # and the cards a foreign process holds
+    "POST /api/models/gen-model-001/context/": 4,
+    "POST /models/gen-model-001/resize/preview/": 6,  # and the model and its profiles, for the form
+    "GET /models/gen-model-002/": 7,  # and the model, its latest restart (two), its history (two)
+    "GET /nodes/": 4,  # and the GPU classes, for the filter form
+    "GET /nodes/?gpu_class=gen-h100-80g&state=ready&free=1": 4,
+    "GET /nodes/?view=compact": 4,
+    "GET /": 5,  # and the engines and the classes, for the filter form
+    "GET /?engine=vllm&gpu_class=gen-h100-80g": 5,
+    "GET /api/models/": 3,
+    "GET /api/nodes/": 3,
+    "GET /api/profiles/": 3,
+    "GET /api/replicas/": 3,
+    "GET /operations/": 3,
+    "GET /api/operations/": 3,
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("audit_flushable")
+def test_a_kept_answer_takes_a_fixed_few_queries_at_either_size():
+    """The counts above (test_queries_per_request_do_not_grow_with_the_fleet) are each request's
+    first, computed: pytest-django's ``db`` runs a test in a transaction, where nothing is kept.
+    Outside one, the second request of each is answered from what was kept."""
+    generate(SMALL, say=quiet)
+    c = Client()
+    c.force_login(get_user_model().objects.get(username=BENCH_USER))
+    bodies = {f"{m} {u}": body for m, u, body in REQUESTS}
+
+    def counts() -> dict[str, tuple[int, int]]:
+        out = {}
+        for request in KEPT:
+            method, url = request.split(" ", 1)
+            headers = {"HTTP_HX_REQUEST": "true"} if "preview" in url else {}
+            cold = measured(c, method, url, bodies[request], **headers)[0]
+            warm = measured(c, method, url, bodies[request], **headers)[0]
+            out[request] = (cold, warm)
+        return out
+
+    small = counts()
+    assert {r: warm for r, (_, warm) in small.items()} == KEPT
+    preview = small.pop("POST /models/gen-model-001/resize/preview/")
+    assert all(warm < cold for cold, warm in small.values()), small
+    assert preview[0] == preview[1]  # its first already found the API's dry run of the same change kept
+    generate(LARGE, say=quiet)
+    assert {r: warm for r, (_, warm) in counts().items()} == KEPT
+
+
 def test_the_dry_run_names_ten_nodes_with_room_and_counts_them_all(bench):
     generate(LARGE, say=quiet)
     response = bench.post(

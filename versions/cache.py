@@ -60,8 +60,10 @@ def remembered(
     compute: Callable[[], T],
     *,
     request: Any = None,
+    keep: Callable[[T], bool] | None = None,
 ) -> T:
-    """``compute()``'s answer for these versions and parts, computed at most once per process."""
+    """``compute()``'s answer for these versions and parts, computed at most once per process.
+    ``keep``: whether this answer may be kept (one that shows what the clock changes may not)."""
     if not usable():
         return compute()
     cache = caches[ALIAS]
@@ -70,7 +72,8 @@ def remembered(
     if found is not _MISSING:
         return found
     value = compute()
-    cache.set(key, value)
+    if keep is None or keep(value):
+        cache.set(key, value)
     return value
 
 

@@ -11,6 +11,7 @@ from rest_framework import viewsets
 
 from access.rules import Rule, model_permissions
 from catalog.api import serializers as s
+from catalog.api.cached import KeptList
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 from catalog.services import catalog as services
 
@@ -25,9 +26,10 @@ _errors = {
 }
 
 
-class ServiceViewSet(viewsets.ModelViewSet):
-    # Its writes call ``save_service`` / ``delete_service``. (A comment, not a docstring: the schema
-    # shows a view's docstring to the API's readers, and each subclass has its own.)
+class ServiceViewSet(KeptList, viewsets.ModelViewSet):
+    # Its writes call ``save_service`` / ``delete_service``; its lists are kept under the catalog's
+    # version (catalog/api/cached.py). (A comment, not a docstring: the schema shows a view's
+    # docstring to the API's readers, and each subclass has its own.)
 
     save_service: Callable[..., Any]
     delete_service: Callable[..., Any]
@@ -93,6 +95,8 @@ class NodeViewSet(ServiceViewSet):
 
     required_permission: Rule = model_permissions(Node)
     queryset = Node.objects.select_related("agent_contact").prefetch_related(_cards)
+    kept_areas = ("catalog", "operations")  # each node's last answer to the reconciler is operations'
+
     serializer_class = s.NodeSerializer
     filterset_fields = ["state", "name"]
     lookup_field = "name"

@@ -21,6 +21,8 @@ from catalog.planning import Change, plan_context, plan_resize
 from catalog.services.catalog import profile_save
 from operations.services.busy import refuse_while_restarting
 from operations.services.start import restart_start
+from telemetry.selectors import foreign_held_card_ids
+from versions.cache import remembered, usable
 
 
 def _busy(name: str) -> DomainError:
@@ -117,6 +119,42 @@ def _refuse_while_restarting(model: ServedModel, action: str) -> None:
     refuse_while_restarting(model.pk, doing=doing)
 
 
+def _dry_run(
+    name: str, planner: Callable[..., Change], *, profile: str | None, action: str, **kw: Any
+) -> Change:
+    model = ServedModel.objects.filter(name=name).first()
+    if model is None:
+        raise not_found(f"No model {name!r} in the catalog.")
+    _refuse_while_restarting(model, action)
+    return _plan(planner, model, profile, **kw)
+
+
+def _dry_run_kept(
+    name: str, planner: Callable[..., Change], *, profile: str | None, action: str, **kw: Any
+) -> Change:
+    """The dry run's answer, or its refusal, kept under the catalog's and the operations' versions
+    (versions/cache.py): it is a pure function of them, of what was asked, and of the cards a
+    foreign process holds (read here, one query: the only telemetry it reads, and the only part the
+    clock changes, as readings age past LLMGW_TELEMETRY_STALE_SECONDS)."""
+
+    if not usable():
+        return _dry_run(name, planner, profile=profile, action=action, **kw)
+
+    def outcome() -> tuple[Change | None, tuple | None]:
+        try:
+            return _dry_run(name, planner, profile=profile, action=action, **kw), None
+        except DomainError as err:
+            return None, (err.code, err.message, err.status, err.change)
+
+    asked = (planner.__name__, name, profile, action, sorted(kw.items()), sorted(foreign_held_card_ids()))
+    change, refusal = remembered("dry-run", ["catalog", "operations"], asked, outcome)
+    if refusal is not None:
+        code, message, status, worked_out = refusal
+        raise DomainError(code, message, status=status, change=worked_out)
+    assert change is not None
+    return change
+
+
 def _change_model(
     name: str,
     planner: Callable[..., Change],
@@ -129,11 +167,7 @@ def _change_model(
     **kw: Any,
 ) -> Change:
     if dry_run:
-        model = ServedModel.objects.filter(name=name).first()
-        if model is None:
-            raise not_found(f"No model {name!r} in the catalog.")
-        _refuse_while_restarting(model, action)
-        return _plan(planner, model, profile, **kw)
+        return _dry_run_kept(name, planner, profile=profile, action=action, **kw)
     try:
         with transaction.atomic():
             model = _lock_model(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
 
@@ -49,4 +49,22 @@ def redirect_or_location(request: HttpRequest, url: str) -> HttpResponse:
         return response
     response = HttpResponse(status=303)
     response["Location"] = url
+    return response
+
+
+def normalized(query: QueryDict) -> QueryDict:
+    """The query with its keys in order (each key's values as given): ``?b=1&a=2`` is ``?a=2&b=1``,
+    one key for a kept answer, and the links drawn from it the same."""
+    out = QueryDict(mutable=True)
+    for key in sorted(query):
+        out.setlist(key, query.getlist(key))
+    out._mutable = False
+    return out
+
+
+def fragment(html: str) -> HttpResponse:
+    """An htmx request's fragment, already drawn (a kept answer): varies on HX-Request as
+    ``render_page`` does."""
+    response = HttpResponse(html)
+    patch_vary_headers(response, ("HX-Request",))
     return response

@@ -16,9 +16,11 @@ from typing import Any
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch, Q, QuerySet
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils.safestring import SafeString
 from django.views.decorators.http import require_GET, require_POST
 
 from access.rules import requires
@@ -33,12 +35,15 @@ from catalog.views.common import (
     RESIZE,
     RESTART,
     VIEW_MODEL,
+    fragment,
+    normalized,
     redirect_or_location,
     render_page,
     wants_partial,
 )
 from catalog.views.display import Preview, cards_said, hue, profile_memory, served_contexts, shape_facts
 from operations import views as operation_views
+from versions.cache import remembered
 
 PAGE_SIZE = 50  # models on a page of the list: it pages and filters, whatever the catalog's size
 
@@ -96,27 +101,41 @@ def models_with_usage(models: list[ServedModel]) -> list[ServedModel]:
     return models
 
 
-@requires(VIEW_MODEL)
-@require_GET
-def model_list(request: HttpRequest) -> HttpResponse:
-    form = ModelFilterForm.for_catalog(request.GET or None)
+def model_results(query: QueryDict) -> SafeString:
+    """The models list's results (count, the page of models with their profiles and usage, pager)
+    for the query's filters and page: what an htmx filter swaps in, and the page shows."""
+    form = ModelFilterForm.for_catalog(query or None)
     filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
-    page = Paginator(models_matching(filters).only("pk"), PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(models_matching(filters).only("pk"), PAGE_SIZE).get_page(query.get("page"))
     models = models_with_usage(list(page.object_list))
-    query = request.GET.copy()
-    query.pop("page", None)
-    return render_page(
-        request,
-        "catalog/model_list.html",
+    rest = query.copy()
+    rest.pop("page", None)
+    return render_to_string(
+        "catalog/model_list.html#results",
         {
-            "section": "models",
-            "form": form,
             "page": page,
             "models": models,
             "filtered": any(v not in (None, "", False) for v in filters.values()),
-            "query": query.urlencode(),
+            "query": rest.urlencode(),
         },
-        partial="results",
+    )
+
+
+@requires(VIEW_MODEL)
+@require_GET
+def model_list(request: HttpRequest) -> HttpResponse:
+    # The results read only the catalog, and hold nothing of the reader's: kept under its version
+    # (versions/cache.py); the page around them is drawn anew.
+    query = normalized(request.GET)
+    results = remembered(
+        "models-results", ["catalog"], [query.urlencode()], lambda: model_results(query), request=request
+    )
+    if wants_partial(request):
+        return fragment(results)
+    return render_page(
+        request,
+        "catalog/model_list.html",
+        {"section": "models", "form": ModelFilterForm.for_catalog(request.GET or None), "results": results},
     )
 
 
@@ -156,6 +175,39 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
     return replicas
 
 
+def replicas_section(model: ServedModel) -> tuple[SafeString, int]:
+    """The model page's replicas section, drawn, and how many of its live replicas are stale."""
+    replicas = _replicas_of(model)
+    html = render_to_string(
+        "catalog/model_detail.html#replicas",
+        {
+            "model": model,
+            "replicas_shown": [r for r in replicas if r.state != Replica.State.STOPPED],
+            # Stopped replicas pile up after restarts: folded away below the ones that run or failed.
+            "replicas_stopped": [r for r in replicas if r.state == Replica.State.STOPPED],
+        },
+    )
+    return html, sum(r.is_stale and r.is_live for r in replicas)
+
+
+def kept_replicas_section(request: HttpRequest, model: ServedModel) -> tuple[SafeString, int]:
+    """``replicas_section``, kept under the catalog's version (it reads nothing else)."""
+    return remembered(
+        "model-replicas", ["catalog"], [model.pk], lambda: replicas_section(model), request=request
+    )
+
+
+def kept_profiles(request: HttpRequest, model: ServedModel) -> tuple[list[Profile], list[Any]]:
+    """The model's profiles and each one's card memory as the memory model reckons it, kept under
+    the catalog's version."""
+
+    def read() -> tuple[list[Profile], list[Any]]:
+        profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
+        return profiles, profile_memory(model, profiles)
+
+    return remembered("model-profiles", ["catalog"], [model.pk], read, request=request)
+
+
 def _detail_context(
     request: HttpRequest,
     model: ServedModel,
@@ -165,8 +217,7 @@ def _detail_context(
     resize_preview: Preview | None = None,
     context_preview: Preview | None = None,
 ) -> dict[str, Any]:
-    profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
-    memories = profile_memory(model, profiles)
+    profiles, memories = kept_profiles(request, model)
     on_cards = [m for m in memories if m.profile.gpu_class_id]
     can_resize = request.user.has_perm(RESIZE) and not model.declared and bool(on_cards)
     if can_resize:
@@ -178,7 +229,7 @@ def _detail_context(
             model=model, profiles=profiles, initial={"tokens": first.context}
         )
     operation = operation_views.latest_for(model)
-    replicas = _replicas_of(model)
+    replicas, stale_live = kept_replicas_section(request, model)
     return {
         **(operation_views.progress_context(request, operation) if operation else {"operation": None}),
         "section": "models",
@@ -188,10 +239,7 @@ def _detail_context(
         "memories": memories,
         "on_cards": on_cards,
         "replicas": replicas,
-        # Stopped replicas pile up after restarts: folded away below the ones that run or failed.
-        "replicas_shown": [r for r in replicas if r.state != Replica.State.STOPPED],
-        "replicas_stopped": [r for r in replicas if r.state == Replica.State.STOPPED],
-        "stale_live": sum(r.is_stale and r.is_live for r in replicas),
+        "stale_live": stale_live,
         # A profile its cards cannot hold is not offered a restart: the restart would refuse it.
         "unfit": [m for m in on_cards if m.bar is not None and not m.bar.fits],
         "can_resize": can_resize,
@@ -216,16 +264,7 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
 def model_replicas(request: HttpRequest, name: str) -> HttpResponse:
     """The model page's replicas section alone: what the page swaps in as its restart progresses."""
     model = get_object_or_404(ServedModel, name=name)
-    replicas = _replicas_of(model)
-    return render(
-        request,
-        "catalog/model_detail.html#replicas",
-        {
-            "model": model,
-            "replicas_shown": [r for r in replicas if r.state != Replica.State.STOPPED],
-            "replicas_stopped": [r for r in replicas if r.state == Replica.State.STOPPED],
-        },
-    )
+    return HttpResponse(kept_replicas_section(request, model)[0])
 
 
 # -- resize and context: preview (dry run) and apply ---------------------------------------------------

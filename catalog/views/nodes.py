@@ -10,12 +10,14 @@ link is built once per page.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
@@ -29,12 +31,13 @@ from catalog.forms import NodeFilterForm
 from catalog.models import Card, Node, Replica
 from catalog.selectors import cards_of, fleet_summary, nodes_matching
 from catalog.services.fit import profile_memory
-from catalog.views.common import RESTART, VIEW_NODE, render_page
+from catalog.views.common import RESTART, VIEW_NODE, fragment, normalized, render_page, wants_partial
 from catalog.views.display import hue
 from operations import views as operation_views
 from operations.selectors import operations_with_steps
 from telemetry.models import NodeReading
 from telemetry.selectors import CardUse, card_use_of_nodes, last_seen_of_nodes
+from versions.cache import remembered
 
 # Nodes on a page: a tile per card is about 170 bytes, so 50 nodes of 8 cards stay well under 200 kB;
 # a compact mark is a fifth of that.
@@ -257,35 +260,64 @@ def legend(node_grids: list[NodeGrid]) -> list[tuple[str, str, int, str]]:
     return sorted(((name, colour, n, links(name)) for name, colour, n in seen.values()), key=lambda v: v[0])
 
 
-@requires(VIEW_NODE)
-@require_GET
-def node_list(request: HttpRequest) -> HttpResponse:
-    form = NodeFilterForm.for_fleet(request.GET or None)
+# The grid says when each node's agent last answered ("seen 3 minutes ago"): a kept grid is drawn
+# anew at least this often, so that line is never more than this many seconds behind the clock.
+SEEN_WITHIN_SECONDS = 10
+
+
+def node_results(query: QueryDict) -> SafeString:
+    """The nodes page's results (count, legend, the page of nodes with their cards, pager) for the
+    query's filters and page: what an htmx filter swaps in, and the page shows."""
+    form = NodeFilterForm.for_fleet(query or None)
     valid = form.is_bound and form.is_valid()
     data = form.cleaned_data if valid else {}
     view = data.get("view") or "cards"
     filters = {k: v for k, v in data.items() if k != "view" and v not in (None, "")}
-    page = Paginator(nodes_matching(filters), PAGE_SIZES[view]).get_page(request.GET.get("page"))
+    page = Paginator(nodes_matching(filters), PAGE_SIZES[view]).get_page(query.get("page"))
     nodes = list(page.object_list)
     node_grids = grids(nodes, cards_of([n.pk for n in nodes]), compact=view == "compact")
-    query = request.GET.copy()
-    query.pop("page", None)
-    return render_page(
-        request,
-        "catalog/node_list.html",
+    rest = query.copy()
+    rest.pop("page", None)
+    return render_to_string(
+        "catalog/node_list.html#results",
         {
-            "section": "nodes",
             "form": form,
-            "summary": fleet_summary(),
             "page": page,
             "grids": node_grids,
             "rows": rows_html(node_grids),
             "legend": legend(node_grids),
             "compact": view == "compact",
             "filtered": bool(filters),
-            "query": query.urlencode(),
+            "query": rest.urlencode(),
         },
-        partial="results",
+    )
+
+
+@requires(VIEW_NODE)
+@require_GET
+def node_list(request: HttpRequest) -> HttpResponse:
+    # The summary and the results are kept under the fleet's versions (versions/cache.py): the
+    # summary reads the catalog; the results also the cards' telemetry, and say how long ago each
+    # agent answered. Neither holds anything of the reader's: the page around them is drawn anew.
+    query = normalized(request.GET)
+    results = remembered(
+        "nodes-results",
+        ["catalog", "telemetry"],
+        [query.urlencode(), int(time.time() // SEEN_WITHIN_SECONDS)],
+        lambda: node_results(query),
+        request=request,
+    )
+    if wants_partial(request):
+        return fragment(results)
+    return render_page(
+        request,
+        "catalog/node_list.html",
+        {
+            "section": "nodes",
+            "form": NodeFilterForm.for_fleet(request.GET or None),
+            "summary": remembered("nodes-summary", ["catalog"], [], fleet_summary, request=request),
+            "results": results,
+        },
     )
 
 

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from access.rules import Rule
+from catalog.api.cached import KeptList
 from catalog.api.inputs import StrictInput, StrictIntegerField, StrictNumberField
 from catalog.api.serializers import ErrorSerializer
 from catalog.models import Node, Profile, Replica, ServedModel
@@ -207,8 +208,15 @@ class OperationFilter(django_filters.FilterSet):
     list=extend_schema(summary="Restart operations, newest first"),
     retrieve=extend_schema(summary="A restart operation with its steps"),
 )
-class OperationViewSet(viewsets.ReadOnlyModelViewSet):
+class OperationViewSet(KeptList, viewsets.ReadOnlyModelViewSet):
     queryset = operations_with_steps()
+    kept_areas = ("catalog", "operations")
+
+    def keep(self, data: Any) -> bool:
+        # An active restart's "abandoned" figures are read from the clock: such a page is not kept.
+        rows = data.get("results", data) if isinstance(data, dict) else data
+        return not any(row["state"] in RestartOperation.ACTIVE_STATES for row in rows)
+
     serializer_class = RestartOperationSerializer
     filterset_class = OperationFilter
     lookup_value_regex = r"\d+"

@@ -1,0 +1,332 @@
+"""Answers kept under the fleet's versions (versions/cache.py) are never stale: for each kept page
+and endpoint, a second request is answered from what was kept (fewer queries), and a write
+through a service, or by raw SQL behind the application's back, changes the next answer. Readers
+of different roles share the kept parts and never see each other's page around them.
+
+Transactional tests: nothing is kept, nor given, inside a transaction (as pytest-django's ``db``
+runs each test), since there a reader may see its own uncommitted writes."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from django.db import connection, transaction
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from audit.actor import Actor, acting_as
+from catalog.models import Card, Node, Profile, Shard
+from catalog.services import catalog as services
+from tests import builders as b
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("audit_flushable")]
+
+
+def sql(statement: str, params: list | None = None) -> None:
+    """A write behind the application's back, committed."""
+    with transaction.atomic(), connection.cursor() as c:
+        c.execute(statement, params or [])
+
+
+@pytest.fixture
+def fleet() -> dict:
+    cls = b.gpu_class()
+    nodes = [b.node(f"gpu-{i}", cls=cls, cards=4) for i in range(3)]
+    model = b.llama_8b("llama")
+    profile = b.profile(model, "one")
+    replica = b.replica(profile, nodes[0], [0], name="llama-1")
+    return {"nodes": nodes, "model": model, "profile": profile, "replica": replica}
+
+
+def client(role: str = "viewer", *perms: str) -> Client:
+    c = Client()
+    c.force_login(b.user(role, *perms, roles=(role,)))
+    return c
+
+
+def get(c: Client, url: str, **headers) -> tuple[str, int]:
+    """The page or answer, and the queries it took."""
+    with CaptureQueriesContext(connection) as ctx:
+        response = c.get(url, **headers)
+    assert response.status_code == 200, response.content[:300]
+    return response.content.decode(), len(ctx.captured_queries)
+
+
+def kept(c: Client, url: str, **headers) -> str:
+    """Asked twice: the second from what was kept (fewer queries, the same answer)."""
+    first, cold = get(c, url, **headers)
+    second, warm = get(c, url, **headers)
+    assert warm < cold and unmasked(second) == unmasked(first)
+    return first
+
+
+def unmasked(page: str) -> str:
+    """The page without its CSRF tokens, which are masked anew at every request."""
+    return re.sub(r'("X-CSRFToken": "|name="csrfmiddlewaretoken" value=")[^"]+', r"\1", page)
+
+
+# -- the nodes page -----------------------------------------------------------------------------------------
+
+
+def test_the_nodes_page_is_kept_until_a_card_is_taken_through_a_service(fleet):
+    viewer = client()
+    page = kept(viewer, "/nodes/")
+    assert "12 cards, 11 free" in page and page.count('class="card free') == 11
+    with acting_as(Actor(via="cli", name="pytest")):
+        services.replica_delete(instance=fleet["replica"])
+    page = kept(viewer, "/nodes/")
+    assert "12 cards, 12 free" in page and page.count('class="card free') == 12
+
+
+def test_the_nodes_page_changes_with_a_write_by_raw_sql(fleet):
+    viewer = client()
+    assert "gpu-9" not in kept(viewer, "/nodes/")
+    sql("UPDATE catalog_node SET name = 'gpu-9' WHERE name = 'gpu-2'")
+    page = kept(viewer, "/nodes/")
+    assert "gpu-9" in page and 'href="/nodes/gpu-2/"' not in page
+
+
+def test_the_nodes_grid_changes_with_the_cards_telemetry(fleet):
+    viewer = client()
+    assert "foreign process" not in kept(viewer, "/nodes/?name=gpu-1")
+    card = Card.objects.get(node__name="gpu-1", index=2)
+    sql(
+        "INSERT INTO telemetry_cardreading (card_id, at, memory_used_mib, memory_total_mib, foreign_mib, "
+        "processes) VALUES (%s, CURRENT_TIMESTAMP, 4096, 81559, 4096, '[]')",
+        [card.pk],
+    )
+    assert "foreign process: 4.0 GiB" in kept(viewer, "/nodes/?name=gpu-1")
+
+
+def test_the_nodes_results_are_kept_per_query_in_any_order(fleet):
+    viewer = client()
+    one = kept(viewer, "/nodes/?state=ready&name=gpu", HTTP_HX_REQUEST="true")
+    other, queries = get(viewer, "/nodes/?name=gpu&state=ready", HTTP_HX_REQUEST="true")
+    assert other == one and queries == 5  # the session, the user, its permissions (two), the versions
+    assert "3 nodes match" in one
+    assert "1 node match" in kept(viewer, "/nodes/?name=gpu-1", HTTP_HX_REQUEST="true")
+
+
+def test_readers_of_two_roles_share_the_kept_grid_but_not_the_page_around_it(fleet):
+    viewer, admin = client("viewer"), client("admin")
+    seen_by_viewer = kept(viewer, "/nodes/")
+    seen_by_admin, queries = get(admin, "/nodes/")
+    grid = seen_by_viewer.split('<div id="node-results">')[1]
+    assert seen_by_admin.split('<div id="node-results">')[1] == grid  # kept once, given to both
+    assert "Signed in as <strong>viewer</strong>" in seen_by_viewer and "admin</strong>" not in seen_by_viewer
+    assert "Signed in as <strong>admin</strong>" in seen_by_admin and "viewer</strong>" not in seen_by_admin
+    assert 'href="/admin/"' in seen_by_admin and 'href="/admin/"' not in seen_by_viewer
+    token = seen_by_viewer.split('"X-CSRFToken": "')[1].split('"')[0]
+    assert token not in seen_by_admin
+
+
+def test_a_kept_page_is_still_refused_to_who_may_not_read_it(fleet):
+    kept(client(), "/nodes/")
+    nobody = Client()
+    nobody.force_login(b.user("nobody", roles=()))
+    assert nobody.get("/nodes/").status_code == 403
+    assert Client().get("/nodes/").status_code == 302  # to the sign-in page
+    assert Client().get("/api/nodes/").status_code == 401
+
+
+# -- the models list ----------------------------------------------------------------------------------------
+
+
+def test_the_models_list_changes_with_a_service_write_and_a_raw_one(fleet):
+    viewer = client()
+    page = kept(viewer, "/")
+    assert "1 model" in page and "llama-2" not in page
+    with acting_as(Actor(via="cli", name="pytest")):
+        services.model_save(instance=_model("llama-2"))
+    assert "llama-2" in kept(viewer, "/")
+    sql("UPDATE catalog_profile SET engine = 'sglang'")
+    assert "one · sglang ·" in kept(viewer, "/?engine=sglang")
+
+
+def _model(name: str):
+    from catalog.models import ServedModel
+
+    template = ServedModel.objects.get(name="llama")
+    template.pk, template.name = None, name
+    return template
+
+
+# -- the catalog's list endpoints ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "statement", "seen"),
+    [
+        ("/api/models/", "UPDATE catalog_model SET source = 'org/changed'", "org/changed"),
+        ("/api/profiles/", "UPDATE catalog_profile SET engine = 'sglang'", '"engine":"sglang"'),
+        ("/api/replicas/", "UPDATE catalog_replica SET state = 'failed'", '"state":"failed"'),
+        ("/api/nodes/", "UPDATE catalog_node SET state = 'cordoned' WHERE name = 'gpu-1'", '"cordoned"'),
+        (
+            "/api/nodes/",
+            "INSERT INTO operations_agentcontact (node_id, last_seen_at) "
+            "SELECT id, '2026-01-02 03:04:05+00' FROM catalog_node",
+            "2026-01-02T03:04:05",
+        ),
+    ],
+)
+def test_a_catalog_list_changes_with_a_write_by_raw_sql(fleet, url, statement, seen):
+    viewer = client()
+    assert seen not in kept(viewer, url).replace(" ", "")
+    sql(statement)
+    assert seen in kept(viewer, url).replace(" ", "")
+
+
+def test_a_catalog_list_changes_with_a_write_through_the_api(fleet):
+    editor = client("editor")
+    before = json.loads(kept(editor, "/api/profiles/"))
+    response = editor.patch(
+        f"/api/profiles/{fleet['profile'].pk}/",
+        {"args": ["--max-num-seqs", "64"]},
+        content_type="application/json",
+    )
+    assert response.status_code == 200, response.content
+    after = json.loads(kept(editor, "/api/profiles/"))
+    assert before["results"][0]["args"] == [] and after["results"][0]["args"] == ["--max-num-seqs", "64"]
+
+
+def test_a_kept_list_is_kept_per_query_and_host(fleet, settings):
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "other.example"]
+    viewer = client()
+    both = json.loads(kept(viewer, "/api/nodes/?limit=2"))
+    assert len(both["results"]) == 2 and both["next"].startswith("http://testserver/")
+    other = json.loads(get(viewer, "/api/nodes/?limit=2", HTTP_HOST="other.example")[0])
+    assert other["next"].startswith("http://other.example/")
+    assert viewer.get("/api/nodes/?nope=1").status_code == 400  # a refusal is not kept: asked again, again
+    assert viewer.get("/api/nodes/?nope=1").status_code == 400
+
+
+# -- the dry runs and the preview ---------------------------------------------------------------------------
+
+
+def dry_run(c: Client, gpus: int = 4) -> dict:
+    response = c.post(
+        "/api/models/llama/gpus/",
+        {"gpus": gpus, "profile": "one", "dry_run": True},
+        content_type="application/json",
+    )
+    return {"status": response.status_code, **response.json()}
+
+
+def test_a_kept_dry_run_after_a_card_is_taken_says_what_the_fleet_now_says(fleet):
+    operator = client("operator")
+    first = dry_run(operator)
+    with CaptureQueriesContext(connection) as warm:
+        assert dry_run(operator) == first
+    # The session, the user, its permissions (two), the versions, the cards a foreign process holds.
+    assert len(warm.captured_queries) == 6
+    assert first["status"] == 200 and first["room"]["beside_count"] == 2  # gpu-1 and gpu-2 have 4 free
+    other = Profile.objects.get(name="one")
+    b.replica(other, Node.objects.get(name="gpu-1"), [0], name="other-1")  # a card taken (the ORM)
+    assert dry_run(operator)["room"]["beside"] == ["gpu-2"]
+    sql(  # and one by raw SQL: gpu-2's last card
+        "INSERT INTO catalog_shard (replica_id, card_id) SELECT r.id, c.id FROM catalog_replica r, catalog_card c "
+        "JOIN catalog_node n ON n.id = c.node_id WHERE r.name = 'other-1' AND n.name = 'gpu-2' "
+        'AND c."index" = 3'
+    )
+    answer = dry_run(operator)
+    assert answer["status"] == 409 and answer["code"] == "no_room_beside", answer
+
+
+def test_a_kept_dry_run_sees_a_foreign_process_and_its_reading_grow_old(fleet, settings):
+    operator = client("operator")
+    assert dry_run(operator)["room"]["beside_count"] == 2
+    card = Card.objects.get(node__name="gpu-2", index=1)
+    sql(
+        "INSERT INTO telemetry_cardreading (card_id, at, memory_used_mib, memory_total_mib, foreign_mib, "
+        "processes) VALUES (%s, CURRENT_TIMESTAMP, 4096, 81559, 4096, '[]')",
+        [card.pk],
+    )
+    assert dry_run(operator)["room"]["beside"] == ["gpu-1"]
+    settings.LLMGW_TELEMETRY_STALE_SECONDS = 0  # the reading no longer counts: no write, only the clock
+    assert dry_run(operator)["room"]["beside_count"] == 2
+
+
+def test_a_kept_dry_run_says_busy_once_a_restart_is_under_way(fleet):
+    operator = client("operator")
+    assert dry_run(operator, gpus=2)["status"] == 200
+    from operations.models import RestartOperation
+
+    with acting_as(Actor(via="cli", name="pytest")), transaction.atomic():
+        RestartOperation.objects.create(model=fleet["model"], profile=fleet["profile"], state="queued")
+    answer = dry_run(operator, gpus=2)
+    assert answer["status"] == 409 and answer["code"] == "busy"
+
+
+def test_the_resize_preview_is_answered_from_the_kept_dry_run(fleet):
+    operator = client("operator")
+
+    def preview() -> str:
+        response = operator.post(
+            "/models/llama/resize/preview/", {"gpus": "4", "profile": "one"}, HTTP_HX_REQUEST="true"
+        )
+        assert response.status_code == 200
+        return response.content.decode()
+
+    assert "gpu-1" in preview()
+    Shard.objects.filter(card__node__name__in=["gpu-1", "gpu-2"]).delete()
+    sql("UPDATE catalog_node SET state = 'down' WHERE name IN ('gpu-1', 'gpu-2')")
+    assert "gpu-1" not in preview()
+
+
+# -- the operations -----------------------------------------------------------------------------------------
+
+
+def test_the_operations_list_and_api_change_with_a_write(fleet):
+    from operations.models import RestartOperation
+
+    RestartOperation.objects.create(
+        model=fleet["model"], profile=fleet["profile"], state="succeeded", reason="first"
+    )
+    viewer = client()
+    assert "first" in kept(viewer, "/operations/") and '"first"' in kept(viewer, "/api/operations/")
+    sql("UPDATE catalog_restartoperation SET reason = 'second'")
+    assert "second" in kept(viewer, "/operations/") and '"second"' in kept(viewer, "/api/operations/")
+
+
+def test_an_active_restart_is_never_kept_since_its_abandoned_line_reads_the_clock(fleet):
+    from operations.models import RestartOperation
+
+    RestartOperation.objects.create(model=fleet["model"], profile=fleet["profile"], state="queued")
+    viewer = client()
+    for url in ("/operations/", "/api/operations/"):
+        _, cold = get(viewer, url)
+        _, again = get(viewer, url)
+        assert again == cold
+
+
+# -- the model page -----------------------------------------------------------------------------------------
+
+
+def test_the_model_page_keeps_its_replicas_and_profiles_until_they_change(fleet):
+    viewer = client()
+    page = kept(viewer, "/models/llama/")
+    assert 'href="/replicas/llama-1/"' in page and "revision 1" in page
+    sql("UPDATE catalog_replica SET state = 'failed' WHERE name = 'llama-1'")
+    assert '<tr class="replica state-failed">' in kept(viewer, "/models/llama/")
+    with acting_as(Actor(via="cli", name="pytest")):
+        profile = Profile.objects.get(name="one")
+        profile.args = ["--max-num-seqs", "64"]
+        services.profile_save(instance=profile)
+    page = kept(viewer, "/models/llama/")
+    assert "revision 2" in page and "--max-num-seqs 64" in page
+    assert "stale: profile is at 2" in page
+    fragment, _ = get(viewer, "/models/llama/replicas/")
+    assert "stale: profile is at 2" in fragment
+
+
+def test_two_roles_never_see_each_others_buttons_on_a_kept_model_page(fleet):
+    viewer, operator = client("viewer"), client("operator")
+    _, cold = get(viewer, "/models/llama/")
+    for _ in range(2):  # each asks twice, after the other: the kept parts are shared, the buttons not
+        seen_by_viewer = get(viewer, "/models/llama/")[0]
+        seen_by_operator = get(operator, "/models/llama/")[0]
+        assert 'id="resize-h"' not in seen_by_viewer and "needs the resize permission" in seen_by_viewer
+        assert 'id="resize-h"' in seen_by_operator and "needs the resize permission" not in seen_by_operator
+    assert get(operator, "/models/llama/")[1] < cold  # the operator's page is drawn around the kept parts
