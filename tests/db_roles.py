@@ -4,8 +4,10 @@ LOGIN role that owns nothing (``manage.py db_app_role``), and every connection f
 that role: the tests', their threads', the live server's, and the processes they start (their
 ``DATABASE_URL`` is made from the connection's settings, ``restart_support.database_url``).
 
-What that role rightly cannot do runs as the owner, over a connection of its own and said so by name:
-pytest-django's flush, the tamper tests' "as a superuser with the triggers off", migrating by hand.
+What that role rightly cannot do runs as the owner, said so by name: over the owner's own connection
+(``owner_transaction``, the ``owner_cursor`` fixture) pytest-django's flush and the tamper tests' "as a
+superuser with the triggers off"; migrating by hand with the test's connection logged in as the owner
+for the block (``as_owner``).
 """
 
 from __future__ import annotations
