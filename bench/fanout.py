@@ -21,10 +21,12 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -72,7 +74,9 @@ def main() -> None:
         run = 0
         for p in parallels:
             for mode, extra in modes:
-                w = worker("bench-worker", {**env, **extra}, tmp / "worker.log")
+                # LOG_LEVEL=DEBUG: the worker logs where each restart's time went (operations/services/timing.py).
+                log = tmp / f"worker-{run}.log"
+                w = worker("bench-worker", {**env, "LOG_LEVEL": "DEBUG", **extra}, log)
                 try:
                     results.append(restart_all(fleet, p, run, args.load_seconds, actor) | {"mode": mode})
                 finally:
@@ -80,12 +84,19 @@ def main() -> None:
                     w.wait(timeout=30)
                 run += 1
                 r = results[-1]
+                r["worker_timing"] = timing_lines(log, r["operation"])
                 print(
                     f"--max-parallel {p}, {mode}: {r['state']}, {r['steps_succeeded']} of {REPLICAS} steps, "
                     f"{r['seconds']} s (request to end {r['wall_seconds']} s), ideal {r['ideal_seconds']:g} s: "
-                    f"{r['ratio']}×",
+                    f"{r['ratio']}×; load {r['load_before']} to {r['load_after']}",
                     flush=True,
                 )
+                print("  from the records (mean / median / max, s):", flush=True)
+                for name, figures in r["breakdown"].items():
+                    print(f"    {name}: {figures}", flush=True)
+                print("  the worker's clock:", flush=True)
+                for line in r["worker_timing"]:
+                    print(f"    {line}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
@@ -121,6 +132,7 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor) -> dict:
         # No settle time (LLMGW_RESTART_SETTLE_SECONDS, 10 s by default, a replacement must stay
         # ready that long before its old replica stops): the ideal counts the engine's load only.
         op = restart_start(model_name="fanout", max_parallel=p, ready_timeout=120, settle_seconds=0)
+    load_before = _load()
     while True:
         op = RestartOperation.objects.get(pk=op.pk)
         if op.state not in ("queued", "running"):
@@ -131,6 +143,10 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor) -> dict:
     took = (op.finished_at - op.started_at).total_seconds()
     ideal = math.ceil(REPLICAS / p) * load_seconds
     return {
+        "operation": op.pk,
+        "load_before": load_before,
+        "load_after": _load(),
+        "breakdown": breakdown(op),
         "max_parallel": p,
         "state": op.state,
         "steps_succeeded": op.steps.filter(state="succeeded").count(),
@@ -139,6 +155,96 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor) -> dict:
         "ideal_seconds": ideal,
         "ratio": round(took / ideal, 2),
     }
+
+
+def _load() -> str:
+    """The machine's load average over the last minute (a shared machine: the times depend on it)."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
+def breakdown(op) -> dict[str, str]:
+    """Where the steps' time went, from the records alone (the steps' own times and the audit
+    entries of their replicas), so that it holds whatever the worker logged: per phase of a
+    step, the mean, median and longest; how many steps ran at once on average; and how long
+    after a slot was freed (the k-p-th step ended) the k-th step started."""
+    from audit.models import AuditEntry
+
+    steps = list(
+        op.steps.filter(state="succeeded", started_at__isnull=False)
+        .select_related("old_replica", "new_replica")
+        .order_by("started_at")
+    )
+    if not steps:
+        return {}
+    names = [s.new_replica.name for s in steps if s.new_replica] + [
+        s.old_replica.name for s in steps if s.old_replica
+    ]
+    first: dict[tuple[str, str], Any] = {}
+    for key, action, at in (
+        AuditEntry.objects.filter(object_type="replica", object_key__in=names, at__gte=op.started_at)
+        .order_by("id")
+        .values_list("object_key", "action", "at")
+    ):
+        first.setdefault((key, action), at)
+
+    def seconds(a, b) -> float | None:
+        return (b - a).total_seconds() if a is not None and b is not None else None
+
+    phases: dict[str, list[float | None]] = {
+        "started → loading (placed, asked, the engine process up)": [],
+        "loading → ready (the load, as the worker learnt it)": [],
+        "ready → old replica stopped": [],
+        "stopped → step recorded done": [],
+        "whole step": [],
+    }
+    for s in steps:
+        new, old = s.new_replica.name, s.old_replica.name
+        asked = first.get((new, "loading")) or first.get((new, "ready"))
+        ready, stopped = first.get((new, "ready")), first.get((old, "stop"))
+        for name, value in zip(
+            phases,
+            (
+                seconds(s.started_at, asked),
+                seconds(asked, ready),
+                seconds(ready, stopped),
+                seconds(stopped, s.finished_at),
+                seconds(s.started_at, s.finished_at),
+            ),
+            strict=True,
+        ):
+            phases[name].append(value)
+
+    def figures(values: list[float | None]) -> str:
+        known = [v for v in values if v is not None]
+        if not known:
+            return "-"
+        return f"{statistics.mean(known):.3f} / {statistics.median(known):.3f} / {max(known):.3f}"
+
+    out = {name: figures(values) for name, values in phases.items()}
+    took = (op.finished_at - op.started_at).total_seconds()
+    busy = sum(seconds(s.started_at, s.finished_at) or 0.0 for s in steps)
+    out["steps at once, on average"] = f"{busy / took:.2f} of {op.max_parallel}"
+    ends = sorted(s.finished_at for s in steps)
+    p = op.max_parallel
+    out["k-th step started after the (k-p)-th ended"] = figures(
+        [seconds(ends[k - p], steps[k].started_at) for k in range(p, len(steps))]
+    )
+    return out
+
+
+def timing_lines(log: Path, operation: int) -> list[str]:
+    """The worker's own account of the run (operations/services/timing.py), without the per-step lines."""
+    if not log.exists():
+        return []
+    mark = f"restart #{operation}: "
+    return [
+        line.split(mark, 1)[1]
+        for line in log.read_text(errors="replace").splitlines()
+        if mark in line and (" slot(s) busy" in line or ": n=" in line)
+    ]
 
 
 if __name__ == "__main__":

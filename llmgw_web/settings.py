@@ -347,6 +347,9 @@ LOGGING = {
         "django.db.backends": {"level": "WARNING"},
         # django-axes logs every sign-in at INFO; its lockouts are warnings.
         "axes": {"level": "WARNING"},
+        # httpx's transport says every byte at DEBUG: LOG_LEVEL=DEBUG is for this project's loggers
+        # (a restart's timings, operations/services/timing.py), not for that.
+        "httpcore": {"level": "INFO"},
     },
 }
 

@@ -114,11 +114,12 @@ KEPT = {
     "POST /api/models/gen-model-001/context/": 4,
     "POST /models/gen-model-001/resize/preview/": 6,  # and the model and its profiles, for the form
     "GET /models/gen-model-002/": 7,  # and the model, its latest restart (two), its history (two)
-    "GET /nodes/": 4,  # and the GPU classes, for the filter form
-    "GET /nodes/?gpu_class=gen-h100-80g&state=ready&free=1": 4,
-    "GET /nodes/?view=compact": 4,
-    "GET /": 5,  # and the engines and the classes, for the filter form
-    "GET /?engine=vllm&gpu_class=gen-h100-80g": 5,
+    "GET /nodes/": 3,  # the filter form is kept too
+    "GET /nodes/gen-node-0003/": 6,  # and the node, its drains, its history (two)
+    "GET /nodes/?gpu_class=gen-h100-80g&state=ready&free=1": 3,
+    "GET /nodes/?view=compact": 3,
+    "GET /": 3,
+    "GET /?engine=vllm&gpu_class=gen-h100-80g": 3,
     "GET /api/models/": 3,
     "GET /api/nodes/": 3,
     "GET /api/profiles/": 3,

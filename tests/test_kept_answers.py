@@ -330,3 +330,45 @@ def test_two_roles_never_see_each_others_buttons_on_a_kept_model_page(fleet):
         assert 'id="resize-h"' not in seen_by_viewer and "needs the resize permission" in seen_by_viewer
         assert 'id="resize-h"' in seen_by_operator and "needs the resize permission" not in seen_by_operator
     assert get(operator, "/models/llama/")[1] < cold  # the operator's page is drawn around the kept parts
+
+
+def test_the_kept_filter_forms_show_the_query_and_the_catalogs_choices(fleet):
+    viewer = client()
+    assert 'value="gpu-1"' in kept(viewer, "/nodes/?name=gpu-1")
+    assert 'value="gpu-2"' in get(viewer, "/nodes/?name=gpu-2")[0]
+    assert "a100-80g" not in kept(viewer, "/nodes/") and "a100-80g" not in kept(viewer, "/")
+    sql(
+        "INSERT INTO catalog_gpuclass (name, memory_mib, usable_mib, compute_capability) "
+        "VALUES ('a100-80g', 81920, 79000, '8.0')"
+    )
+    assert '<option value="a100-80g">a100-80g</option>' in kept(viewer, "/nodes/")
+    assert '<option value="a100-80g">a100-80g</option>' in kept(viewer, "/")
+
+
+# -- a node's page ------------------------------------------------------------------------------------------
+
+
+def test_a_nodes_page_keeps_its_cards_and_replicas_until_they_change(fleet):
+    viewer = client()
+    page = kept(viewer, "/nodes/gpu-0/")
+    assert '<span class="rep" title="llama-1, ready">llama-1</span>' in page
+    sql("UPDATE catalog_replica SET state = 'loading' WHERE name = 'llama-1'")
+    assert '<span class="rep" title="llama-1, loading">llama-1 · loading</span>' in kept(
+        viewer, "/nodes/gpu-0/"
+    )
+    card = Card.objects.get(node__name="gpu-0", index=3)
+    sql(
+        "INSERT INTO telemetry_cardreading (card_id, at, memory_used_mib, memory_total_mib, foreign_mib, "
+        "processes) VALUES (%s, CURRENT_TIMESTAMP, 2048, 81559, 2048, '[]')",
+        [card.pk],
+    )
+    assert "foreign process: 2.0 GiB" in kept(viewer, "/nodes/gpu-0/")
+
+
+def test_a_nodes_actions_are_the_readers_own_around_its_kept_cards(fleet):
+    viewer, operator = client("viewer"), client("operator")
+    seen_by_viewer = kept(viewer, "/nodes/gpu-0/")
+    seen_by_operator = get(operator, "/nodes/gpu-0/")[0]
+    assert "Cordon gpu-0" in seen_by_operator and "Cordon gpu-0" not in seen_by_viewer
+    body = seen_by_viewer.split('<ul class="legend"')[1].split('<section class="panel history"')[0]
+    assert body in seen_by_operator

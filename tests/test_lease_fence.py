@@ -108,3 +108,47 @@ def test_a_worker_starting_schedules_one_reconciler_pass_and_each_pass_the_next(
     assert reconcile_fleet.call() == {"nodes": 0, "unreachable": [], "changes": [], "orphans": {}}
     (next_pass,) = waiting.all()
     assert timedelta(seconds=10) < next_pass.run_after - timezone.now() <= timedelta(seconds=11)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_steps_writes_hold_the_fence_side_by_side_and_a_takeover_waits_for_them(operation):
+    # Every write of a run first holds the operation's row: exclusively, the steps running in
+    # threads wrote one after the other (half of a fan-out's time went waiting there). Shared,
+    # they write at once, and a takeover still cannot come between a write's check and its commit.
+    import threading
+
+    from django.db import connection, transaction
+
+    first = claim(operation.pk, "worker:first-1")
+    lease = Lease(operation.pk, "worker:first-1", epoch=first.attempts)
+    RestartOperation.objects.filter(pk=operation.pk).update(
+        heartbeat_at=timezone.now() - timedelta(seconds=60)  # stale: another worker may claim it
+    )
+    holding, release = threading.Event(), threading.Event()
+
+    def a_step_writing() -> None:
+        try:
+            with transaction.atomic():
+                lease.hold()
+                holding.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=a_step_writing)
+    writer.start()
+    try:
+        assert holding.wait(timeout=10)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '2s'")
+            lease.hold()  # another step's write, while the first is under way: not kept waiting
+        assert claim(operation.pk, "worker:second-2") is None  # a write is under way: not now
+    finally:
+        release.set()
+        writer.join(timeout=30)
+    second = claim(operation.pk, "worker:second-2")
+    assert second is not None and second.attempts == first.attempts + 1
+    with pytest.raises(OperationLost), transaction.atomic():
+        lease.hold()

@@ -128,3 +128,15 @@ def test_placements_never_share_a_card_and_each_fits_its_node(counts, holders, n
         mine = held.setdefault(p.node, set())
         assert not mine & set(p.cards)  # two replacements never on one card
         mine |= set(p.cards)
+
+
+def test_a_replacement_goes_on_cards_free_before_the_restart_rather_than_on_ones_an_earlier_step_frees():
+    # One at a time: r1's replacement on card 2; then card 0 (r1's, freed) and card 3 are free. On
+    # card 0, r2's step would wait for r1's old engine to exit; card 3 needs no wait.
+    nodes = [node("n1", 4, {0, 1})]
+    replicas = [LiveReplica("r1", "n1", (0,)), LiveReplica("r2", "n1", (1,))]
+    places = place_restart(nodes, replicas, 1, in_place=True)
+    assert [(p.replica, p.cards) for p in places] == [("r1", (2,)), ("r2", (3,))]
+    # With no card free beside but the ones steps free, those are used, as before.
+    tight = place_restart([node("n1", 3, {0, 1})], replicas, 1, in_place=True)
+    assert [(p.replica, p.cards, p.in_place) for p in tight] == [("r1", (2,), False), ("r2", (0,), False)]

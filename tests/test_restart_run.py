@@ -209,6 +209,61 @@ def test_a_parallel_step_whose_planned_cards_are_still_held_lets_a_later_step_go
         assert_nothing_half_done()
 
 
+# Steps run in threads only where their connections share the database: not the tests' in-memory SQLite.
+@pytest.mark.postgres
+def test_the_next_step_starts_once_a_replacement_is_ready_while_its_old_replica_is_still_stopping(
+    tmp_path, actor
+):
+    # One at a time, two replicas on two nodes, each replacement planned on a free card of its own
+    # node. llama-1's engine ignores SIGTERM, so its stop takes the agent's 2 s grace: the next
+    # step does not wait for it (the slot is the replacement's, not the old engine's exit), yet
+    # never starts before llama-1's replacement is ready (still one replacement loading at a time).
+    with fleet_of(tmp_path) as fleet:
+        first = fleet.start("llama-1", "gpu-a", [0], env={"STANDIN_IGNORE_SIGTERM": "1"})
+        fleet.start("llama-2", "gpu-b", [0])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, max_parallel=1, ready_timeout=30, settle_seconds=0)
+        assert [(s.planned_node, s.planned_cards) for s in steps_of(op)] == [("gpu-a", [1]), ("gpu-b", [1])]
+        assert run_operation(op.pk) == "succeeded"
+
+        one, two = steps_of(op)
+        assert (one.state, two.state) == ("succeeded", "succeeded")
+        ready = AuditEntry.objects.get(object_key=one.new_replica.name, action="ready").at
+        stopped = AuditEntry.objects.get(object_key="llama-1", action="stop").at
+        assert ready <= two.started_at < stopped <= one.finished_at
+        assert (stopped - ready).total_seconds() >= 1.5  # the grace, then SIGKILL
+        first.refresh_from_db()
+        assert first.state == "stopped" and not Shard.objects.filter(replica=first).exists()
+        assert sum(fleet.ready_on_agents().values()) == 2
+        assert verify_chain() == []
+        assert_nothing_half_done()
+
+
+def test_a_step_let_go_first_never_takes_cards_a_later_steps_old_replica_still_serves(tmp_path, actor):
+    # One node of four cards, three replicas, one card free. One at a time the plan puts llama-1's
+    # replacement on card 3, llama-2's on the card llama-1 frees (0), llama-3's on the one llama-2
+    # frees (1). llama-1's engine ignores SIGTERM: once its replacement is ready, llama-2's card is
+    # still held by it, and llama-3's by llama-2, whose step has not started. llama-3 must not go
+    # first (it would find no card and fail): each waits its turn, and all go where planned.
+    with fleet_of(tmp_path, nodes=("gpu-a",)) as fleet:
+        fleet.start("llama-1", "gpu-a", [0], env={"STANDIN_IGNORE_SIGTERM": "1"})
+        fleet.start("llama-2", "gpu-a", [1])
+        fleet.start("llama-3", "gpu-a", [2])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, max_parallel=1, ready_timeout=30, settle_seconds=0)
+        planned = [(s.old_replica.name, s.planned_node, s.planned_cards) for s in steps_of(op)]
+        assert planned == [("llama-1", "gpu-a", [3]), ("llama-2", "gpu-a", [0]), ("llama-3", "gpu-a", [1])]
+        assert run_operation(op.pk) == "succeeded"
+
+        steps = steps_of(op)
+        assert [(s.state, s.node, s.cards) for s in steps] == [
+            ("succeeded", "gpu-a", c) for _, _, c in planned
+        ]
+        assert steps[0].finished_at <= steps[1].started_at and steps[1].finished_at <= steps[2].started_at
+        assert sum(fleet.ready_on_agents().values()) == 3
+        assert_nothing_half_done()
+
+
 def test_a_replacement_never_ready_fails_at_its_deadline_and_the_old_one_keeps_serving(tmp_path, actor):
     with fleet_of(tmp_path) as fleet:
         old = fleet.start("llama-1", "gpu-a", [0])

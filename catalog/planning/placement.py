@@ -7,7 +7,11 @@ the replacement beside the running replicas on free cards of the class (best
 fit: a ready node holding none of the model's other live replicas first, then
 the fewest free cards, then the name; the lowest-numbered free cards), and
 stops the old replica once the new one is ready, freeing its cards for the
-steps after it. Where no node has room beside, and in place was allowed, the
+steps after it. Cards free before the restart come first: a step is given
+cards an earlier step frees only when those alone do not fit, since the run
+must then wait for that earlier step to end before it starts this one (the
+plan counts in waves, the run in slots that free as each replacement is
+ready). Where no node has room beside, and in place was allowed, the
 old replica is stopped first and the replacement starts on its node: on its
 own cards first, then free ones there. Steps running at the same time do not
 see each other's freed cards.
@@ -95,6 +99,10 @@ def place_restart(
     kind = f"{n} {gpu_class} {'card' if n == 1 else 'cards'}" if gpu_class else cards(n)
     ready = {c.node: c for c in nodes if c.ready}
     free = {name: sorted(c.free) for name, c in ready.items()}
+    # The cards free before the restart and not yet given to a step: a replacement that fits on them
+    # goes there, rather than on cards an earlier step's old replica frees, which the run would
+    # have to wait for (that step's end) before it could start the replacement.
+    idle = {name: set(c.free) for name, c in ready.items()}
     live = {r.name: r for r in replicas}
     steps = sorted((r for r in replicas if r.restarted), key=lambda r: r.name)
     placements: list[Placement] = []
@@ -110,9 +118,15 @@ def place_restart(
         siblings = {r.node for name, r in live.items() if name != old.name}
         fits = [] if always_in_place else [name for name, cards_free in free.items() if len(cards_free) >= n]
         if fits:
-            node = min(fits, key=lambda name: (name in siblings, len(free[name]), name))
-            chosen = tuple(free[node][:n])
-            free[node] = free[node][n:]
+            without_waiting = [name for name in fits if len(idle[name]) >= n]
+            if without_waiting:
+                node = min(without_waiting, key=lambda name: (name in siblings, len(idle[name]), name))
+                chosen = tuple(sorted(idle[node])[:n])
+            else:
+                node = min(fits, key=lambda name: (name in siblings, len(free[name]), name))
+                chosen = tuple(free[node][:n])
+            free[node] = [c for c in free[node] if c not in chosen]
+            idle[node] -= set(chosen)
             placements.append(Placement(old.name, node, chosen, in_place=False))
             live[old.name] = LiveReplica(old.name, node, chosen)  # the replacement, until old stops
             live[f"{old.name} (old)"] = old
@@ -147,6 +161,7 @@ def place_restart(
         chosen = tuple(sorted(chosen))
         leftover = [c for c in there if c not in chosen]
         free[old.node] = leftover
+        idle[old.node] -= set(chosen)
         placements.append(Placement(old.name, old.node, chosen, in_place=True))
         live[old.name] = LiveReplica(old.name, old.node, chosen)
     return tuple(placements)

@@ -36,6 +36,7 @@ from catalog.views.common import (
     RESTART,
     VIEW_MODEL,
     fragment,
+    kept_filters,
     normalized,
     redirect_or_location,
     render_page,
@@ -135,7 +136,11 @@ def model_list(request: HttpRequest) -> HttpResponse:
     return render_page(
         request,
         "catalog/model_list.html",
-        {"section": "models", "form": ModelFilterForm.for_catalog(request.GET or None), "results": results},
+        {
+            "section": "models",
+            "filters": kept_filters(request, "catalog/model_list.html", query, ModelFilterForm.for_catalog),
+            "results": results,
+        },
     )
 
 

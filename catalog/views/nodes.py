@@ -31,7 +31,15 @@ from catalog.forms import NodeFilterForm
 from catalog.models import Card, Node, Replica
 from catalog.selectors import cards_of, fleet_summary, nodes_matching
 from catalog.services.fit import profile_memory
-from catalog.views.common import RESTART, VIEW_NODE, fragment, normalized, render_page, wants_partial
+from catalog.views.common import (
+    RESTART,
+    VIEW_NODE,
+    fragment,
+    kept_filters,
+    normalized,
+    render_page,
+    wants_partial,
+)
 from catalog.views.display import hue
 from operations import views as operation_views
 from operations.selectors import operations_with_steps
@@ -314,17 +322,15 @@ def node_list(request: HttpRequest) -> HttpResponse:
         "catalog/node_list.html",
         {
             "section": "nodes",
-            "form": NodeFilterForm.for_fleet(request.GET or None),
+            "filters": kept_filters(request, "catalog/node_list.html", query, NodeFilterForm.for_fleet),
             "summary": remembered("nodes-summary", ["catalog"], [], fleet_summary, request=request),
             "results": results,
         },
     )
 
 
-@requires(VIEW_NODE)
-@require_GET
-def node_detail(request: HttpRequest, name: str) -> HttpResponse:
-    node = get_object_or_404(Node, name=name)
+def node_body(node: Node) -> SafeString:
+    """A node's page below its actions: the legend, its cards drawn, and the replicas on it."""
     cards = list(
         Card.objects.filter(node=node)
         .select_related("gpu_class", "shard__replica__profile__model")
@@ -349,19 +355,34 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
             )
         )
     grid = grids([node], rows)[0]
-    replicas = []
-    for replica, indices in held.values():
-        replicas.append((replica, indices))
-    replicas.sort(key=lambda pair: pair[0].name)
+    replicas = sorted(held.values(), key=lambda pair: pair[0].name)
+    return render_to_string(
+        "catalog/node_detail.html#body",
+        {"node": node, "grid": grid, "replicas": replicas, "legend": legend([grid])},
+    )
+
+
+@requires(VIEW_NODE)
+@require_GET
+def node_detail(request: HttpRequest, name: str) -> HttpResponse:
+    node = get_object_or_404(Node.objects.select_related("agent_contact"), name=name)
+    # Its cards, their readings and its replicas are kept under the fleet's versions (as the nodes
+    # page's results, and drawn anew as often, for the agent's "seen ... ago"); its actions (by
+    # permission, with CSRF tokens), its drains' restarts and its history are drawn per request.
+    body = remembered(
+        "node-body",
+        ["catalog", "telemetry"],
+        [node.pk, int(time.time() // SEEN_WITHIN_SECONDS)],
+        lambda: node_body(node),
+        request=request,
+    )
     return render_page(
         request,
         "catalog/node_detail.html",
         {
             "section": "nodes",
             "node": node,
-            "grid": grid,
-            "replicas": replicas,
-            "legend": legend([grid]),
+            "body": body,
             "can_drain": request.user.has_perm(RESTART),
             "drains": [
                 operation_views.progress_context(request, op)

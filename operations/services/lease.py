@@ -64,6 +64,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -167,6 +168,8 @@ class Lease:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost = threading.Event()
+        # Told how long each heartbeat took (the run's clock, operations/services/timing.py).
+        self.timed: Callable[[str, float], None] | None = None
 
     def _mine(self) -> Q:
         q = Q(pk=self.operation_id, worker=self.worker, state=RestartOperation.State.RUNNING)
@@ -214,23 +217,40 @@ class Lease:
             self._lock.release()
 
     def _beat(self) -> None:
+        began = time.monotonic()
         try:
             held = RestartOperation.objects.filter(self._mine()).update(heartbeat_at=timezone.now())
         except OperationalError:  # a busy database: the next beat tries again, well before the threshold
             log.warning("restart #%s: heartbeat not written", self.operation_id, exc_info=True)
             return
+        if self.timed is not None:
+            self.timed("heartbeat (waits for the operation's row)", time.monotonic() - began)
         self._last = time.monotonic()
         if not held:
             self._lose()
 
     # -- the fence ----------------------------------------------------------------------------
 
-    def hold(self) -> None:
+    def hold(self, *, alone: bool = False) -> None:
         """In a write's transaction: lock the operation's row while this worker holds it;
-        ``OperationLost`` (and nothing written) once another worker has claimed it."""
+        ``OperationLost`` (and nothing written) once another worker has claimed it.
+
+        On PostgreSQL the steps' writes share the lock (``FOR SHARE``): they commit side by side
+        rather than one after the other, and a claim (``FOR UPDATE``) still waits for every one
+        of them, so none commits once another worker holds the operation. ``alone``: the row
+        locked for this write only (``FOR UPDATE``), for a write that changes the row itself
+        (the run's end): a shared lock would have to be raised, and two raising deadlock."""
         if self.lost.is_set():
             raise OperationLost()
-        if not list(RestartOperation.objects.select_for_update().filter(self._mine()).values_list("pk")[:1]):
+        mine = RestartOperation.objects.filter(self._mine()).values_list("pk")
+        if alone or connection.vendor != "postgresql":
+            held = bool(list(mine.select_for_update()[:1]))
+        else:
+            sql, params = mine.query.sql_with_params()
+            with connection.cursor() as cursor:
+                cursor.execute(f"{sql} FOR SHARE", params)
+                held = cursor.fetchone() is not None
+        if not held:
             self._lose()
 
     def _lose(self) -> None:

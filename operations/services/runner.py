@@ -21,8 +21,18 @@ released; rolling, the old replica keeps serving; in place, the old spec is
 started again on its cards. The operation then starts no new step: the steps
 left are cancelled and it ends failed (nothing restarted) or partly_failed.
 
+Steps run ``max_parallel`` at a time, each in a thread of its own: a step holds
+its slot until its replacement is ready (in place, until it ends), and stops its
+old replica beside the next steps, so the next one starts the moment a
+replacement is ready rather than once an old engine has exited. A step whose
+planned cards a step under way still holds (its old replica, stopping) waits for
+that step to end while a later one whose cards are free goes first
+(``_next_with_its_cards``). The writes of the steps hold the operation's row
+together (``Lease.hold``), not one at a time.
+
 Every row written here is audited in the same transaction, by the worker,
-with the operator who asked named in the message.
+with the operator who asked named in the message. Where a run's time goes is
+logged at DEBUG (``operations/services/timing.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +40,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from queue import Empty, SimpleQueue
 from typing import Any
 
 from django.conf import settings
@@ -59,6 +71,7 @@ from operations.services.placement import (
 )
 from operations.services.reconcile import node_unreachable
 from operations.services.specs import replica_spec, running_spec
+from operations.services.timing import RunClock
 
 log = logging.getLogger("operations.restart")
 
@@ -146,13 +159,33 @@ class OperationRun:
         self.actor = actor
         self.poll = settings.LLMGW_OPERATION_POLL_SECONDS
         self.wait = settings.LLMGW_AGENT_WAIT_SECONDS
-        # Steps in threads (each with its own connection), or one after the other.
-        self.threaded = self.op.max_parallel > 1 and threads_share_the_database()
+        # Steps in threads (each with its own connection), or one after the other. One at a time
+        # too, a step's old replica stops in its thread while the next step's replacement starts.
+        self.threaded = threads_share_the_database()
+        self.clock = RunClock(self.op.pk, self.op.max_parallel)
+        self.same_policy: set[str] = set()  # nodes whose agent was found to enforce our launch policy
+        # From the step threads to the run loop: (step, ended?, its end state or exception).
+        self._events: SimpleQueue[tuple[int, bool, str | Exception | None]] = SimpleQueue()
+        self.lease.timed = self.clock.add
         self.secrets = [
             secret
             for profile in Profile.objects.filter(model_id=self.op.model_id)
             for secret in profile_secrets(profile.engine, profile.env or {})
         ]
+
+    # -- locks (timed: operations/services/timing.py) ------------------------------------------
+
+    def _hold(self, *, alone: bool = False) -> None:
+        with self.clock.timed("wait: the operation's row (the lease's fence)"):
+            self.lease.hold(alone=alone)
+
+    def _lock_placement(self) -> None:
+        with self.clock.timed("wait: the placement lock"):
+            lock_placement()
+
+    def _audit(self, **entry: Any) -> None:
+        with self.clock.timed("audit_record (waits for the chain's lock)"):
+            audit_record(actor=self.actor, **entry)
 
     # -- audit -----------------------------------------------------------------------------------
 
@@ -180,7 +213,7 @@ class OperationRun:
 
         @transaction.atomic
         def write() -> Replica:
-            self.lease.hold()
+            self._hold()
             replica = Replica.objects.select_for_update().get(pk=replica_id)
             held = [str(s.card) for s in Shard.objects.filter(replica=replica).select_related("card__node")]
             before = self._replica_after(replica, held)
@@ -205,7 +238,7 @@ class OperationRun:
                 cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
                 Shard.objects.bulk_create(Shard(replica=replica, card=c) for c in cards)
                 held = [str(c) for c in cards]
-            audit_record(
+            self._audit(
                 action=action,
                 object_type="replica",
                 object_key=replica.name,
@@ -213,11 +246,11 @@ class OperationRun:
                 before=before,
                 after=self._replica_after(replica, held),
                 message=self._said(message),
-                actor=self.actor,
             )
             return replica
 
-        return write()
+        with self.clock.timed("write: a replica's state (transaction)"):
+            return write()
 
     # -- steps: bookkeeping ----------------------------------------------------------------------
 
@@ -228,8 +261,8 @@ class OperationRun:
         if isinstance(fields.get("reason"), str):
             # An engine's log tail or an agent's sentence may echo a secret of the profile's.
             fields["reason"] = redact(fields["reason"], self.secrets)
-        with transaction.atomic():
-            self.lease.hold()
+        with self.clock.timed("write: a step's state (transaction)"), transaction.atomic():
+            self._hold()
             RestartStep.objects.filter(pk=step.pk).update(**fields)
         for name, value in fields.items():
             setattr(step, name, value)
@@ -252,16 +285,20 @@ class OperationRun:
         # A step that failed in an earlier attempt already stopped the operation starting new ones.
         stopping = op.stop_at_first_failure and any(state == RestartStep.State.FAILED for _, state in steps)
         cancelled = False
-        running: dict[Future[str], int] = {}
+        # A step holds one of the max_parallel slots until its replacement is ready (in place: until
+        # it ends); then it stops its old replica beside the next steps, ending when the stop is
+        # confirmed. ``loading``: the steps holding a slot; ``under_way``: every step not ended.
+        loading: set[int] = set()
+        under_way: set[int] = set()
         pool = (
-            ThreadPoolExecutor(max_workers=op.max_parallel, thread_name_prefix=f"restart-{op.pk}")
+            ThreadPoolExecutor(max_workers=2 * op.max_parallel, thread_name_prefix=f"restart-{op.pk}")
             if self.threaded
             else None
         )
         try:
-            while queue or running:
+            while queue or under_way:
                 self.lease.tick()
-                while queue and len(running) < op.max_parallel:
+                while queue and len(loading) < op.max_parallel and len(under_way) < 2 * op.max_parallel:
                     step_id = queue[0]
                     if step_id not in resume:  # steps in flight are always finished
                         if stopping or cancelled:
@@ -269,31 +306,42 @@ class OperationRun:
                         if RestartOperation.objects.filter(pk=op.pk, cancel_requested=True).exists():
                             cancelled = True
                             break
-                        if running:
-                            ready = self._next_with_its_cards(queue, resume, list(running.values()))
+                        if under_way:
+                            ready = self._next_with_its_cards(queue, resume, list(under_way))
                             if ready is None:
                                 break  # the steps under way free the cards: wait for the next to end
                             step_id = ready
                     queue.remove(step_id)
+                    self.clock.submitted(step_id)
                     if pool is None:
+                        self.clock.slots(1)
                         if self._run_step(step_id) == RestartStep.State.FAILED:
                             stopping = op.stop_at_first_failure
                     else:
-                        running[pool.submit(self._run_step_in_thread, step_id)] = step_id
+                        loading.add(step_id)
+                        under_way.add(step_id)
+                        pool.submit(self._run_step_in_thread, step_id)
                 if pool is None and (stopping or cancelled or not queue):
                     break
-                if running:
-                    done, _ = wait(running, timeout=self.lease.interval, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        running.pop(future)
-                        if future.result() == RestartStep.State.FAILED:
+                if under_way:
+                    self.clock.slots(len(loading), empty_because="cards" if queue else "done")
+                    for step_id, ended, outcome in self._next_events():
+                        loading.discard(step_id)
+                        if not ended:
+                            continue  # its replacement is ready: its slot is free
+                        under_way.discard(step_id)
+                        if isinstance(outcome, Exception):
+                            raise outcome
+                        if outcome == RestartStep.State.FAILED:
                             stopping = stopping or op.stop_at_first_failure
+                    self.clock.slots(len(loading))
                 elif stopping or cancelled:
                     break
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
         self.lease.tick()
+        self.clock.summary()
         if (
             not cancelled
             and RestartOperation.objects.filter(pk=op.pk, cancel_requested=True).exists()
@@ -303,25 +351,27 @@ class OperationRun:
         return self._finish(cancelled=cancelled)
 
     def _next_with_its_cards(self, queue: deque[int], resume: list[int], running: list[int]) -> int | None:
-        """The first queued step whose planned cards no step under way is about to free, or None.
+        """The first queued step whose planned cards no other step of the run is yet to free, or None.
 
         The plan (``place_restart``) counts in waves of ``max_parallel``: a step's cards may be
-        ones an earlier wave's old replica frees. The run starts a step as soon as any one ends,
-        so the step whose turn comes may find its cards still held by the old replica of a step
-        under way; a later step whose cards are not starts in its place (the plan gave those
-        cards to that step alone, so taking them early changes no other step's), and with none,
-        the run waits for the next step to end. Cards held by anything else (another restart's
-        replica, say) are not waited for: the step starts and finds the fleet changed.
+        ones an earlier step's old replica frees. The run starts a step as soon as a slot is free
+        (a replacement ready), so the step whose turn comes may find its cards still held by the
+        old replica of a step under way, or of a step still queued that a step let go first; a
+        later step whose cards are free starts in its place (the plan gave those cards to that
+        step alone, so taking them early changes no other step's), and with none, the run waits
+        for the next step to end. Cards held by anything else (another restart's replica, or the
+        old replica of a step that failed) are not waited for: the step starts and finds the
+        fleet changed.
         """
         pending = [pk for pk in queue if pk not in resume]
-        freeing = set(RestartStep.objects.filter(pk__in=running).values_list("old_replica_id", flat=True))
-        planned = {
+        steps = {
             r["pk"]: r
-            for r in RestartStep.objects.filter(pk__in=pending).values(
+            for r in RestartStep.objects.filter(pk__in=[*running, *pending]).values(
                 "pk", "planned_node", "planned_cards", "old_replica_id"
             )
         }
-        nodes = {r["planned_node"] for r in planned.values() if r["planned_node"]}
+        freeing = {r["old_replica_id"] for r in steps.values()} - {None}
+        nodes = {steps[pk]["planned_node"] for pk in pending if pk in steps and steps[pk]["planned_node"]}
         held = {
             (node, index): replica
             for node, index, replica in Shard.objects.filter(
@@ -329,20 +379,50 @@ class OperationRun:
             ).values_list("card__node__name", "card__index", "replica_id")
         }
         for pk in pending:
-            step = planned.get(pk)
+            step = steps.get(pk)
             if step is None or not step["planned_node"]:
                 return pk
-            if not any((step["planned_node"], i) in held for i in step["planned_cards"]):
+            holders = {held.get((step["planned_node"], i)) for i in step["planned_cards"]}
+            if not holders - {None, step["old_replica_id"]}:  # in place, its own cards are its to free
                 return pk
         return None
 
-    def _run_step_in_thread(self, step_id: int) -> str:
+    def _run_step_in_thread(self, step_id: int) -> None:
         try:
-            return self._run_step(step_id)
+            outcome: str | Exception = self._run_step(step_id)
+        except Exception as exc:  # OperationLost, or worse: the run loop raises it
+            outcome = exc
         finally:
             connection.close()  # each thread has its own connection
+        self._events.put((step_id, True, outcome))
+
+    def _slot_free(self, step: RestartStep) -> None:
+        """The step's replacement is ready: the run may start the next step while this one stops
+        its old replica (whose cards the run still counts as held until this step ends)."""
+        if self.threaded:
+            self._events.put((step.pk, False, None))
+
+    def _next_events(self) -> list[tuple[int, bool, str | Exception | None]]:
+        """What the step threads said (a slot freed, a step ended) within a heartbeat's interval:
+        the first to come and all that came with it; none when nothing did."""
+        try:
+            events = [self._events.get(timeout=self.lease.interval)]
+        except Empty:
+            return []
+        while True:
+            try:
+                events.append(self._events.get_nowait())
+            except Empty:
+                return events
 
     def _run_step(self, step_id: int) -> str:
+        self.clock.mark(step_id, "began")
+        try:
+            return self._run_step_marked(step_id)
+        finally:
+            self.clock.mark(step_id, "done")
+
+    def _run_step_marked(self, step_id: int) -> str:
         step = self._step(step_id)
         try:
             if step.state == RestartStep.State.PENDING:
@@ -494,8 +574,8 @@ class OperationRun:
 
         @transaction.atomic
         def write() -> bool:
-            self.lease.hold()
-            lock_placement()
+            self._hold()
+            self._lock_placement()
             profile = Profile.objects.select_related("model", "gpu_class").get(pk=self.op.profile_id)
             if planned is not None:
                 node_name, indices = planned
@@ -522,47 +602,77 @@ class OperationRun:
                 if fit is None:
                     return False
                 node, cards = fit
-            port = free_port(node)
-            indices = [c.index for c in cards]
-            spec = replica_spec(profile, port=port, cards=indices, ready_timeout=self._agent_timeout())
-            new = Replica.objects.create(
-                name=replica_name(profile.model, step),
-                profile=profile,
-                port=port,
-                state=Replica.State.STARTING,
-                revision=profile.revision,
-            )
-            Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
             old = _replaced(step)
-            audit_record(
-                action="start",
-                object_type="replica",
-                object_key=new.name,
-                object_repr=str(new),
-                after=self._replica_after(new, [str(c) for c in cards]),
-                actor=self.actor,
-                message=self._said(
-                    f"started {new.name} on {node.name} cards {indices} port {port}, "
+            self._record_replacement(
+                step,
+                profile,
+                node,
+                cards,
+                port=free_port(node),
+                said=lambda new, port: (
+                    f"started {new} on {node.name} cards {[c.index for c in cards]} port {port}, "
                     f"revision {profile.revision}, to replace {old.name}"
                 ),
+                reason=lambda new: f"starting {new} on {node.name} beside {old.name}",
+                started_at=timezone.now(),
+                old_spec=old_spec,
+                in_place=False,
             )
-            fields = {
-                "new_replica": new,
-                "node": node.name,
-                "cards": indices,
-                "state": RestartStep.State.STARTING,
-                "started_at": timezone.now(),
-                "spec": spec,
-                "old_spec": old_spec,
-                "in_place": False,
-                "reason": f"starting {new.name} on {node.name} beside {old.name}",
-            }
-            RestartStep.objects.filter(pk=step.pk).update(**fields)
-            for name, value in fields.items():
-                setattr(step, name, value)
             return True
 
-        return write()
+        with self.clock.timed("write: placing a replacement (transaction)"):
+            placed = write()
+        if placed:
+            self.clock.mark(step.pk, "placed")
+        return placed
+
+    def _record_replacement(
+        self,
+        step: RestartStep,
+        profile: Profile,
+        node: Node,
+        cards: list[Card],
+        *,
+        port: int,
+        said: Callable[[str, int], str],
+        reason: Callable[[str], str],
+        **fields: Any,
+    ) -> Replica:
+        """In the caller's transaction, record the step's replacement on ``cards`` and ``port``
+        of ``node`` (rolling beside the old replica, or in place on its cards), with the spec it
+        is to be sent, audited with ``said(name, port)``; the step is set starting there, with
+        ``reason(name)`` and ``fields``."""
+        spec = replica_spec(
+            profile, port=port, cards=[c.index for c in cards], ready_timeout=self._agent_timeout()
+        )
+        new = Replica.objects.create(
+            name=replica_name(profile.model, step),
+            profile=profile,
+            port=port,
+            state=Replica.State.STARTING,
+            revision=profile.revision,
+        )
+        Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
+        self._audit(
+            action="start",
+            object_type="replica",
+            object_key=new.name,
+            object_repr=str(new),
+            after=self._replica_after(new, [str(c) for c in cards]),
+            message=self._said(said(new.name, port)),
+        )
+        fields |= {
+            "new_replica": new,
+            "node": node.name,
+            "cards": [c.index for c in cards],
+            "spec": spec,
+            "state": RestartStep.State.STARTING,
+            "reason": reason(new.name),
+        }
+        RestartStep.objects.filter(pk=step.pk).update(**fields)
+        for name, value in fields.items():
+            setattr(step, name, value)
+        return new
 
     def _roll(self, step: RestartStep, *, tries: int = 1) -> str:
         new, spec = _replacement(step)
@@ -597,6 +707,7 @@ class OperationRun:
 
     def _stop_old(self, step: RestartStep) -> str:
         old, (new, _) = _replaced(step), _replacement(step)
+        self._slot_free(step)
         if step.state != RestartStep.State.STOPPING:
             self._set_step(
                 step, state=RestartStep.State.STOPPING, reason=f"{new.name} is ready; stopping {old.name}"
@@ -607,6 +718,7 @@ class OperationRun:
             left = self._stop_confirmed(
                 old, node, end=Replica.State.STOPPED, why=f"{new.name} replaces it and is ready"
             )
+            self.clock.mark(step.pk, "stopped")
             if left:
                 return self._finish_step(
                     step,
@@ -658,7 +770,7 @@ class OperationRun:
 
         @transaction.atomic
         def swap() -> Replica | None:
-            self.lease.hold()
+            self._hold()
             profile = Profile.objects.select_related("model").get(pk=self.op.profile_id)
             current = Replica.objects.select_for_update().get(pk=old.pk)
             if (
@@ -672,52 +784,36 @@ class OperationRun:
                 current.state = Replica.State.STOPPED
                 current.save(update_fields=["state"])
                 Shard.objects.filter(replica=current).delete()
-                audit_record(
+                self._audit(
                     action="stop",
                     object_type="replica",
                     object_key=current.name,
                     object_repr=str(current),
                     before=before,
                     after=self._replica_after(current, []),
-                    actor=self.actor,
                     message=self._said(f"stopped {current.name} to restart it in place"),
                 )
-            spec = replica_spec(
-                profile, port=current.port, cards=list(step.cards), ready_timeout=self._agent_timeout()
-            )
-            new = Replica.objects.create(
-                name=replica_name(profile.model, step),
-                profile=profile,
-                port=current.port,
-                state=Replica.State.STARTING,
-                revision=profile.revision,
-            )
-            cards = list(Card.objects.filter(node=node, index__in=step.cards).select_related("node"))
-            Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
-            audit_record(
-                action="start",
-                object_type="replica",
-                object_key=new.name,
-                object_repr=str(new),
-                after=self._replica_after(new, [str(c) for c in cards]),
-                actor=self.actor,
-                message=self._said(
-                    f"started {new.name} in place of {current.name} on {node.name} cards "
-                    f"{list(step.cards)} port {current.port}, revision {profile.revision}"
+            return self._record_replacement(
+                step,
+                profile,
+                node,
+                list(
+                    Card.objects.filter(node=node, index__in=step.cards)
+                    .select_related("node")
+                    .order_by("index")
                 ),
+                port=current.port,
+                said=lambda new, port: (
+                    f"started {new} in place of {current.name} on {node.name} cards "
+                    f"{list(step.cards)} port {port}, revision {profile.revision}"
+                ),
+                reason=lambda new: f"starting {new} in place of {current.name}",
             )
-            fields = {
-                "new_replica": new,
-                "spec": spec,
-                "state": RestartStep.State.STARTING,
-                "reason": f"starting {new.name} in place of {current.name}",
-            }
-            RestartStep.objects.filter(pk=step.pk).update(**fields)
-            for name, value in fields.items():
-                setattr(step, name, value)
-            return new
 
-        if swap() is None:
+        with self.clock.timed("write: an in-place swap (transaction)"):
+            swapped = swap()
+        self.clock.mark(step.pk, "placed")
+        if swapped is None:
             return self._restore(
                 step,
                 f"The cards {list(step.cards)} of {node.name} were taken by another "
@@ -811,7 +907,8 @@ class OperationRun:
         while True:
             self.lease.tick()
             try:
-                self._agent(node).stop(name)
+                with self.clock.timed("agent: stop (answers once the process is gone)"):
+                    self._agent(node).stop(name)
             except AgentCallFailed as exc:
                 left = deadline - time.monotonic()
                 if exc.code in ("agent_token", "agent_refused") or left <= 0:
@@ -893,7 +990,9 @@ class OperationRun:
         while True:
             self.lease.tick()
             try:
-                state = agent.start(replica.name, spec)
+                with self.clock.timed("agent: start"):
+                    state = agent.start(replica.name, spec)
+                self.clock.mark(step.pk, "asked")
                 break
             except AgentCallFailed as exc:
                 if exc.agent_code == "port_busy" and movable and moves + 1 < PORT_TRIES:
@@ -940,6 +1039,7 @@ class OperationRun:
                 )
                 recorded = now_state
             if now_state == "ready":
+                self.clock.mark(step.pk, "ready")
                 return
             if now_state == "failed":
                 raise StepFailed(f"{replica.name} failed on {node.name}: {describe_failure(state)}")
@@ -961,14 +1061,24 @@ class OperationRun:
             wait = min(self.wait, left, self.lease.interval)
             asked = time.monotonic()
             try:
-                state = agent.get(replica.name, wait=wait, unless=now_state)
+                with self.clock.timed("agent: get, waiting for a change (the long poll)"):
+                    state = agent.get(replica.name, wait=wait, unless=now_state)
                 away_since = None
             except AgentCallFailed as exc:
                 away_since = self._agent_away(step, replica, exc, away_since, left)
                 continue
-            early = min(self.poll, left) - (time.monotonic() - asked)
-            if state.get("state") == now_state and early > 0:
-                time.sleep(early)  # answered at once, unchanged: not waiting, so poll
+            if state.get("state") == now_state:
+                self._poll_pause(asked, wait, left)
+
+    def _poll_pause(self, asked: float, wait: float, left: float) -> None:
+        """The agent answered a wait of ``wait`` s asked at ``asked`` with no change: when it held
+        the answer that long, ask again at once; when it answered sooner (an agent older than the
+        long poll), or no wait was asked (LLMGW_AGENT_WAIT_SECONDS=0), poll every
+        LLMGW_OPERATION_POLL_SECONDS. (A wait cut short by the heartbeat's interval is not a
+        reason to sleep a poll's interval.)"""
+        took = time.monotonic() - asked
+        if wait <= 0 or took < wait:
+            time.sleep(max(min(self.poll, left) - took, 0.0))
 
     def _agent_away(
         self, step: RestartStep, replica: Replica, exc: AgentCallFailed, since: float | None, left: float
@@ -1014,10 +1124,9 @@ class OperationRun:
             if left <= 0:
                 return
             asked = time.monotonic()
+            wait = min(self.wait, left, self.lease.interval)
             try:
-                state = agent.get(
-                    replica.name, wait=min(self.wait, left, self.lease.interval), unless="ready"
-                )
+                state = agent.get(replica.name, wait=wait, unless="ready")
                 away_since = None
             except AgentCallFailed as exc:
                 away_since = self._agent_away(step, replica, exc, away_since, left)
@@ -1043,28 +1152,32 @@ class OperationRun:
                     f"the {settle:g} s it had to stay ready: {said}",
                     started=now_state not in ("failed", "stopped"),
                 )
-            early = min(self.poll, left) - (time.monotonic() - asked)
-            if early > 0:
-                time.sleep(early)  # answered at once (an agent without the long poll): poll
+            self._poll_pause(asked, wait, left)
 
     def _check_node_policy(self, node: Node, agent: AgentClient, replica: Replica) -> None:
         """The node's agent enforces the same launch policy as the control plane:
         otherwise what one allowed the other might refuse (or the reverse), and
-        nothing is sent."""
+        nothing is sent. Asked once a run per node that agrees (an agent changing its policy
+        within a run still applies its own to each start)."""
+        if node.name in self.same_policy:
+            return
         try:
-            theirs = agent.node_info().get("policy")
+            with self.clock.timed("agent: node (the launch policy's digest)"):
+                theirs = agent.node_info().get("policy")
         except AgentCallFailed:
             # Not known to differ: the start that follows says what is wrong with
             # the agent, and the agent applies its own policy in any case.
             return
         ours = default_policy().digest
-        if theirs != ours:
-            said = f"launch policy {theirs}" if theirs else "no launch policy (an agent older than it)"
-            raise StepFailed(
-                f"{replica.name} was not started: the agent of node {node.name} enforces {said}, but the "
-                f"control plane's is {ours}. Deploy the same agent/llmgw_policy/policy.toml to both.",
-                started=False,
-            )
+        if theirs == ours:
+            self.same_policy.add(node.name)
+            return
+        said = f"launch policy {theirs}" if theirs else "no launch policy (an agent older than it)"
+        raise StepFailed(
+            f"{replica.name} was not started: the agent of node {node.name} enforces {said}, but the "
+            f"control plane's is {ours}. Deploy the same agent/llmgw_policy/policy.toml to both.",
+            started=False,
+        )
 
     def _move_port(
         self, step: RestartStep, replica: Replica, spec: dict[str, Any], node: Node, why: str
@@ -1073,8 +1186,8 @@ class OperationRun:
 
         @transaction.atomic
         def write() -> tuple[Replica, dict[str, Any]]:
-            self.lease.hold()
-            lock_placement()
+            self._hold()
+            self._lock_placement()
             row = Replica.objects.select_for_update().get(pk=replica.pk)
             old_port, port = row.port, free_port(node, after=row.port)
             args = list(spec["args"])
@@ -1086,14 +1199,13 @@ class OperationRun:
             row.port = port
             row.save(update_fields=["port"])
             self._set_step(step, spec=moved, reason=f"port {old_port} is taken on {node.name}; trying {port}")
-            audit_record(
+            self._audit(
                 action="move_port",
                 object_type="replica",
                 object_key=row.name,
                 object_repr=str(row),
                 before=before,
                 after={"port": port},
-                actor=self.actor,
                 message=self._said(f"{row.name} moved from port {old_port} to {port} on {node.name}: {why}"),
             )
             return row, moved
@@ -1136,7 +1248,7 @@ class OperationRun:
 
         @transaction.atomic
         def write() -> str:
-            self.lease.hold()
+            self._hold(alone=True)
             current = RestartOperation.objects.select_for_update().get(pk=op.pk)
             failed_before = RestartStep.objects.filter(operation=op, state=RestartStep.State.FAILED).exists()
             why = (
@@ -1178,14 +1290,13 @@ class OperationRun:
             current.state, current.finished_at, current.reason, current.heartbeat_at = state, now, text, now
             current.serving_after = serving
             current.save(update_fields=["state", "finished_at", "reason", "heartbeat_at", "serving_after"])
-            audit_record(
+            self._audit(
                 action="restart_finish",
                 object_type="restart",
                 object_key=str(op.pk),
                 object_repr=str(current),
                 before=before,
                 after={"state": state, "reason": text, "serving": serving},
-                actor=self.actor,
                 message=self._said(f"restart #{op.pk} {state.replace('_', ' ')}: {text}"),
             )
             return state
