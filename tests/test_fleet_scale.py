@@ -115,6 +115,7 @@ KEPT = {
     "POST /models/gen-model-001/resize/preview/": 6,  # and the model and its profiles, for the form
     "GET /models/gen-model-002/": 7,  # and the model, its latest restart (two), its history (two)
     "GET /nodes/": 3,  # the filter form is kept too
+    "GET /nodes/gen-node-0003/": 6,  # and the node, its drains, its history (two)
     "GET /nodes/?gpu_class=gen-h100-80g&state=ready&free=1": 3,
     "GET /nodes/?view=compact": 3,
     "GET /": 3,

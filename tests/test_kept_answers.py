@@ -343,3 +343,32 @@ def test_the_kept_filter_forms_show_the_query_and_the_catalogs_choices(fleet):
     )
     assert '<option value="a100-80g">a100-80g</option>' in kept(viewer, "/nodes/")
     assert '<option value="a100-80g">a100-80g</option>' in kept(viewer, "/")
+
+
+# -- a node's page ------------------------------------------------------------------------------------------
+
+
+def test_a_nodes_page_keeps_its_cards_and_replicas_until_they_change(fleet):
+    viewer = client()
+    page = kept(viewer, "/nodes/gpu-0/")
+    assert '<span class="rep" title="llama-1, ready">llama-1</span>' in page
+    sql("UPDATE catalog_replica SET state = 'loading' WHERE name = 'llama-1'")
+    assert '<span class="rep" title="llama-1, loading">llama-1 · loading</span>' in kept(
+        viewer, "/nodes/gpu-0/"
+    )
+    card = Card.objects.get(node__name="gpu-0", index=3)
+    sql(
+        "INSERT INTO telemetry_cardreading (card_id, at, memory_used_mib, memory_total_mib, foreign_mib, "
+        "processes) VALUES (%s, CURRENT_TIMESTAMP, 2048, 81559, 2048, '[]')",
+        [card.pk],
+    )
+    assert "foreign process: 2.0 GiB" in kept(viewer, "/nodes/gpu-0/")
+
+
+def test_a_nodes_actions_are_the_readers_own_around_its_kept_cards(fleet):
+    viewer, operator = client("viewer"), client("operator")
+    seen_by_viewer = kept(viewer, "/nodes/gpu-0/")
+    seen_by_operator = get(operator, "/nodes/gpu-0/")[0]
+    assert "Cordon gpu-0" in seen_by_operator and "Cordon gpu-0" not in seen_by_viewer
+    body = seen_by_viewer.split('<ul class="legend"')[1].split('<section class="panel history"')[0]
+    assert body in seen_by_operator

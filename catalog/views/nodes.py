@@ -329,10 +329,8 @@ def node_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@requires(VIEW_NODE)
-@require_GET
-def node_detail(request: HttpRequest, name: str) -> HttpResponse:
-    node = get_object_or_404(Node, name=name)
+def node_body(node: Node) -> SafeString:
+    """A node's page below its actions: the legend, its cards drawn, and the replicas on it."""
     cards = list(
         Card.objects.filter(node=node)
         .select_related("gpu_class", "shard__replica__profile__model")
@@ -357,19 +355,34 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
             )
         )
     grid = grids([node], rows)[0]
-    replicas = []
-    for replica, indices in held.values():
-        replicas.append((replica, indices))
-    replicas.sort(key=lambda pair: pair[0].name)
+    replicas = sorted(held.values(), key=lambda pair: pair[0].name)
+    return render_to_string(
+        "catalog/node_detail.html#body",
+        {"node": node, "grid": grid, "replicas": replicas, "legend": legend([grid])},
+    )
+
+
+@requires(VIEW_NODE)
+@require_GET
+def node_detail(request: HttpRequest, name: str) -> HttpResponse:
+    node = get_object_or_404(Node.objects.select_related("agent_contact"), name=name)
+    # Its cards, their readings and its replicas are kept under the fleet's versions (as the nodes
+    # page's results, and drawn anew as often, for the agent's "seen ... ago"); its actions (by
+    # permission, with CSRF tokens), its drains' restarts and its history are drawn per request.
+    body = remembered(
+        "node-body",
+        ["catalog", "telemetry"],
+        [node.pk, int(time.time() // SEEN_WITHIN_SECONDS)],
+        lambda: node_body(node),
+        request=request,
+    )
     return render_page(
         request,
         "catalog/node_detail.html",
         {
             "section": "nodes",
             "node": node,
-            "grid": grid,
-            "replicas": replicas,
-            "legend": legend([grid]),
+            "body": body,
             "can_drain": request.user.has_perm(RESTART),
             "drains": [
                 operation_views.progress_context(request, op)
