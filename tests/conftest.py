@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from importlib import import_module
 from typing import Any
@@ -11,6 +12,7 @@ from django.db import connection
 from hypothesis import HealthCheck, settings
 
 from audit.actor import Actor, acting_as
+from tests import db_roles
 from tests.restart_support import port_block
 
 # Hypothesis's timing checks (a 200 ms deadline per example, "input generation is slow") judge the
@@ -35,28 +37,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _flush_past_the_append_only_triggers() -> Iterator[None]:
-    """pytest-django empties the tables after a transactional test with one ``TRUNCATE``, which the
-    audit log's statement trigger refuses, as it must for everyone else. The tests connect as a
-    superuser, who may lift the triggers for that one transaction (``session_replication_role``): the
-    flush alone, never a test's own SQL."""
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test database, created and migrated by the owner (``DATABASE_URL``'s user); then, on
+    PostgreSQL, every connection logs in as the application's role, which owns nothing (tests/db_roles.py),
+    and the flush after a transactional test runs as the owner on its own connection."""
+    if connection.vendor != "postgresql":
+        yield
+        return
     from django.db.backends.postgresql.operations import DatabaseOperations
 
-    original = DatabaseOperations.sql_flush
-
-    def sql_flush(self: Any, style: Any, tables: Any, **kwargs: Any) -> list[str]:
-        statements = original(self, style, tables, **kwargs)
-        # RESET ROLE first: a test run as the application's role (``as_app_role``) hands the connection back.
-        return (
-            ["RESET ROLE", "SET LOCAL session_replication_role = replica", *statements]
-            if statements
-            else statements
-        )
-
-    DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]
+    original = DatabaseOperations.execute_sql_flush
+    with django_db_blocker.unblock():
+        db_roles.switch_to_the_app_role()
+    DatabaseOperations.execute_sql_flush = db_roles.flush_as_the_owner  # type: ignore[method-assign]
     yield
-    DatabaseOperations.sql_flush = original  # type: ignore[method-assign]
+    DatabaseOperations.execute_sql_flush = original  # type: ignore[method-assign]
+    with django_db_blocker.unblock():
+        db_roles.switch_back_to_the_owner()
 
 
 @pytest.fixture(autouse=True)
@@ -70,38 +68,39 @@ def _no_answers_kept_from_another_test() -> Iterator[None]:
 
 
 @pytest.fixture
-def as_app_role(transactional_db: None) -> Iterator[str | None]:
-    """On PostgreSQL, the test runs as the application's role, set up as the README says
-    (``db_app_role``): every connection, the test's and its threads', ``SET ROLE`` to a role that owns
-    nothing. None on SQLite, which has no roles."""
+def app_role(db: None) -> str | None:
+    """The role the test's connection logged in as, checked to be the application's kind: not a superuser,
+    not the audit table's owner nor a member of it, and refused every change to the log. None on SQLite,
+    which has no roles."""
     if connection.vendor != "postgresql":
-        yield None
-        return
-    import uuid
+        return None
+    assert db_roles.login is not None
+    db_roles.assert_the_log_is_append_only_for_this_login()
+    return db_roles.login.role
 
-    from django.core.management import call_command
-    from django.db.backends.signals import connection_created
 
-    name = f"llmgw_app_{uuid.uuid4().hex[:8]}"
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE ROLE {name} NOLOGIN")
-    call_command("db_app_role", name, stdout=__import__("io").StringIO())
+@pytest.fixture
+def owner_cursor() -> Any:
+    """``with owner_cursor() as c:`` SQL the application's role rightly may not run (altering the log, say),
+    as the tables' owner, on its own connection, committed when the block ends. It sees only what is
+    committed, so a test changing rows it wrote is a transactional one. On SQLite (no roles), the test's
+    own connection."""
+    if connection.vendor != "postgresql":
 
-    def become(sender: Any = None, connection: Any = connection, **kwargs: Any) -> None:
-        if connection.vendor == "postgresql":
+        @contextlib.contextmanager
+        def same_connection() -> Iterator[Any]:
             with connection.cursor() as cursor:
-                cursor.execute(f"SET ROLE {name}")
+                yield cursor
 
-    connection_created.connect(become, weak=False)
-    become()
-    try:
-        yield name
-    finally:
-        connection_created.disconnect(become)
-        with connection.cursor() as cursor:
-            cursor.execute("RESET ROLE")
-            cursor.execute(f"DROP OWNED BY {name}")
-            cursor.execute(f"DROP ROLE {name}")
+        return same_connection
+    return db_roles.owner_transaction
+
+
+@pytest.fixture
+def as_owner(transactional_db: None) -> Any:
+    """``with as_owner():`` the test's own connection logs in as the owner for the block (migrating, or
+    judging the owner as ``check --deploy`` would); nothing on SQLite."""
+    return db_roles.as_owner
 
 
 @pytest.fixture

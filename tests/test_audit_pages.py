@@ -80,15 +80,10 @@ def lead_user():
 @pytest.mark.django_db(
     transaction=True
 )  # the worker's heartbeat thread reads the operation from its own connection
-@pytest.mark.usefixtures("audit_flushable", "as_app_role")
-def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_and_both_exports(
-    tmp_path, request
-):
-    app_role = request.getfixturevalue("as_app_role")
-    if app_role:  # PostgreSQL: every path below runs as the application's role, which owns nothing
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT current_user")
-            assert cursor.fetchone()[0] == app_role
+@pytest.mark.usefixtures("audit_flushable", "app_role")
+def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_and_both_exports(tmp_path):
+    # On PostgreSQL every path below (and the worker) logs in as the application's role, which owns nothing
+    # and may not change the log: app_role checks that.
     lead = lead_user()
     root = b.user("root")
     root.is_superuser = root.is_staff = True
@@ -348,7 +343,8 @@ def test_the_filtered_newest_and_oldest_pages_are_index_range_scans(actor):
             audit_record(action="update", object_type="profile" if i % 2 else "node", object_key=f"k{i}")
     qs = entries_matching({"object_type": "profile", "action": "update"}).order_by()
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE catalog_auditentry")
+        # No ANALYZE: only the table's owner may, and the application's role the suite logs in as does not
+        # own it; with scans and sorts priced out, the plan needs no statistics to show the index.
         # Priced out, not forbidden: were there no index giving the id order, the plan would still sort.
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute("SET LOCAL enable_sort = off")

@@ -1,8 +1,9 @@
 """Tamper evidence that holds against database access, tried as an attacker would.
 
 As the application's role (which owns nothing, README "The database's two
-roles") the database refuses every change to the log. As a superuser with
-the triggers off, anything can be changed: then ``audit_verify``, with the
+roles"; on PostgreSQL the whole suite logs in as it, tests/db_roles.py) the
+database refuses every change to the log. As a superuser with the triggers
+off (the owner, on a connection of its own), anything can be changed: then ``audit_verify``, with the
 key the database never holds and the latest signed checkpoint, names the
 first entry that does not match.
 """
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import threading
-import uuid
 from io import StringIO
 from pathlib import Path
 
@@ -46,14 +49,19 @@ def checkpoint(tmp_path: Path) -> Path:
     return path
 
 
-def superuser_sql(*statements: str) -> None:
-    """As the tables' superuser, the triggers off for the statements, back on after."""
-    with connection.cursor() as c:
-        c.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        c.execute("ALTER TABLE catalog_auditentry DISABLE TRIGGER USER")
-        for sql in statements:
-            c.execute(sql)
-        c.execute("ALTER TABLE catalog_auditentry ENABLE TRIGGER USER")
+@pytest.fixture
+def superuser_sql(owner_cursor):
+    """As the tables' owner, a superuser, on a connection of its own as an attacker's would be: the triggers
+    off for the statements, on again after (the application's role may not: see the first test)."""
+
+    def run(*statements: str) -> None:
+        with owner_cursor() as c:
+            c.execute("ALTER TABLE catalog_auditentry DISABLE TRIGGER USER")
+            for sql in statements:
+                c.execute(sql)
+            c.execute("ALTER TABLE catalog_auditentry ENABLE TRIGGER USER")
+
+    return run
 
 
 def verify_fails(path: Path) -> str:
@@ -85,18 +93,52 @@ def plain_rehash_from(start: AuditEntry, *, message: str) -> list[str]:
     return statements
 
 
-@pytest.fixture
-def app_role(db):
-    """A role of the application's kind, granted as README says (``db_app_role``), for this test."""
-    name = f"llmgw_app_{uuid.uuid4().hex[:8]}"
+@pytest.mark.postgres
+def test_the_suites_connections_log_in_as_the_application_role_the_tests_threads_and_processes_alike(
+    tmp_path,
+):
+    """Not ``SET ROLE`` on a superuser's connection, which the test's own SQL could reset: the suite logs in
+    as the role (tests/db_roles.py), and so do the threads and the processes the tests start."""
+    from django.conf import settings
+
+    from tests import db_roles
+    from tests.restart_support import REPO_ROOT, database_url
+
+    role = db_roles.login.role
+    assert settings.DATABASES["default"]["USER"] == connection.settings_dict["USER"] == role
+    seen: list[str] = []
+
+    def in_a_thread() -> None:
+        with connection.cursor() as c:
+            c.execute("SELECT session_user")
+            seen.append(c.fetchone()[0])
+        connection.close()
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join(timeout=30)
     with connection.cursor() as c:
-        c.execute(f"CREATE ROLE {name} NOLOGIN")
-    call_command("db_app_role", name, stdout=StringIO())
-    yield name
-    with connection.cursor() as c:
-        c.execute("RESET ROLE")
-        c.execute(f"DROP OWNED BY {name}")
-        c.execute(f"DROP ROLE {name}")
+        c.execute("SELECT session_user")
+        seen.append(c.fetchone()[0])
+    process = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "shell",
+            "-c",
+            "from django.db import connection\nwith connection.cursor() as c:\n"
+            "    c.execute('SELECT session_user'); print(c.fetchone()[0])",
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "DATABASE_URL": database_url()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    seen.append(process.stdout.split()[-1])  # after the shell's own banner
+    assert seen == [role, role, role]
+    assert role != db_roles.login.owner
 
 
 @pytest.mark.postgres
@@ -106,8 +148,6 @@ def test_as_the_application_role_changes_go_through_and_the_log_refuses_update_d
     root = b.user("root")
     root.is_superuser = True
     root.save()
-    with connection.cursor() as c:
-        c.execute(f"SET ROLE {app_role}")
     # The application works as that role: a change through the API is saved and audited.
     api = APIClient()
     api.force_authenticate(root)
@@ -118,29 +158,20 @@ def test_as_the_application_role_changes_go_through_and_the_log_refuses_update_d
     )
     assert response.status_code == 201, response.content
     assert AuditEntry.objects.filter(object_key="l4-24g", via="api").count() == 1
-    refused = {
-        "UPDATE catalog_auditentry SET message = 'x'": "permission denied",
-        "DELETE FROM catalog_auditentry": "permission denied",
-        "TRUNCATE catalog_auditentry": "permission denied",
-        "ALTER TABLE catalog_auditentry DISABLE TRIGGER catalog_audit_no_update": "must be owner",
-        "ALTER TABLE catalog_auditentry DISABLE TRIGGER USER": "must be owner",
-        "DROP TRIGGER catalog_audit_no_truncate ON catalog_auditentry": "must be owner",
-    }
-    for sql, why in refused.items():
-        with pytest.raises(DatabaseError, match=why), transaction.atomic(), connection.cursor() as c:
-            c.execute(sql)
+    from tests.db_roles import assert_the_log_is_append_only_for_this_login
+
+    assert_the_log_is_append_only_for_this_login()  # what app_role checked, now with an entry to change
     assert AuditEntry.objects.count() == 1
 
 
 @pytest.mark.postgres
-def test_even_the_owner_with_the_privileges_is_refused_truncate_by_the_statement_trigger(actor):
+@pytest.mark.django_db(transaction=True)
+def test_even_the_owner_is_refused_update_delete_and_truncate_by_the_triggers(actor, owner_cursor):
     entries(2)
-    with (
-        pytest.raises(DatabaseError, match="append-only: TRUNCATE refused"),
-        transaction.atomic(),
-        connection.cursor() as c,
-    ):
-        c.execute("SET CONSTRAINTS ALL IMMEDIATE")  # else PostgreSQL refuses first for the pending FK checks
+    for sql in ("UPDATE catalog_auditentry SET message = 'x'", "DELETE FROM catalog_auditentry"):
+        with pytest.raises(DatabaseError, match="append-only"), owner_cursor() as c:
+            c.execute(sql)
+    with pytest.raises(DatabaseError, match="append-only: TRUNCATE refused"), owner_cursor() as c:
         c.execute("TRUNCATE catalog_auditentry")
     assert AuditEntry.objects.count() == 2
 
@@ -152,15 +183,19 @@ def test_db_app_role_refuses_a_superuser_or_the_owner():
 
 
 @pytest.mark.postgres
-def test_check_deploy_warns_when_the_application_connects_as_the_owner_or_a_superuser(actor):
+@pytest.mark.django_db(transaction=True)
+def test_check_deploy_is_quiet_for_the_application_role_and_warns_for_the_owner_a_superuser(as_owner):
     from audit.checks import audit_deploy
 
-    ids = {m.id for m in audit_deploy()}
-    assert "audit.W002" in ids
+    assert "audit.W002" not in {m.id for m in audit_deploy()}  # the suite's role, which owns nothing
+    with as_owner():  # the owner here is a superuser too
+        (warning,) = (m for m in audit_deploy() if m.id == "audit.W002")
+    assert "a superuser, who can switch the audit log's triggers off" in warning.msg
 
 
 @pytest.mark.postgres
-def test_an_altered_entry_is_named(actor, tmp_path):
+@pytest.mark.django_db(transaction=True)
+def test_an_altered_entry_is_named(actor, tmp_path, superuser_sql):
     log = entries()
     path = checkpoint(tmp_path)
     superuser_sql(f"UPDATE catalog_auditentry SET message = 'nothing happened' WHERE id = {log[7].pk}")
@@ -168,7 +203,8 @@ def test_an_altered_entry_is_named(actor, tmp_path):
 
 
 @pytest.mark.postgres
-def test_a_deleted_entry_is_named_by_the_one_after_it(actor, tmp_path):
+@pytest.mark.django_db(transaction=True)
+def test_a_deleted_entry_is_named_by_the_one_after_it(actor, tmp_path, superuser_sql):
     log = entries()
     path = checkpoint(tmp_path)
     superuser_sql(f"DELETE FROM catalog_auditentry WHERE id = {log[5].pk}")
@@ -176,7 +212,8 @@ def test_a_deleted_entry_is_named_by_the_one_after_it(actor, tmp_path):
 
 
 @pytest.mark.postgres
-def test_two_entries_swapped_are_named(actor, tmp_path):
+@pytest.mark.django_db(transaction=True)
+def test_two_entries_swapped_are_named(actor, tmp_path, superuser_sql):
     log = entries()
     path = checkpoint(tmp_path)
     a, z = log[3].pk, log[9].pk
@@ -189,8 +226,9 @@ def test_two_entries_swapped_are_named(actor, tmp_path):
 
 
 @pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("removed", [1, 19])
-def test_the_newest_entries_removed_are_named_by_the_checkpoint(actor, tmp_path, removed):
+def test_the_newest_entries_removed_are_named_by_the_checkpoint(actor, tmp_path, removed, superuser_sql):
     log = entries()
     path = checkpoint(tmp_path)
     superuser_sql(f"DELETE FROM catalog_auditentry WHERE id >= {log[-removed].pk}")
@@ -201,7 +239,8 @@ def test_the_newest_entries_removed_are_named_by_the_checkpoint(actor, tmp_path,
 
 
 @pytest.mark.postgres
-def test_the_whole_log_emptied_is_detected(actor, tmp_path):
+@pytest.mark.django_db(transaction=True)
+def test_the_whole_log_emptied_is_detected(actor, tmp_path, superuser_sql):
     entries()
     path = checkpoint(tmp_path)
     superuser_sql("TRUNCATE catalog_auditentry")
@@ -209,7 +248,8 @@ def test_the_whole_log_emptied_is_detected(actor, tmp_path):
 
 
 @pytest.mark.postgres
-def test_a_rewrite_with_recomputed_plain_hashes_is_named(actor, tmp_path):
+@pytest.mark.django_db(transaction=True)
+def test_a_rewrite_with_recomputed_plain_hashes_is_named(actor, tmp_path, superuser_sql):
     log = entries()
     path = checkpoint(tmp_path)
     superuser_sql(*plain_rehash_from(log[10], message="rewritten"))
@@ -217,7 +257,10 @@ def test_a_rewrite_with_recomputed_plain_hashes_is_named(actor, tmp_path):
 
 
 @pytest.mark.postgres
-def test_the_whole_chain_rewritten_with_plain_hashes_is_named_against_the_checkpoint(actor, tmp_path):
+@pytest.mark.django_db(transaction=True)
+def test_the_whole_chain_rewritten_with_plain_hashes_is_named_against_the_checkpoint(
+    actor, tmp_path, superuser_sql
+):
     log = entries()
     path = checkpoint(tmp_path)
     superuser_sql(*plain_rehash_from(log[0], message="rewritten from the start"))
@@ -337,7 +380,7 @@ def test_a_change_as_the_application_is_verified_with_the_key_not_a_plain_hash(a
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_keeps_the_checkpoint_schedule_and_audit_verify_checks_against_its_latest(
-    tmp_path, settings
+    tmp_path, settings, superuser_sql
 ):
     from agent_testing import wait_until
 
@@ -392,7 +435,9 @@ def test_every_catalog_table_has_the_row_change_trigger(db):
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("audit_flushable")
-def test_a_catalog_row_changed_by_sql_is_listed_as_changed_outside_the_application(tmp_path):
+def test_a_catalog_row_changed_by_sql_is_listed_as_changed_outside_the_application(
+    tmp_path, app_role, owner_cursor
+):
     from audit.models import RowChange
     from audit.selectors import changed_outside
 
@@ -417,7 +462,9 @@ def test_a_catalog_row_changed_by_sql_is_listed_as_changed_outside_the_applicati
         str(cls.pk),
     )
     assert (change.before["usable_mib"], change.after["usable_mib"]) == (78000, 81000)
-    assert change.db_role == connection.settings_dict["USER"]
+    assert (
+        change.db_role == connection.settings_dict["USER"] == app_role
+    )  # who logged in, not the trigger's owner
     err = StringIO()
     with pytest.raises(CommandError) as failed:
         call_command("audit_verify", "--checkpoint", str(path), stdout=StringIO(), stderr=err)
@@ -430,8 +477,15 @@ def test_a_catalog_row_changed_by_sql_is_listed_as_changed_outside_the_applicati
     client.force_login(lead)
     page = client.get("/audit/outside/").content.decode()
     assert "catalog_gpuclass" in page and "81000" in page
-    # and the record itself is append-only
-    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as c:
+    # and the record itself is append-only: the application's role has no DELETE on it, and the owner is
+    # refused by its trigger
+    with (
+        pytest.raises(DatabaseError, match="permission denied"),
+        transaction.atomic(),
+        connection.cursor() as c,
+    ):
+        c.execute("DELETE FROM audit_rowchange")
+    with pytest.raises(DatabaseError, match="append-only"), owner_cursor() as c:
         c.execute("DELETE FROM audit_rowchange")
 
 

@@ -27,15 +27,25 @@ from operations.services.start import restart_start
 BEFORE_THE_MOVE = [("catalog", "0003_restart_operations"), ("audit", None), ("operations", None)]
 
 
-def _migrate(targets: list[tuple[str, str | None]] | None = None) -> None:
-    executor = MigrationExecutor(connection)
-    executor.migrate(targets or executor.loader.graph.leaf_nodes())
-    executor.loader.build_graph()
+@pytest.fixture
+def migrate(as_owner, app_role):
+    """Migrate as a deployment does: as the owner; back at the latest, ``db_app_role`` again, for the tables
+    made anew (the row changes' among them, which the application's role may only read)."""
+
+    def run(targets: list[tuple[str, str | None]] | None = None) -> None:
+        with as_owner():
+            executor = MigrationExecutor(connection)
+            executor.migrate(targets or executor.loader.graph.leaf_nodes())
+            executor.loader.build_graph()
+            if app_role and not targets:
+                call_command("db_app_role", app_role, stdout=io.StringIO())
+
+    return run
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("audit_flushable")
-def test_the_move_to_the_audit_and_operations_apps_keeps_the_rows_and_the_chain(actor):
+def test_the_move_to_the_audit_and_operations_apps_keeps_the_rows_and_the_chain(actor, migrate):
     call_command("seed_demo", "--users", stdout=io.StringIO())
     replica = Replica.objects.filter(state__in=Replica.LIVE_STATES).order_by("name").first()
     operation = restart_start(model_name=replica.profile.model.name, replicas=[replica.name], actor=actor)
@@ -44,7 +54,7 @@ def test_the_move_to_the_audit_and_operations_apps_keeps_the_rows_and_the_chain(
     lead = User.objects.get(username="lead")
     assert lead.has_perm("audit.view_auditentry") and lead.has_perm("operations.view_restartoperation")
 
-    _migrate(BEFORE_THE_MOVE)
+    migrate(BEFORE_THE_MOVE)
     # As the code before the move left things: its content types and its task paths.
     assert ContentType.objects.filter(app_label="catalog", model="auditentry").exists()
     assert ContentType.objects.filter(app_label="catalog", model="restartoperation").exists()
@@ -52,7 +62,7 @@ def test_the_move_to_the_audit_and_operations_apps_keeps_the_rows_and_the_chain(
         task_path="catalog.tasks.run_restart"
     )
 
-    _migrate()
+    migrate()
 
     assert list(AuditEntry.objects.order_by("id").values_list("id", "hash")) == entries
     assert verify_chain() == []

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
 
 from audit.models import AuditEntry
 from catalog.models import Profile
 from tests import builders as b
+from tests.restart_support import database_url
 
 pytestmark = pytest.mark.django_db
 
@@ -150,9 +150,7 @@ def test_a_card_count_that_is_not_a_number_is_refused_by_the_parser():
 @pytest.mark.django_db(transaction=True)
 def test_manage_py_exits_0_on_a_change_and_1_on_a_refusal_with_the_sentence_on_stderr():
     p = llama(gpus=1)
-    db = connection.settings_dict
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    env = {**os.environ, "DATABASE_URL": f"postgres://{auth}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
+    env = {**os.environ, "DATABASE_URL": database_url()}  # as the application's role, as the tests are
 
     def manage(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -27,8 +27,9 @@ from tests.restart_support import MODEL, fleet_of
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    # On PostgreSQL every test here runs as the application's role (tests/conftest.py, as_app_role).
-    pytest.mark.usefixtures("fast_restarts", "audit_flushable", "as_app_role"),
+    # On PostgreSQL the whole suite logs in as the application's role (tests/db_roles.py); app_role checks
+    # that here the log is append-only for that login.
+    pytest.mark.usefixtures("fast_restarts", "audit_flushable", "app_role"),
 ]
 
 

@@ -113,7 +113,7 @@ def test_a_write_rolled_back_raises_nothing(audit_flushable):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_the_version_is_raised_when_the_writer_commits_not_before(audit_flushable):
+def test_the_version_is_raised_when_the_writer_commits_not_before(audit_flushable, owner_cursor):
     """Another connection sees the old version while the write is uncommitted, the new one after,
     and the counter's row is not locked until the commit: a reader never waits on a writer."""
     b.node("gpu-1")
@@ -123,9 +123,11 @@ def test_the_version_is_raised_when_the_writer_commits_not_before(audit_flushabl
         with transaction.atomic():
             with connection.cursor() as c:
                 c.execute("UPDATE catalog_node SET state = 'cordoned'")
-            with other.cursor() as c:
-                c.execute("SET lock_timeout = '200ms'")
+            # The owner's, for the lock: FOR UPDATE needs the UPDATE the application's role has not.
+            with owner_cursor() as c:
+                c.execute("SET LOCAL lock_timeout = '200ms'")
                 c.execute("SELECT n FROM versions_version WHERE area = 'catalog' FOR UPDATE")  # not held
+            with other.cursor() as c:
                 c.execute("SELECT born || '.' || n FROM versions_version WHERE area = 'catalog'")
                 assert c.fetchone()[0] == before
         with other.cursor() as c:
@@ -137,9 +139,10 @@ def test_the_version_is_raised_when_the_writer_commits_not_before(audit_flushabl
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_truncate_raises_its_area(audit_flushable):
+def test_a_truncate_raises_its_area(audit_flushable, owner_cursor):
     before = versions_of().get("telemetry")
-    committed("TRUNCATE telemetry_cardsample")
+    with owner_cursor() as c:  # the application's role may not TRUNCATE; the owner, behind its back, may
+        c.execute("TRUNCATE telemetry_cardsample")
     assert versions_of().get("telemetry") != before
 
 
@@ -189,8 +192,9 @@ def test_two_writers_of_two_areas_in_opposite_orders_both_commit(audit_flushable
 
 
 @pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("audit_flushable")
-def test_the_application_role_raises_versions_by_writing_but_cannot_set_them(as_app_role):
+def test_the_application_role_raises_versions_by_writing_but_cannot_set_them(app_role):
     from django.db.utils import ProgrammingError
 
     b.node("gpu-1")  # written as the application's role: the triggers' functions run as their owner
