@@ -203,3 +203,24 @@ def test_the_application_role_raises_versions_by_writing_but_cannot_set_them(app
     assert versions_of().get("catalog") != before
     with pytest.raises(ProgrammingError, match="permission denied"):
         committed("UPDATE versions_version SET n = 0")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_upsert_raises_its_area(audit_flushable):
+    # The telemetry's readings are written with INSERT ... ON CONFLICT DO UPDATE: on SQLite that
+    # clause overrides a trigger's own, and a counter written with INSERT OR IGNORE failed.
+    from telemetry.models import CardReading
+
+    b.node("gpu-1", cards=1)
+    card = b.Card.objects.get()
+    reading = {"at": "2026-01-01T00:00:00Z", "memory_used_mib": 1, "foreign_mib": 0}
+    for used in (1, 2):
+        before = versions_of().get("telemetry")
+        CardReading.objects.bulk_create(
+            [CardReading(card=card, **{**reading, "memory_used_mib": used})],
+            update_conflicts=True,
+            unique_fields=["card"],
+            update_fields=["memory_used_mib"],
+        )
+        assert versions_of().get("telemetry") != before
+    assert CardReading.objects.get().memory_used_mib == 2

@@ -103,9 +103,12 @@ DROP FUNCTION IF EXISTS versions_bump();
 DROP FUNCTION IF EXISTS versions_touch();
 """
 
+# No conflict clause inside (INSERT OR IGNORE): SQLite lets the firing statement's own clause
+# (an upsert's ON CONFLICT) override a trigger's, and the counter's insert then failed.
 SQLITE_TRIGGER = """
-CREATE TRIGGER IF NOT EXISTS {name} AFTER {op} ON {table} BEGIN
-    INSERT OR IGNORE INTO versions_version (area, n, born) VALUES ('{area}', 0, random());
+CREATE TRIGGER {name} AFTER {op} ON {table} BEGIN
+    INSERT INTO versions_version (area, n, born)
+        SELECT '{area}', 0, random() WHERE NOT EXISTS (SELECT 1 FROM versions_version WHERE area = '{area}');
     UPDATE versions_version SET n = n + 1 WHERE area = '{area}';
 END;
 """
@@ -151,9 +154,10 @@ def install(apps: Any, schema_editor: Any) -> None:
     elif vendor == "sqlite":
         for table, area in tables.items():
             for op in SQLITE_OPS:
+                name = sqlite_trigger_name(table, op)
+                schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}", params=None)
                 schema_editor.execute(
-                    SQLITE_TRIGGER.format(name=sqlite_trigger_name(table, op), op=op, table=table, area=area),
-                    params=None,
+                    SQLITE_TRIGGER.format(name=name, op=op, table=table, area=area), params=None
                 )
         for area in AREAS.values():
             schema_editor.execute(
