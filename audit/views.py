@@ -12,6 +12,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, render
+from django.template.loader import render_to_string
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
@@ -57,17 +58,18 @@ def entry_list(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         context.update(page=None, error=form.errors_sentence(), query="")
         return render(request, "audit/entry_list.html", context, status=400)
-    page = keyset_page(
-        entries_matching(form.cleaned_data),
-        before=_int(request.GET.get("before")),
-        after=_int(request.GET.get("after")),
-        size=PAGE_SIZE,
-    )
-    context.update(
-        page=page,
-        rows=[(e, summarize(e)) for e in page.entries],
-        query=filter_query(form),
-    )
+    query = filter_query(form)
+    before, after = _int(request.GET.get("before")), _int(request.GET.get("after"))
+
+    def results() -> dict[str, Any]:
+        page = keyset_page(entries_matching(form.cleaned_data), before=before, after=after, size=PAGE_SIZE)
+        found = {"page": page, "rows": [(e, summarize(e)) for e in page.entries], "query": query}
+        return {**found, "results_html": render_to_string("audit/entry_list.html#results", found)}
+
+    # The results read only the log and hold nothing of the reader's: kept under the log's version
+    # (versions/cache.py; every entry appended raises it), keyed on the filters and the page's
+    # bounds; the form, the export links and the page around them are drawn anew.
+    context.update(remembered("audit-list", ["audit"], [query, before, after], results, request=request))
     return render(request, "audit/entry_list.html", context)
 
 

@@ -409,3 +409,68 @@ def test_an_active_restart_on_the_model_page_is_read_anew_as_the_clock_moves(fle
     assert "abandoned: no worker has it" not in get(viewer, "/models/llama/")[0]
     settings.LLMGW_OPERATION_STALE_SECONDS = 0  # no write: only the clock says it is abandoned now
     assert "abandoned: no worker has it" in get(viewer, "/models/llama/")[0]
+
+
+# -- the leads' audit list and the audit API ----------------------------------------------------------------
+
+
+def test_the_audit_list_is_kept_until_an_entry_is_appended(fleet):
+    lead = client("lead")
+    page = kept(lead, "/audit/?object_type=model")
+    assert "org/other" not in page
+    with acting_as(Actor(via="cli", name="pytest")):
+        model = fleet["model"]
+        model.source = "org/other"
+        services.model_save(instance=model)
+    page = kept(lead, "/audit/?object_type=model")
+    assert "org/other" in page.split('class="list audit-list"')[1]
+    # The export links are the reader's, drawn around the kept results: a viewer with the log's
+    # reading but not its export never gets the lead's.
+    reader = client("reader", "audit.view_auditentry")
+    assert "Export these entries" in page
+    assert "Export these entries" not in get(reader, "/audit/?object_type=model")[0]
+
+
+def logged(fleet: dict, source: str) -> None:
+    """An entry in the log, through a service: the builders write none."""
+    with acting_as(Actor(via="cli", name="pytest")):
+        model = fleet["model"]
+        model.source = source
+        services.model_save(instance=model)
+
+
+def test_a_kept_audit_list_is_kept_per_filter(fleet):
+    logged(fleet, "org/first")
+    lead = client("lead")
+    models = kept(lead, "/audit/?object_type=model")
+    profiles = kept(lead, "/audit/?object_type=profile")
+    assert "<strong>llama</strong>" in models.split('class="list audit-list"')[1]
+    assert 'class="list audit-list"' not in profiles and "No entry matches these filters." in profiles
+
+
+def test_the_audit_api_is_kept_until_an_entry_is_appended(fleet):
+    lead = client("lead")
+    before = json.loads(kept(lead, "/api/audit/?object_type=model"))["results"]
+    with acting_as(Actor(via="cli", name="pytest")):
+        model = fleet["model"]
+        model.source = "org/other"
+        services.model_save(instance=model)
+    after = json.loads(kept(lead, "/api/audit/?object_type=model"))["results"]
+    assert len(after) == len(before) + 1 and after[0]["after"]["source"] == "org/other"
+
+
+def test_an_audit_entry_written_by_sql_is_listed_at_the_next_request(fleet):
+    """Behind the application's back: the log's version is raised by its own trigger."""
+    logged(fleet, "org/first")
+    lead = client("lead")
+    kept(lead, "/audit/")
+    newest = json.loads(get(lead, "/api/audit/")[0])["results"][0]
+    sql(
+        "INSERT INTO catalog_auditentry (at, actor, via, action, object_type, object_key, object_repr,"
+        " before, after, message, request_id, prev_hash, hash) SELECT at, actor, via, 'forged',"
+        " object_type, object_key, object_repr, before, after, 'written by sql', request_id, hash,"
+        " substr(hash, 2) || '0' FROM catalog_auditentry WHERE id = %s",
+        [newest["id"]],
+    )
+    assert "written by sql" in get(lead, "/audit/")[0]
+    assert json.loads(get(lead, "/api/audit/")[0])["results"][0]["action"] == "forged"

@@ -20,6 +20,7 @@ from audit.forms import AuditFilterForm
 from audit.models import AuditEntry
 from audit.selectors import entries_matching
 from audit.summary import summarize
+from catalog.api.cached import KeptList
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):
@@ -70,7 +71,10 @@ def filtered(request: Request) -> QuerySet[AuditEntry]:
 
 
 @extend_schema(parameters=_FILTER_PARAMS, summary="The audit log, newest first")
-class AuditEntryList(generics.ListAPIView):
+class AuditEntryList(KeptList, generics.ListAPIView):
+    """Each page kept under the log's version (catalog/api/cached.py): an entry appended raises it."""
+
+    kept_areas = ("audit",)
     serializer_class = AuditEntrySerializer
     required_permission: Rule = "audit.view_auditentry"
     pagination_class = NewestFirst
