@@ -474,3 +474,24 @@ def test_an_audit_entry_written_by_sql_is_listed_at_the_next_request(fleet):
     )
     assert "written by sql" in get(lead, "/audit/")[0]
     assert json.loads(get(lead, "/api/audit/")[0])["results"][0]["action"] == "forged"
+
+
+def test_the_admin_audit_lists_count_is_kept_until_an_entry_is_appended(fleet):
+    from audit.models import AuditEntry
+
+    logged(fleet, "org/first")
+    editor = Client()
+    editor.force_login(b.user("admin-user", "audit.view_auditentry", roles=("editor",)))
+    url = "/admin/audit/auditentry/"
+    first, cold = get(editor, url)
+    second, warm = get(editor, url)
+    assert warm < cold
+
+    def counted(page: str) -> int:
+        found = re.search(r'<p class="paginator">\s*(\d+) audit entr', page)
+        assert found, page[-2000:]
+        return int(found.group(1))
+
+    assert counted(first) == counted(second) == AuditEntry.objects.count()
+    logged(fleet, "org/second")
+    assert counted(get(editor, url)[0]) == AuditEntry.objects.count() == counted(first) + 1
