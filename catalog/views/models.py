@@ -235,6 +235,18 @@ def _detail_context(
         )
     operation, rollback = operation_views.kept_latest_for(request, model)
     replicas, stale_live = kept_replicas_section(request, model)
+    # The shape and the profiles with their memory bars hold nothing of the reader's: kept drawn,
+    # under the catalog's version, as the replicas section is (drawing them was most of a warm page).
+    columns = remembered(
+        "model-columns",
+        ["catalog"],
+        [model.pk],
+        lambda: render_to_string(
+            "catalog/model_detail.html#columns",
+            {"model": model, "facts": shape_facts(model), "memories": memories},
+        ),
+        request=request,
+    )
     return {
         **(
             operation_views.progress_context(request, operation, rollback=rollback)
@@ -244,7 +256,7 @@ def _detail_context(
         "section": "models",
         "model": model,
         "hue": hue(model.pk),
-        "facts": shape_facts(model),
+        "columns_html": columns,
         "memories": memories,
         "on_cards": on_cards,
         "replicas": replicas,
