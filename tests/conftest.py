@@ -12,7 +12,7 @@ from django.db import connection
 from hypothesis import HealthCheck, settings
 
 from audit.actor import Actor, acting_as
-from tests import db_roles
+from tests import db_flush, db_roles
 from tests.restart_support import port_block
 
 # Hypothesis's timing checks (a 200 ms deadline per example, "input generation is slow") judge the
@@ -41,7 +41,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     """pytest-django's test database, created and migrated by the owner (``DATABASE_URL``'s user); then, on
     PostgreSQL, every connection logs in as the application's role, which owns nothing (tests/db_roles.py),
-    and the flush after a transactional test runs as the owner on its own connection."""
+    and the flush after a transactional test runs as the owner on its own connection. On both, that flush
+    puts back what post_migrate wrote rather than emitting it again (tests/db_flush.py)."""
+    with db_flush.cheap_flushes():
+        yield from _logged_in_as_the_app_role(django_db_blocker)
+
+
+def _logged_in_as_the_app_role(django_db_blocker: Any) -> Iterator[None]:
     if connection.vendor != "postgresql":
         yield
         return
