@@ -63,6 +63,37 @@ def _logged_in_as_the_app_role(django_db_blocker: Any) -> Iterator[None]:
         db_roles.switch_back_to_the_owner()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _static_files_found_when_asked() -> None:
+    """Each test client loads the middleware anew, and whitenoise, serving from the finders when
+    collectstatic has not run (settings.py), then indexed every static file, headers and all: 37 ms a
+    client, most of a request's time in the access matrix. In its development mode (autorefresh) it
+    finds a file when one is asked for, the same file with the same headers; no test asks for one."""
+    from django.conf import settings as django_settings
+
+    django_settings.WHITENOISE_AUTOREFRESH = True
+
+
+FAST_HASHER = "django.contrib.auth.hashers.MD5PasswordHasher"
+
+
+@pytest.fixture(autouse=True)
+def _passwords_hashed_fast(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Django's PBKDF2 takes a quarter second of CPU for each user made with a password, and the
+    suite makes hundreds whose password is never typed: they are hashed with a fast hasher, which
+    signs in the same way. Tests of signing in itself keep the deployed hasher
+    (``@pytest.mark.deployed_hasher``)."""
+    from django.conf import settings as django_settings
+
+    if request.node.get_closest_marker("deployed_hasher") or not django_settings.configured:
+        yield
+        return
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=[FAST_HASHER, *django_settings.PASSWORD_HASHERS]):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _no_answers_kept_from_another_test() -> Iterator[None]:
     """What versions/cache.py keeps lives in this process across tests, whose databases are emptied

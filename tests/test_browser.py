@@ -30,6 +30,7 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.deployed_hasher,  # an operator signs in through the form
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("audit_flushable"),
 ]

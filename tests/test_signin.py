@@ -13,7 +13,8 @@ from rest_framework.test import APIClient
 
 from tests import builders as b
 
-pytestmark = pytest.mark.django_db
+# Signing in is what these test: passwords hashed as deployed.
+pytestmark = [pytest.mark.django_db, pytest.mark.deployed_hasher]
 
 PASSWORD = "pw-for-tests-only-123"
 
