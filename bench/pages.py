@@ -98,7 +98,7 @@ def audit_targets() -> list[Target]:
     filtered and not, an entry's page and the API's first page; and the admin's list, first page."""
     from django.urls import reverse
 
-    from catalog.demo.scale import audit_model
+    from demo.scale import audit_model
 
     entries = audit_model().objects
     oldest = entries.order_by("id").values_list("id", flat=True).first() or 0
@@ -348,7 +348,7 @@ def main() -> None:
     django.setup()
     from django.core.management import call_command
 
-    from catalog.demo.scale import BENCH_PASSWORD, BENCH_USER
+    from demo.scale import BENCH_PASSWORD, BENCH_USER
 
     call_command("migrate", verbosity=0)
     t = time.monotonic()

@@ -55,8 +55,8 @@ def main() -> None:
 
     from catalog import selectors
     from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
-    from catalog.planning import plan_resize
-    from catalog.services.resize import model_resize
+    from operations.services.resize import model_resize
+    from planning import plan_resize
 
     call_command("migrate", verbosity=0)
 

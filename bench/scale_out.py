@@ -65,7 +65,7 @@ def main() -> int:
     import httpx
     from django.contrib.auth import get_user_model
 
-    from audit.actor import Actor, acting_as
+    from base.actor import Actor, acting_as
     from catalog.models import Profile
     from catalog.services import catalog as services
     from operations.models import RestartOperation, RestartStep

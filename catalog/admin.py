@@ -14,7 +14,8 @@ from django.shortcuts import render
 from django.urls import path, reverse
 
 from audit.services import snapshot
-from catalog.errors import DomainError
+from base.errors import DomainError
+from base.secrets import masked_env, unmasked_env
 from catalog.models import (
     Card,
     GPUClass,
@@ -26,7 +27,6 @@ from catalog.models import (
     live_replicas_q,
     stale_replicas_q,
 )
-from catalog.secrets import masked_env, unmasked_env
 from catalog.services import catalog as services
 
 SAVE: dict[type[models.Model], Callable[..., Any]] = {

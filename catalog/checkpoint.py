@@ -21,9 +21,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
-from catalog.errors import DomainError
-from catalog.notes import Notes
-from catalog.planning.types import SHAPE_FIELDS
+from base.errors import DomainError
+from base.notes import Notes
+from planning.types import SHAPE_FIELDS
 
 __all__ = [
     "MAX_HEADER_BYTES",

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from base.errors import DomainError
 from catalog.checkpoint import (
     INDEX_NAME,
     AttentionKind,
@@ -25,7 +26,6 @@ from catalog.checkpoint import (
     parse_index_bytes,
     shape_from_config,
 )
-from catalog.errors import DomainError
 
 CODE = "bad_checkpoint"
 # Hugging Face's own rule for repo ids (huggingface_hub.utils.validate_repo_id): one optional namespace.

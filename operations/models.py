@@ -192,7 +192,7 @@ class RestartStep(models.Model):
     new_replica = models.ForeignKey(
         Replica, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    # Where the plan put the replacement when the restart started (catalog/planning/placement.py);
+    # Where the plan put the replacement when the restart started (planning/placement.py);
     # the step follows it, and fails saying so when the fleet changed under it.
     planned_node = models.CharField(max_length=64, blank=True, default="")
     planned_cards = models.JSONField(default=list, blank=True)

@@ -27,6 +27,7 @@ from django.utils import timezone
 from django_tasks import task, task_backends
 from django_tasks_db.backend import DatabaseBackend
 
+from base.tasks import task_is_waiting
 from operations.services import lease
 from operations.services.reconcile import reconcile
 from operations.services.runner import run_operation
@@ -89,7 +90,7 @@ def ensure_reconciler(*, due_in: float) -> None:
     if not _uses_database_backend():
         return
     with transaction.atomic():
-        if not lease.task_is_waiting(reconcile_fleet.module_path, lock=lease.RECONCILER_LOCK_KEY):
+        if not task_is_waiting(reconcile_fleet.module_path, lock=lease.RECONCILER_LOCK_KEY):
             reconcile_fleet.using(run_after=timezone.now() + timedelta(seconds=due_in)).enqueue()
 
 

@@ -117,7 +117,7 @@ def user(
 def token(owner: Any, name: str = "ci", days: int = 1) -> str:
     """A new API token's secret for ``owner``, made by the service (so its creation is audited)."""
     from access.services import token_create
-    from audit.actor import Actor, acting_as
+    from base.actor import Actor, acting_as
 
     with acting_as(Actor(via="cli", name="pytest")):
         return token_create(user=owner, name=name, days=days)[1]

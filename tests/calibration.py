@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from catalog.checkpoint import shape_from_config
-from catalog.planning.engines import engine
-from catalog.planning.memory import card_memory
-from catalog.planning.types import CardMemory, Shape
+from planning.engines import engine
+from planning.memory import card_memory
+from planning.types import CardMemory, Shape
 
 GIB = 2**30
 

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from hypothesis import HealthCheck, settings
 
-from audit.actor import Actor, acting_as
+from base.actor import Actor, acting_as
 from tests import db_roles
 from tests.restart_support import port_block
 

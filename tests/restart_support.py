@@ -34,7 +34,7 @@ from agent_testing import (
 from django.conf import settings
 from django.db import connection
 
-from audit.actor import Actor, acting_as
+from base.actor import Actor, acting_as
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 from catalog.services import catalog as services
 from operations.models import RestartOperation

@@ -21,10 +21,10 @@ from django.db import transaction
 from django.test import Client
 
 from access.models import Token
-from access.rules import declared_rule
 from access.urlmap import Route, routes
 from audit.models import AuditEntry
 from audit.services import audit_record
+from base.rules import declared_rule
 from operations.models import RestartOperation
 from tests import builders as b
 

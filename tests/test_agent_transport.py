@@ -11,12 +11,12 @@ import httpx
 import pytest
 from agent_testing import free_port, running_agent, standin_spec, wait_until
 
-from audit.actor import Actor, acting_as
+from agentclient.client import AgentCallFailed, AgentClient
 from audit.models import AuditEntry
-from catalog.errors import DomainError
+from base.actor import Actor, acting_as
+from base.errors import DomainError
 from catalog.models import Node
-from catalog.services.catalog import node_rotate_token
-from operations.agents import AgentCallFailed, AgentClient
+from operations.services.agent_token import node_rotate_token
 
 pytestmark = pytest.mark.django_db
 

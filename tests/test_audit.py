@@ -6,10 +6,10 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.db.models.deletion import ProtectedError
 
-from audit.actor import Actor, acting_as
 from audit.models import AuditEntry, AuditLogIsAppendOnly
 from audit.services import GENESIS_HASH, audit_record, verify_chain
-from catalog.errors import DomainError
+from base.actor import Actor, acting_as
+from base.errors import DomainError
 from catalog.models import GPUClass, Node, ServedModel
 from catalog.services import catalog as services
 from tests import builders as b

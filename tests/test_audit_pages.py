@@ -15,11 +15,11 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from audit.actor import Actor, acting_as
 from audit.models import AuditEntry
 from audit.selectors import changed_outside
 from audit.services import audit_record
 from audit.summary import summarize
+from base.actor import Actor, acting_as
 from catalog.models import Node, Profile
 from catalog.services import catalog as services
 from operations.models import RestartOperation

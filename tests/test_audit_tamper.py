@@ -25,10 +25,10 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, connection, connections, transaction
 from rest_framework.test import APIClient
 
-from audit.actor import Actor, acting_as
 from audit.chain import checkpoint_append, checkpoint_now, latest_checkpoint
 from audit.models import AuditEntry
 from audit.services import audit_record, verify_chain
+from base.actor import Actor, acting_as
 from catalog.models import GPUClass
 from catalog.services import catalog as services
 from tests import builders as b

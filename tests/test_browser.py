@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from audit.actor import Actor, acting_as
 from audit.models import AuditEntry
+from base.actor import Actor, acting_as
 from catalog.models import Card, Profile, Replica, Shard
 from operations.models import RestartOperation, RestartStep
 from tests import builders as b
@@ -532,7 +532,7 @@ def test_a_resize_whose_restart_failed_is_rolled_back_from_its_page(page, tmp_pa
     from audit.services import snapshot
     from catalog.models import Node
     from catalog.services.catalog import SERVING_FIELDS
-    from catalog.services.rollback import revisions
+    from operations.services.rollback import revisions
     from operations.services.runner import run_operation
     from tests.restart_support import MODEL, fleet_of
 

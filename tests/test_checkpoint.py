@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from base.errors import DomainError
 from catalog.checkpoint import (
     MAX_HEADER_BYTES,
     CheckpointShape,
@@ -25,7 +26,6 @@ from catalog.checkpoint import (
     read_safetensors_header,
     shape_from_config,
 )
-from catalog.errors import DomainError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf-configs"
 

@@ -10,8 +10,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from rest_framework.test import APIClient
 
-from audit.actor import Actor, acting_as
 from audit.models import AuditEntry
+from base.actor import Actor, acting_as
 from catalog.models import Node, Replica
 from operations.models import RestartOperation
 from operations.services.runner import run_operation

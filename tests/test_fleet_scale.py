@@ -1,5 +1,5 @@
 """Pages and answers that scale with what they show, not with the fleet: the generated fleet
-(catalog/demo/scale.py) at two sizes, the same number of queries at both, the nodes page's
+(demo/scale.py) at two sizes, the same number of queries at both, the nodes page's
 summary, filters, pages and compact view, the models list's pages, the dry run's bounded list of
 nodes with room, and the floor endpoint the benchmark measures against."""
 
@@ -17,8 +17,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from audit.services import verify_chain
-from catalog.demo.scale import BENCH_USER, Sizes, audit_model, generate
 from catalog.models import Node, ServedModel
+from demo.scale import BENCH_USER, Sizes, audit_model, generate
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db

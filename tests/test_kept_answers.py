@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from audit.actor import Actor, acting_as
+from base.actor import Actor, acting_as
 from catalog.models import Card, Node, Profile, Shard
 from catalog.services import catalog as services
 from tests import builders as b

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from llmgw_agent.spec import AgentError, parse_spec
 from llmgw_policy import check_profile, check_spec, default_policy
 
-from catalog.planning import engines
+from planning import engines
 
 POLICY = default_policy()
 ENGINES = sorted(POLICY.engines)

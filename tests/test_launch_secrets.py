@@ -9,11 +9,11 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from audit.actor import Actor, acting_as
 from audit.models import AuditEntry
-from catalog.errors import DomainError
+from base.actor import Actor, acting_as
+from base.errors import DomainError
+from base.secrets import placeholder, redact
 from catalog.models import Node, Profile
-from catalog.secrets import placeholder, redact
 from catalog.services.catalog import profile_save
 from operations.services.start import restart_start
 from tests import builders as b

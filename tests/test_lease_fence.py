@@ -9,8 +9,8 @@ from django.utils import timezone
 from django_tasks import TaskResultStatus
 from django_tasks_db.models import DBTaskResult
 
-from audit.actor import Actor
 from audit.models import AuditEntry
+from base.actor import Actor
 from operations.models import RestartOperation, RestartStep
 from operations.services.lease import Lease, OperationLost, claim
 from operations.services.runner import OperationRun

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.planning.engines import engine
-from catalog.planning.memory import kv_per_card
-from catalog.planning.types import Shape
+from planning.engines import engine
+from planning.memory import kv_per_card
+from planning.types import Shape
 from tests.calibration import GIB, GPT_OSS_120B, NOT_HELD, POINTS, QWEN3_235B_A22B, plan
 
 HELD = [p for p in POINTS if not p.excluded]

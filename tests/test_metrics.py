@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from audit.actor import Actor, acting_as
+from base.actor import Actor, acting_as
 from catalog.models import Card, Node, Replica
 from catalog.selectors import fleet_summary
 from operations.models import RestartOperation, RestartStep
@@ -142,7 +142,7 @@ def test_the_grafana_dashboard_asks_only_for_figures_the_endpoint_serves():
     import re
     from pathlib import Path
 
-    from telemetry.metrics import FleetCollector
+    from web.metrics import FleetCollector
 
     dashboard = json.loads(
         (Path(__file__).resolve().parent.parent / "docs/grafana-dashboard.json").read_text()

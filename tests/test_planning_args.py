@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from catalog.planning.args import drop_arg, get_arg, get_int_arg, is_flag, set_arg
+from planning.args import drop_arg, get_arg, get_int_arg, is_flag, set_arg
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import DomainError
-from catalog.planning.engines import (
+from base.errors import DomainError
+from planning.engines import (
     RegistryError,
     engine,
     int_value,

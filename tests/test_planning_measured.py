@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.planning.measured import compare, drift, measured_need, need_difference
+from planning.measured import compare, drift, measured_need, need_difference
 
 GIB = 2**30
 

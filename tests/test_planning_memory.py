@@ -11,9 +11,9 @@ from dataclasses import replace
 
 import pytest
 
-from catalog.planning.engines import engine
-from catalog.planning.memory import card_memory, kv_cache_bytes, kv_per_card
-from catalog.planning.types import Shape
+from planning.engines import engine
+from planning.memory import card_memory, kv_cache_bytes, kv_per_card
+from planning.types import Shape
 
 GIB = 2**30
 # vLLM's terms from the registry (engines.toml [vllm.memory], each with its
@@ -349,7 +349,7 @@ def test_sglang_default_fraction_follows_its_server_args():
     # An 80 GiB card at TP 1: chunked_prefill_size 8192, cuda_graph_max_bs
     # 256; reserved = 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024 = 13440 MB
     # (above the 10 GiB floor); fraction = (81920 - 13440) / 81920 = 0.836.
-    from catalog.planning.memory import sglang_fraction
+    from planning.memory import sglang_fraction
 
     assert sglang_fraction(H100, 1) == round((81920 - 13440) / 81920, 3) == 0.836
     memory = card_memory(engine("sglang"), LLAMA, 1, 8192, 80 * GIB, total=H100)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from catalog.errors import DomainError
-from catalog.planning.placement import LiveReplica, NodeCards, Placement, place_restart
+from base.errors import DomainError
+from planning.placement import LiveReplica, NodeCards, Placement, place_restart
 
 
 def node(

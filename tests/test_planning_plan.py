@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from catalog.errors import DomainError
-from catalog.planning import plan_context, plan_resize
-from catalog.planning.types import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
+from base.errors import DomainError
+from planning import plan_context, plan_resize
+from planning.types import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
 
 GIB = 2**30
 # vLLM's terms beside weights and KV at TP > 1 for a shape without its sizes
@@ -410,7 +410,7 @@ def test_a_context_change_refuses_an_old_card():
 
 
 def test_a_context_without_a_known_limit_still_has_a_ceiling():
-    from catalog.planning.plan import MAX_UNKNOWN_CONTEXT
+    from planning.plan import MAX_UNKNOWN_CONTEXT
 
     with pytest.raises(DomainError) as err:
         context(llama(context=None), MAX_UNKNOWN_CONTEXT + 1)

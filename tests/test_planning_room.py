@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from catalog.errors import DomainError
-from catalog.planning.room import room_for
-from catalog.planning.types import NodeRoom, Room
+from base.errors import DomainError
+from planning.room import room_for
+from planning.types import NodeRoom, Room
 
 
 def node(

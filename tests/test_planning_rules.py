@@ -9,11 +9,11 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from base.errors import DomainError
 from catalog.checkpoint import shape_from_config
-from catalog.errors import DomainError
-from catalog.planning.engines import engine
-from catalog.planning.rules import card_count, context_of, pick_profile, respread, splits_heads
-from catalog.planning.types import ModelSpec, ProfileSpec, Shape
+from planning.engines import engine
+from planning.rules import card_count, context_of, pick_profile, respread, splits_heads
+from planning.types import ModelSpec, ProfileSpec, Shape
 
 HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf-configs"
 

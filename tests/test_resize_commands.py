@@ -67,7 +67,7 @@ def test_as_a_known_account_links_the_audit_entry_to_it():
 
 def test_without_as_the_entry_names_the_os_user(monkeypatch):
     llama()
-    monkeypatch.setattr("catalog.management.base.getpass.getuser", lambda: "ops-person")
+    monkeypatch.setattr("base.commands.getpass.getuser", lambda: "ops-person")
     run("gpus", "llama-3.1-8b", "2")
     assert AuditEntry.objects.get().actor == "ops-person"
 

@@ -17,12 +17,12 @@ from django.contrib.auth.models import Permission
 from django.db import connection, transaction
 from rest_framework.test import APIClient
 
-from audit.actor import Actor
 from audit.models import AuditEntry
 from audit.services import verify_chain
-from catalog.errors import DomainError
+from base.actor import Actor
+from base.errors import DomainError
 from catalog.models import Profile, ServedModel
-from catalog.services.resize import model_resize, model_set_context
+from operations.services.resize import model_resize, model_set_context
 from tests import builders as b
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

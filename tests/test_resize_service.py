@@ -13,12 +13,12 @@ from django.core.management import call_command
 from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
-from audit.actor import Actor
 from audit.models import AuditEntry
 from audit.services import verify_chain
-from catalog.errors import DomainError
+from base.actor import Actor
+from base.errors import DomainError
 from catalog.models import Card, Node, Profile, ServedModel
-from catalog.services.resize import model_resize, model_set_context
+from operations.services.resize import model_resize, model_set_context
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db
@@ -370,7 +370,7 @@ def test_a_writer_lock_still_held_when_sqlite_stops_waiting_is_refused_as_busy(a
     def locked(*args, **kw):
         raise OperationalError("database is locked")
 
-    monkeypatch.setattr("catalog.services.resize._plan", locked)
+    monkeypatch.setattr("operations.services.resize._plan", locked)
     with pytest.raises(DomainError) as err:
         model_resize(name="llama-3.1-8b", gpus=2)
     assert (err.value.code, err.value.status) == ("busy", 409)
@@ -384,14 +384,14 @@ def test_a_database_failure_that_is_not_a_lock_is_not_passed_off_as_busy(actor, 
     def broken(*args, **kw):
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr("catalog.services.resize._plan", broken)
+    monkeypatch.setattr("operations.services.resize._plan", broken)
     with pytest.raises(OperationalError, match="server closed"):
         model_resize(name="llama-3.1-8b", gpus=2)
 
 
 def test_a_resize_starts_the_restart_of_the_replicas_it_made_stale_in_the_same_transaction(actor):
-    from catalog.services.resize import model_resize
     from operations.models import RestartOperation
+    from operations.services.resize import model_resize
 
     n = b.node("gpu-1", cards=8)
     p = b.profile(b.llama_8b(), "h100", gpus=1)
@@ -409,8 +409,8 @@ def test_a_resize_starts_the_restart_of_the_replicas_it_made_stale_in_the_same_t
 
 
 def test_a_change_while_a_restart_runs_is_refused_as_busy_before_and_at_apply(actor):
-    from catalog.services.resize import model_resize
     from operations.models import RestartOperation
+    from operations.services.resize import model_resize
 
     n = b.node("gpu-1", cards=8)
     p = b.profile(b.llama_8b(), "h100", gpus=1)

@@ -12,8 +12,8 @@ import contextlib
 import pytest
 from agent_testing import free_port, running_fake_agent
 
+from agentclient.client import AgentCallFailed, AgentClient
 from catalog.models import Node, Replica
-from operations.agents import AgentCallFailed, AgentClient
 from operations.services.runner import run_operation
 from operations.services.start import restart_start
 from tests.restart_support import (

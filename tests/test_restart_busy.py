@@ -16,9 +16,9 @@ from django.core.management.base import CommandError
 from django.test import Client
 from rest_framework.test import APIClient
 
-from audit.actor import Actor, acting_as
 from audit.models import AuditEntry
-from catalog.errors import DomainError
+from base.actor import Actor, acting_as
+from base.errors import DomainError
 from catalog.models import Profile
 from catalog.services import catalog as services
 from operations.models import RestartOperation

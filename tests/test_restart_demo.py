@@ -9,10 +9,10 @@ import httpx
 import pytest
 from agent_testing import AGENT_DIR, REPO_ROOT, free_port, wait_until
 
-from catalog.management.commands.demo import agent_config, port_clashes
 from catalog.models import Profile
-from catalog.planning import engines
+from demo.management.commands.demo import agent_config, port_clashes
 from operations.services.specs import replica_spec
+from planning import engines
 from tests import builders as b
 
 pytestmark = pytest.mark.django_db

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from audit.models import AuditEntry
-from catalog.errors import DomainError
+from base.errors import DomainError
 from catalog.models import Card, Profile, Replica
-from catalog.services.resize import model_resize
 from operations.models import RestartOperation
+from operations.services.resize import model_resize
 from operations.services.runner import run_operation
 from tests import builders as b
 from tests.restart_support import MODEL, answers, assert_nothing_half_done, fleet_of

@@ -11,7 +11,7 @@ import pytest
 
 from audit.models import AuditEntry
 from audit.services import verify_chain
-from catalog.errors import DomainError
+from base.errors import DomainError
 from catalog.models import Replica, Shard
 from operations.models import RestartOperation, RestartStep
 from operations.services.runner import run_operation

@@ -14,7 +14,7 @@ from django.db import transaction
 from django_tasks_db.models import DBTaskResult
 
 from audit.models import AuditEntry
-from catalog.errors import DomainError
+from base.errors import DomainError
 from catalog.models import Profile
 from operations.models import RestartOperation
 from operations.services.start import restart_start

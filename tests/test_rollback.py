@@ -12,14 +12,14 @@ from django.core.management.base import CommandError
 from django.test import Client
 from rest_framework.test import APIClient
 
-from audit.actor import Actor, acting_as
 from audit.models import AuditEntry
 from audit.summary import summarize
-from catalog.errors import DomainError
+from base.actor import Actor, acting_as
+from base.errors import DomainError
 from catalog.models import Profile, Replica, ServedModel
 from catalog.services import catalog as services
-from catalog.services.rollback import profile_rollback, revisions
 from operations.models import RestartOperation, RestartStep
+from operations.services.rollback import profile_rollback, revisions
 from operations.services.runner import run_operation
 from operations.services.start import restart_start
 from tests import builders as b

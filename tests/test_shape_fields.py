@@ -1,4 +1,4 @@
-"""One list of a model's shape fields (catalog/planning/types.py SHAPE_FIELDS), and everything that
+"""One list of a model's shape fields (planning/types.py SHAPE_FIELDS), and everything that
 carries a shape holds to it: the catalog's model, the planner's Shape, the checkpoint reader, the
 API and the cluster's settings file."""
 
@@ -9,9 +9,9 @@ from dataclasses import fields
 from catalog.api.serializers import ServedModelSerializer
 from catalog.checkpoint import CheckpointShape
 from catalog.models import ServedModel
-from catalog.planning import Shape
-from catalog.planning.types import SHAPE_FIELDS
 from catalog.services.cluster_settings import MODEL_KEYS
+from planning import Shape
+from planning.types import SHAPE_FIELDS
 
 
 def test_the_model_keeps_every_shape_field():

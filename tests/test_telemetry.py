@@ -11,7 +11,7 @@ from agent_testing import foreign_process
 from django.test import Client
 from django.utils import timezone
 
-from audit.actor import Actor, acting_as
+from base.actor import Actor, acting_as
 from catalog.models import Card, Node
 from operations.services.runner import run_operation
 from operations.services.start import restart_start

@@ -10,7 +10,7 @@ import pytest
 from django.apps import apps
 from django.db import connection, connections, transaction
 
-from audit.actor import Actor, acting_as
+from base.actor import Actor, acting_as
 from catalog.models import GPUClass
 from catalog.services import catalog as services
 from tests import builders as b

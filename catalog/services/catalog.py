@@ -16,12 +16,12 @@ from django.db import IntegrityError, models, transaction
 from django.db.models.deletion import ProtectedError
 from llmgw_policy import Refusal, context_value, default_policy, source_refusal
 
-from audit.actor import Actor
 from audit.services import audit_record, changed_fields, snapshot
-from catalog.errors import DomainError, conflict, declared
+from base.actor import Actor
+from base.errors import DomainError, conflict, declared
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
-from catalog.planning.types import TEXT_SHAPE_FIELDS
 from operations.services.busy import refuse_while_restarting
+from planning.types import TEXT_SHAPE_FIELDS
 
 M = TypeVar("M", bound=models.Model)
 
@@ -211,29 +211,11 @@ def node_save(*, instance: Node, actor: Actor | None = None) -> Node:
     return _save(instance, actor=actor, before_save=guard)
 
 
-def node_rotate_token(*, instance: Node, grace_seconds: float = 300.0, actor: Actor | None = None) -> Node:
-    """Give the node's agent a new token without downtime: the agent takes it
-    (and keeps accepting the old one for ``grace_seconds``), answers with it,
-    and only then is it saved here, audited by fingerprint. Nothing is saved
-    when the agent does not confirm."""
-    import secrets as token_source
-
-    from operations.agents import AgentCallFailed, AgentClient
-
-    new_token = token_source.token_urlsafe(32)
-    try:
-        AgentClient.for_node(instance).rotate_token(new_token, grace_seconds=grace_seconds)
-    except AgentCallFailed as exc:
-        raise DomainError("agent_refused", f"The token was not rotated: {exc.message}") from None
-    confirming = Node(name=instance.name, agent_url=instance.agent_url, agent_token=new_token)
-    try:
-        AgentClient.for_node(confirming).node_info()
-    except AgentCallFailed as exc:
-        raise DomainError(
-            "agent_refused",
-            f"The agent of node {instance.name} took the new token but did not answer with it ({exc.message}); "
-            f"the catalog keeps the old one, which the agent accepts for {grace_seconds:g} s more: try again.",
-        ) from None
+def node_token_save(
+    *, instance: Node, new_token: str, grace_seconds: float, actor: Actor | None = None
+) -> Node:
+    """Save the agent token a rotation gave the node's agent (``operations.services.agent_token``),
+    audited by fingerprint: called only once the agent has answered with it."""
     instance.agent_token = new_token
     return _save(
         instance,
@@ -301,7 +283,7 @@ def validate_profile_spec(
     was, but only the context operation (or the cluster settings file, for a
     declared model) may write it, and never above the model's length.
     """
-    from catalog.planning import engines  # the registry is data; loaded once
+    from planning import engines  # the registry is data; loaded once
 
     engine = engines.engine(profile.engine)
     if not isinstance(profile.args, list) or not all(isinstance(a, str) for a in profile.args):

@@ -9,10 +9,10 @@ from typing import Any
 
 from django.db import transaction
 
-from catalog.errors import DomainError
+from base.errors import DomainError
 from catalog.models import GPUClass, Profile, ServedModel
-from catalog.planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
 from catalog.services.catalog import model_save, profile_delete, profile_save
+from planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
 
 MODEL_KEYS = {"name", "source", "context_length", "checkpoint", "profiles", *SHAPE_FIELDS}
 PROFILE_KEYS = {"name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env"}

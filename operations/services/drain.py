@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from audit.actor import Actor, current_actor
 from audit.services import audit_record
-from catalog.errors import DomainError, conflict, not_found
+from base.actor import Actor, current_actor
+from base.errors import DomainError, conflict, not_found
 from catalog.models import Node, Replica, live_replicas_q
 from operations.models import RestartOperation
 from operations.services.start import restart_start

@@ -13,8 +13,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db.models import Max
 
+from base.db import hold_lock
 from catalog.models import Card, Node, Profile, Replica, ServedModel, Shard, live_replicas_q
-from llmgw_web.db import hold_lock
 from operations.models import RestartStep
 from telemetry.selectors import foreign_held_card_ids
 

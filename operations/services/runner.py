@@ -51,12 +51,12 @@ from django.db.models import Q
 from django.utils import timezone
 from llmgw_policy import default_policy
 
-from audit.actor import Actor, acting_as
+from agentclient.client import AgentCallFailed, AgentClient, describe_failure
 from audit.services import audit_record, snapshot
+from base.actor import Actor, acting_as
+from base.secrets import profile_secrets, redact
 from catalog.models import Card, Node, Profile, Replica, Shard
-from catalog.secrets import profile_secrets, redact
 from catalog.services.fit import profile_memory
-from operations.agents import AgentCallFailed, AgentClient, describe_failure
 from operations.models import RestartOperation, RestartStep
 from operations.services.lease import Lease, OperationLost, claim, threads_share_the_database, worker_name
 from operations.services.placement import (

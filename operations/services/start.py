@@ -17,18 +17,18 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from audit.actor import Actor, current_actor
 from audit.services import audit_record
-from catalog import selectors
-from catalog.errors import DomainError, conflict, not_found
+from base.actor import Actor, current_actor
+from base.errors import DomainError, conflict, not_found
 from catalog.models import Profile, Replica, ServedModel, live_replicas_q, stale_replicas_q
-from catalog.planning import engines
-from catalog.planning.placement import Placement, place_restart
 from catalog.services.fit import refuse_unless_fits
 from operations.models import RestartOperation, RestartStep
+from operations.selectors import rooms_and_fleet
 from operations.services.busy import busy_refusal
 from operations.services.specs import check_launchable
 from operations.tasks import enqueue_restart
+from planning import engines
+from planning.placement import Placement, place_restart
 
 MAX_PARALLEL = 32
 MAX_READY_TIMEOUT = 24 * 3600.0
@@ -118,7 +118,7 @@ def _plan(
     them; refuses (409) naming the replica with none, so that a restart that
     cannot finish does not start. No replacement goes on ``avoid_nodes`` (a
     move's or a drain's own node)."""
-    _, fleet = selectors.rooms_and_fleet(profile, parallel=max_parallel)
+    _, fleet = rooms_and_fleet(profile, parallel=max_parallel)
     if fleet is None:
         return {}
     if avoid_nodes:
@@ -176,7 +176,7 @@ def restart_start(
     restarted, so one faulty node does not hold the rest back). Creates the operation and its
     steps and audits it; the worker's task is enqueued when the transaction
     commits, so this may run inside a caller's transaction (the resize's).
-    The whole restart is played through first (catalog/planning/placement.py)
+    The whole restart is played through first (planning/placement.py)
     and each step records where the plan puts its replica; the runner follows
     it. Refusals: not_found, other_model, not_live, nothing_to_restart, busy,
     cpu_only, multi_node, several_profiles, unknown_engine, invalid, memory

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from catalog.management.base import ActorCommand
+from base.commands import ActorCommand
 
 
 class Command(ActorCommand):
