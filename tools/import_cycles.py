@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Where each top-level package lives: the Django project and its apps, and the node agent.
+# Where each top-level package lives: the Django project and its apps, the node agent and
+# the launch policy it shares with them.
 PACKAGES = {
     "audit": ROOT,
     "catalog": ROOT,
@@ -26,6 +27,7 @@ PACKAGES = {
     "telemetry": ROOT,
     "versions": ROOT,
     "llmgw_agent": ROOT / "agent",
+    "llmgw_policy": ROOT / "agent",
 }
 
 
