@@ -8,17 +8,12 @@ accept both and never confuse two flags that share a prefix (``--tp`` and
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Sequence
 
-_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-_INT = re.compile(r"[-+]?\d+")
-
-
-def is_flag(token: str) -> bool:
-    """True when ``token`` reads as a flag: it starts with "-", is longer than
-    one character, and is not a negative number (``-1``, ``-0.5``)."""
-    return len(token) > 1 and token.startswith("-") and not _NUMBER.fullmatch(token)
+# What a flag is and what a whole number is: the launch policy's grammar (its
+# one definition), so that a flag found, dropped or set here is the flag the
+# policy checks. The planning core's modules take both from here.
+from llmgw_policy import is_flag, parse_int
 
 
 def flag_name(token: str) -> str:
@@ -89,13 +84,6 @@ def get_arg(args: Sequence[str], *flags: str) -> str | None:
     """
     wanted = set(flags)
     return get_where(args, lambda name: name in wanted)
-
-
-def parse_int(value: str | None) -> int | None:
-    """``value`` as a plain decimal integer, or None when it is not one."""
-    if value is None or not _INT.fullmatch(value.strip()):
-        return None
-    return int(value)
 
 
 def get_int_arg(args: Sequence[str], *flags: str) -> int | None:
