@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from catalog.checkpoint import shape_from_config
+from catalog.modelfiles import shape_from_config
 from catalog.planning.engines import engine
 from catalog.planning.memory import card_memory
 from catalog.planning.types import CardMemory, Shape

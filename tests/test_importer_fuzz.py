@@ -11,8 +11,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalog.checkpoint import parse_config_bytes, read_safetensors_header, shape_from_config
 from catalog.errors import DomainError
+from catalog.modelfiles import parse_config_bytes, read_safetensors_header, shape_from_config
 
 # The keys the importer reads, so that hostile values reach the code that uses them.
 KEYS = [

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from catalog.checkpoint import shape_from_config
 from catalog.errors import DomainError
+from catalog.modelfiles import shape_from_config
 from catalog.planning.engines import engine
 from catalog.planning.rules import card_count, context_of, pick_profile, respread, splits_heads
 from catalog.planning.types import ModelSpec, ProfileSpec, Shape

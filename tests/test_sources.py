@@ -15,8 +15,8 @@ from django.core.management.base import CommandError
 from audit.models import AuditEntry
 from catalog.demo.gguf_file import write_model_gguf
 from catalog.errors import DomainError
+from catalog.modelfiles import looks_like_repo_id, read_gguf, shape_from_hub
 from catalog.models import ServedModel
-from catalog.sources import looks_like_repo_id, read_gguf, shape_from_hub
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf-configs"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -31,7 +31,7 @@ class Command(ActorCommand):
         )
 
     def act(self, *args: Any, **options: Any) -> None:
-        from catalog.checkpoint import shape_from_config
+        from catalog.modelfiles import read_gguf, shape_from_config
 
         created = 0
         with transaction.atomic():
@@ -69,7 +69,6 @@ class Command(ActorCommand):
                 source = demo.source
                 if demo.name in fleet.GGUF_MODELS:
                     from catalog.demo.gguf_file import write_model_gguf
-                    from catalog.sources import read_gguf
 
                     spec: dict[str, Any] = dict(fleet.GGUF_MODELS[demo.name])
                     path = write_model_gguf(fleet.demo_dir() / str(spec.pop("file")), **spec)
