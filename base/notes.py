@@ -1,6 +1,6 @@
 """What could not be checked, or was assumed: each thing said once, in the order found.
 
-The checkpoint reader and the planners both keep such notes; the change or
+The model-files reader and the planners both keep such notes; the change or
 shape they return carries them.
 """
 

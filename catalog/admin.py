@@ -373,7 +373,12 @@ class ServedModelAdmin(ServiceAdmin):
 
     def import_config_view(self, request: HttpRequest) -> HttpResponse:
         """Create or refresh a model's shape from an uploaded config.json (and index)."""
-        from catalog.checkpoint import parse_config_bytes, parse_index_bytes, shape_from_config
+        from catalog.modelfiles import (
+            parse_config_bytes,
+            parse_index_bytes,
+            shape_from_config,
+            shape_from_hub,
+        )
 
         if not self.has_add_permission(request):
             return HttpResponse(status=403)
@@ -381,8 +386,6 @@ class ServedModelAdmin(ServiceAdmin):
         if request.method == "POST" and form.is_valid():
             try:
                 if form.cleaned_data["from_hub"]:
-                    from catalog.sources import shape_from_hub
-
                     shape = shape_from_hub(form.cleaned_data["source"])
                 else:
                     config = parse_config_bytes(form.cleaned_data["config"].read(), "config.json")

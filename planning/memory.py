@@ -186,7 +186,7 @@ def weights_on_cards(eng: Engine, shape: Shape) -> int | None:
 
 def expert_padding(eng: Engine, shape: Shape, tp: int) -> float:
     """How much larger one card's routed-expert tensors are than their share
-    of the checkpoint: engines pad some formats' expert width (per card) and
+    of the weights: engines pad some formats' expert width (per card) and
     hidden size to a kernel's multiple (engines.toml expert_padding). 1 when
     nothing is padded or the sizes are unknown."""
     rule = eng.memory.expert_padding.get(shape.expert_format or "")

@@ -18,8 +18,8 @@ ROOM_NODES_NAMED = 10
 ChangeKind = Literal["gpus", "context"]
 
 
-# What a checkpoint tells of a model's size: the one list of these fields, by the names that the
-# catalog's model, the planner's Shape, the checkpoint reader, the API and the cluster's settings
+# What a model's files tell of its size: the one list of these fields, by the names that the
+# catalog's model, the planner's Shape, the model-files reader, the API and the cluster's settings
 # file all use (tests/test_shape_fields.py holds each of them to it).
 SHAPE_FIELDS = (
     "layers",
@@ -46,7 +46,7 @@ TEXT_SHAPE_FIELDS = ("dtype", "attention", "expert_format")
 
 @dataclass(frozen=True)
 class Shape:
-    """What the checkpoint says about a model's size; any figure may be unknown.
+    """What the model's files say about its size; any figure may be unknown.
 
     ``kv_bytes_per_token`` is for the whole model as if every layer kept every
     token; ``sliding_layers`` of the ``layers`` keep only the last
@@ -114,7 +114,7 @@ class ModelSpec:
     declared_in: str | None
     shape: Shape | None
     profiles: tuple[ProfileSpec, ...]
-    source: str = ""  # the checkpoint the engine is given: repo id or path
+    source: str = ""  # the weights the engine is given: repo id or path
 
 
 @dataclass(frozen=True)

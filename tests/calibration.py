@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from catalog.checkpoint import shape_from_config
+from catalog.modelfiles import shape_from_config
 from planning.engines import engine
 from planning.memory import card_memory
 from planning.types import CardMemory, Shape

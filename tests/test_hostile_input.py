@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from audit.models import AuditEntry
-from catalog.checkpoint import MAX_JSON_BYTES
+from catalog.modelfiles import MAX_JSON_BYTES
 from catalog.models import ServedModel
 from tests import builders as b
 

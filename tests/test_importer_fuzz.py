@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from base.errors import DomainError
-from catalog.checkpoint import parse_config_bytes, read_safetensors_header, shape_from_config
+from catalog.modelfiles import parse_config_bytes, read_safetensors_header, shape_from_config
 
 # The keys the importer reads, so that hostile values reach the code that uses them.
 KEYS = [

@@ -404,7 +404,7 @@ def _gpt_oss(name: str, total_size: int) -> Shape:
     import json
     from pathlib import Path
 
-    from catalog.checkpoint import shape_from_config
+    from catalog.modelfiles import shape_from_config
 
     config = json.loads((Path(__file__).parent / "fixtures" / "hf-configs" / f"{name}.json").read_text())
     read = shape_from_config(config, index={"metadata": {"total_size": total_size}, "weight_map": {}})

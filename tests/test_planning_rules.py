@@ -10,7 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from base.errors import DomainError
-from catalog.checkpoint import shape_from_config
+from catalog.modelfiles import shape_from_config
 from planning.engines import engine
 from planning.rules import card_count, context_of, pick_profile, respread, splits_heads
 from planning.types import ModelSpec, ProfileSpec, Shape

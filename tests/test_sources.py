@@ -14,8 +14,8 @@ from django.core.management.base import CommandError
 
 from audit.models import AuditEntry
 from base.errors import DomainError
+from catalog.modelfiles import looks_like_repo_id, read_gguf, shape_from_hub
 from catalog.models import ServedModel
-from catalog.sources import looks_like_repo_id, read_gguf, shape_from_hub
 from demo.gguf_file import write_model_gguf
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf-configs"

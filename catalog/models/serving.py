@@ -22,7 +22,7 @@ class ServedModel(models.Model):
     context_length = models.PositiveIntegerField(
         null=True, blank=True, help_text="Tokens the model supports."
     )
-    # The shape, read from the checkpoint's config.json and safetensors index or headers.
+    # The shape, read from the model's config.json and safetensors index or headers (catalog/modelfiles).
     layers = models.PositiveIntegerField(null=True, blank=True)
     attention_heads = models.PositiveIntegerField(null=True, blank=True)
     kv_heads = models.PositiveIntegerField(null=True, blank=True)

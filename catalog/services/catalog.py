@@ -394,7 +394,7 @@ def shard_delete(*, instance: Shard, actor: Actor | None = None) -> None:
 def model_import(
     *, name: str, source: str, shape: dict[str, Any], actor: Actor | None = None, message: str = ""
 ) -> ServedModel:
-    """Create a model from a checkpoint's shape, or refresh an existing one's shape."""
+    """Create a model from the shape its files give, or refresh an existing one's shape."""
     validate_model_source(source)
     with transaction.atomic():
         instance = ServedModel.objects.select_for_update().filter(name=name).first()

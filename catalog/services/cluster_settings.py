@@ -72,10 +72,10 @@ def load_cluster_settings(path: Path) -> list[dict[str, Any]]:
 def _shape_of(path: Path, m: dict[str, Any]) -> dict[str, Any]:
     shape = {k: m[k] for k in SHAPE_FIELDS if k in m}
     if "checkpoint" in m:
-        from catalog.checkpoint import read_checkpoint
+        from catalog.modelfiles import read_model_files
 
-        checkpoint = (path.parent / m["checkpoint"]).resolve()
-        shape = {**read_checkpoint(checkpoint).as_fields(), **shape}
+        model_files = (path.parent / m["checkpoint"]).resolve()
+        shape = {**read_model_files(model_files).as_fields(), **shape}
     if "context_length" in m:
         shape["context_length"] = m["context_length"]
     return shape

@@ -31,7 +31,7 @@ class Command(ActorCommand):
         )
 
     def act(self, *args: Any, **options: Any) -> None:
-        from catalog.checkpoint import shape_from_config
+        from catalog.modelfiles import read_gguf, shape_from_config
 
         created = 0
         with transaction.atomic():
@@ -68,7 +68,6 @@ class Command(ActorCommand):
                     continue
                 source = demo.source
                 if demo.name in fleet.GGUF_MODELS:
-                    from catalog.sources import read_gguf
                     from demo.gguf_file import write_model_gguf
 
                     spec: dict[str, Any] = dict(fleet.GGUF_MODELS[demo.name])

@@ -17,12 +17,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from base.errors import DomainError
-from catalog.checkpoint import (
+from catalog.modelfiles import (
     MAX_HEADER_BYTES,
-    CheckpointShape,
+    ModelFilesShape,
     parse_config_bytes,
     parse_index_bytes,
-    read_checkpoint,
+    read_model_files,
     read_safetensors_header,
     shape_from_config,
 )
@@ -353,7 +353,7 @@ def test_as_fields_names_every_model_field_but_notes() -> None:
 
 
 def test_a_shape_is_frozen() -> None:
-    shape = CheckpointShape(layers=32)
+    shape = ModelFilesShape(layers=32)
 
     with pytest.raises(AttributeError):
         shape.layers = 4  # type: ignore[misc]  # the assignment a frozen shape refuses
@@ -830,11 +830,11 @@ def test_single_safetensors_file_gives_exact_weight_and_expert_bytes(tmp_path: P
         metadata={"format": "pt"},
     )
 
-    shape = read_checkpoint(file)
+    shape = read_model_files(file)
 
     assert shape.weight_bytes == 4 * 8 * 2 + 16 * 4 * 2
     assert shape.expert_bytes == 4 * 8 * 2
-    assert shape.as_fields() | {"weight_bytes": None, "expert_bytes": None} == CheckpointShape().as_fields()
+    assert shape.as_fields() | {"weight_bytes": None, "expert_bytes": None} == ModelFilesShape().as_fields()
     (note,) = shape.notes
     assert note.startswith("shape unknown: no config.json beside")
 
@@ -853,7 +853,7 @@ def test_header_expert_bytes_are_exact_and_leave_out_shared_experts(tmp_path: Pa
         },
     )
 
-    shape = read_checkpoint(tmp_path)
+    shape = read_model_files(tmp_path)
 
     assert shape.weight_bytes == 96 + 32 + 64 + 8 + 4 + 16
     assert shape.expert_bytes == 96 + 32
@@ -869,7 +869,7 @@ def test_directory_with_config_and_index(tmp_path: Path) -> None:
         )
     )
 
-    shape = read_checkpoint(tmp_path)
+    shape = read_model_files(tmp_path)
 
     assert shape.weight_bytes == 16060522496
     assert shape.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
@@ -896,7 +896,7 @@ def test_index_with_its_shards_present_reads_their_headers_for_the_experts(tmp_p
         )
     )
 
-    shape = read_checkpoint(tmp_path)
+    shape = read_model_files(tmp_path)
 
     assert shape.weight_bytes == 61064245248
     assert shape.expert_bytes == 40 + 24
@@ -909,7 +909,7 @@ def test_sharded_safetensors_without_index_sum_every_header(tmp_path: Path) -> N
     # Another copy of the same weights in the original format, as Mistral's repositories carry.
     write_safetensors(tmp_path / "consolidated.safetensors", {"a": 100, "b": 28, "c": 72})
 
-    assert read_checkpoint(tmp_path).weight_bytes == 100 + 28 + 72
+    assert read_model_files(tmp_path).weight_bytes == 100 + 28 + 72
 
 
 def test_sharded_safetensors_with_a_shard_missing_are_refused(tmp_path: Path) -> None:
@@ -917,7 +917,7 @@ def test_sharded_safetensors_with_a_shard_missing_are_refused(tmp_path: Path) ->
     write_safetensors(tmp_path / "model-00003-of-00003.safetensors", {"c": 8})
 
     with pytest.raises(DomainError) as excinfo:
-        read_checkpoint(tmp_path)
+        read_model_files(tmp_path)
 
     assert "incomplete or mixed set of safetensors shards" in refusal(excinfo)
 
@@ -926,7 +926,7 @@ def test_one_shard_alone_is_refused(tmp_path: Path) -> None:
     file = write_safetensors(tmp_path / "model-00002-of-00004.safetensors", {"a": 8})
 
     with pytest.raises(DomainError) as excinfo:
-        read_checkpoint(file)
+        read_model_files(file)
 
     assert "is shard 2 of 4" in refusal(excinfo)
 
@@ -936,7 +936,7 @@ def test_truncated_header_is_refused_naming_the_file(tmp_path: Path) -> None:
     file.write_bytes(file.read_bytes()[:20])
 
     with pytest.raises(DomainError) as excinfo:
-        read_checkpoint(file)
+        read_model_files(file)
 
     message = refusal(excinfo)
     assert message.startswith(str(file)) and "truncated" in message
@@ -947,7 +947,7 @@ def test_truncated_data_is_refused_naming_the_file_and_tensor(tmp_path: Path) ->
     file.write_bytes(file.read_bytes()[:-10])
 
     with pytest.raises(DomainError) as excinfo:
-        read_checkpoint(file)
+        read_model_files(file)
 
     message = refusal(excinfo)
     assert message.startswith(f"{file}: tensor 'last' ends at byte 1008")
@@ -973,7 +973,7 @@ def test_absurd_header_length_is_refused_before_reading_it(tmp_path: Path) -> No
         handle.truncate(8 + MAX_HEADER_BYTES + 16)
 
     with pytest.raises(DomainError) as excinfo:
-        read_checkpoint(file)
+        read_model_files(file)
 
     message = refusal(excinfo)
     assert message.startswith(f"{file} declares a {MAX_HEADER_BYTES + 1}-byte header, over the")
@@ -986,7 +986,7 @@ def test_header_that_is_not_json_is_refused_with_line_and_column(tmp_path: Path)
     file.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(8))
 
     with pytest.raises(DomainError) as excinfo:
-        read_checkpoint(file)
+        read_model_files(file)
 
     message = refusal(excinfo)
     assert message.startswith(f"{file} (header) is not valid JSON") and "line 1, column" in message
@@ -998,7 +998,7 @@ def test_header_with_bad_offsets_is_refused_naming_the_tensor(tmp_path: Path) ->
     file.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(8))
 
     with pytest.raises(DomainError) as excinfo:
-        read_checkpoint(file)
+        read_model_files(file)
 
     assert refusal(excinfo).startswith(f"{file}: tensor 'w' has data_offsets [8, 0]")
 
@@ -1009,7 +1009,7 @@ def test_bad_config_in_a_directory_names_its_path(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
 
     with pytest.raises(DomainError) as excinfo:
-        read_checkpoint(tmp_path)
+        read_model_files(tmp_path)
 
     assert refusal(excinfo).startswith(f"{tmp_path / 'config.json'}: num_attention_heads is 'abc'")
 
@@ -1020,7 +1020,7 @@ def test_a_path_that_is_not_a_checkpoint_is_refused(tmp_path: Path, name: str) -
     (tmp_path / "notes.txt").write_text("hello")
 
     with pytest.raises(DomainError):
-        read_checkpoint(tmp_path / name)
+        read_model_files(tmp_path / name)
 
 
 # ---- Properties --------------------------------------------------------------
@@ -1065,7 +1065,7 @@ def test_header_sums_are_exact_for_any_tensor_sizes(
         tmp_path_factory.mktemp("st") / "model.safetensors", dict(zip(names, sizes, strict=True))
     )
 
-    shape = read_checkpoint(file)
+    shape = read_model_files(file)
 
     assert shape.weight_bytes == sum(sizes)
     assert shape.expert_bytes == (sum(s for s, e in zip(sizes, expert_mask, strict=False) if e) or None)
