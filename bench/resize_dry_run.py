@@ -1,6 +1,6 @@
 """How long a resize dry run (the live form's preview) takes as the fleet grows.
 
-Run: `make bench` (or `.venv/bin/python bench/resize_dry_run.py [--database-url URL]`).
+Run: `make bench-dry-run` (or `.venv/bin/python bench/resize_dry_run.py [--database-url URL] [--sizes N,...] [--repeat R]`).
 
 It builds fleets of 10, 100, 1000 and 5000 nodes of 8 cards in a scratch
 database, half the cards held by replicas, and times `model_resize(...,
