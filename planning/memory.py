@@ -5,7 +5,7 @@ graphs), against the engine's own budget capped by the card class.
 
 The terms and their figures are the engine's registry entry
 (``[<engine>.memory]`` in ``engines.toml``, with their sources); this module
-only does the arithmetic. A planning model: tests/calibration.py holds it to
+only does the arithmetic. A planning model: tests/planning/calibration.py holds it to
 logged engine start-ups (docs/memory-model.md).
 """
 

@@ -20,7 +20,7 @@ ChangeKind = Literal["gpus", "context"]
 
 # What a model's files tell of its size: the one list of these fields, by the names that the
 # catalog's model, the planner's Shape, the model-files reader, the API and the cluster's settings
-# file all use (tests/test_shape_fields.py holds each of them to it).
+# file all use (tests/catalog/test_shape_fields.py holds each of them to it).
 SHAPE_FIELDS = (
     "layers",
     "attention_heads",

@@ -12,8 +12,8 @@ from django.db import connection
 from hypothesis import HealthCheck, settings
 
 from base.actor import Actor, acting_as
-from tests import db_roles
-from tests.restart_support import port_block
+from tests.support import db_roles
+from tests.support.restart import port_block
 
 # Hypothesis's timing checks (a 200 ms deadline per example, "input generation is slow") judge the
 # machine, not the code: on a shared two-core CI box they fail tests whose properties hold. The
@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     """pytest-django's test database, created and migrated by the owner (``DATABASE_URL``'s user); then, on
-    PostgreSQL, every connection logs in as the application's role, which owns nothing (tests/db_roles.py),
+    PostgreSQL, every connection logs in as the application's role, which owns nothing (tests/support/db_roles.py),
     and the flush after a transactional test runs as the owner on its own connection."""
     if connection.vendor != "postgresql":
         yield

@@ -41,7 +41,7 @@ so there is no one to deadlock with, and the write and its counter commit togeth
 
 A tracked table made later needs these triggers in a migration of its own (``install`` is
 idempotent: ``migrations.RunPython(triggers.install, migrations.RunPython.noop)``);
-``tests/test_versions.py`` fails for a table without them. On SQLite Django alters a table by
+``tests/versions/test_versions.py`` fails for a table without them. On SQLite Django alters a table by
 making it anew, which drops its triggers; ``repair_sqlite`` puts them back after every migrate.
 """
 
