@@ -62,8 +62,6 @@ class AuditEntry(models.Model):
     objects = AuditQuerySet.as_manager()
 
     class Meta:
-        # The table kept its name when the audit log left the catalog app (audit/migrations/0001).
-        db_table = "catalog_auditentry"
         ordering = ["-id"]
         verbose_name_plural = "audit entries"
         # Leads read the log (the model's own view permission) and export it (this one); the roles that

@@ -85,8 +85,6 @@ class RestartOperation(models.Model):
     )
 
     class Meta:
-        # The tables kept their names when restarts left the catalog app (operations/migrations/0001).
-        db_table = "catalog_restartoperation"
         ordering = ["-id"]
         verbose_name = "restart operation"
         constraints = [
@@ -215,7 +213,6 @@ class RestartStep(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        db_table = "catalog_restartstep"
         ordering = ["operation_id", "id"]
         constraints = [
             models.CheckConstraint(

@@ -135,10 +135,13 @@ def audit_flushable(transactional_db: None) -> Iterator[None]:
     yield
     if connection.vendor != "sqlite":
         return
-    migration = import_module("catalog.migrations.0002_audit_append_only")
+    from audit.models import AuditEntry
+
+    guards = import_module("audit.migrations.0006_auditentry_table_of_its_own")
+    log = AuditEntry._meta.db_table
     with connection.cursor() as cursor:
-        for sql in migration.SQLITE_DOWN:
+        for sql in guards.sqlite_drop_guards():
             cursor.execute(sql)
-        cursor.execute("DELETE FROM catalog_auditentry")
-        for sql in migration.SQLITE_UP:
+        cursor.execute(f"DELETE FROM {log}")
+        for sql in guards.sqlite_guards(log):
             cursor.execute(sql)

@@ -14,6 +14,8 @@ from catalog.models import GPUClass, Node, ServedModel
 from catalog.services import catalog as services
 from tests.support import builders as b
 
+LOG = AuditEntry._meta.db_table
+
 pytestmark = pytest.mark.django_db
 
 
@@ -129,9 +131,9 @@ def test_the_database_refuses_to_change_or_remove_an_entry_even_by_raw_sql(actor
     services.gpu_class_save(
         instance=GPUClass(name="x", memory_mib=10, usable_mib=5, compute_capability="8.0")
     )
-    statements = ["UPDATE catalog_auditentry SET message = 'x'", "DELETE FROM catalog_auditentry"]
+    statements = [f"UPDATE {LOG} SET message = 'x'", f"DELETE FROM {LOG}"]
     if connection.vendor == "postgresql":
-        statements.append("TRUNCATE catalog_auditentry")  # a statement trigger: row triggers never see it
+        statements.append(f"TRUNCATE {LOG}")  # a statement trigger: row triggers never see it
     # SQLite's triggers refuse; on PostgreSQL the application's role has not even the privilege (the
     # triggers behind it refuse the owner: test_audit_tamper.py).
     why = "permission denied" if connection.vendor == "postgresql" else "append-only"
@@ -157,12 +159,12 @@ def tamper(owner_cursor):
     def run(sql: str) -> None:
         with owner_cursor() as c:
             if connection.vendor == "postgresql":
-                c.execute("ALTER TABLE catalog_auditentry DISABLE TRIGGER USER")
+                c.execute(f"ALTER TABLE {LOG} DISABLE TRIGGER USER")
                 c.execute(sql)
-                c.execute("ALTER TABLE catalog_auditentry ENABLE TRIGGER USER")
+                c.execute(f"ALTER TABLE {LOG} ENABLE TRIGGER USER")
             else:
-                c.execute("DROP TRIGGER catalog_audit_no_update")
-                c.execute("DROP TRIGGER catalog_audit_no_delete")
+                c.execute("DROP TRIGGER audit_entry_no_update")
+                c.execute("DROP TRIGGER audit_entry_no_delete")
                 c.execute(sql)
 
     return run
@@ -186,7 +188,7 @@ def test_the_chain_links_each_entry_to_the_one_before(actor):
 @pytest.mark.usefixtures("audit_flushable")
 def test_an_altered_entry_is_detected(actor, tamper):
     entries = _three_entries()
-    tamper(f"UPDATE catalog_auditentry SET actor = 'mallory' WHERE id = {entries[1].pk}")
+    tamper(f"UPDATE {LOG} SET actor = 'mallory' WHERE id = {entries[1].pk}")
     assert verify_chain() == [
         f"entry #{entries[1].pk}: its content does not match its keyed hash: altered, or not written by us"
     ]
@@ -196,7 +198,7 @@ def test_an_altered_entry_is_detected(actor, tamper):
 @pytest.mark.usefixtures("audit_flushable")
 def test_a_removed_entry_is_detected(actor, tamper):
     entries = _three_entries()
-    tamper(f"DELETE FROM catalog_auditentry WHERE id = {entries[1].pk}")
+    tamper(f"DELETE FROM {LOG} WHERE id = {entries[1].pk}")
     (problem,) = verify_chain()
     assert problem.startswith(
         f"entry #{entries[2].pk}: it does not follow #{entries[0].pk}: an entry before it"
@@ -215,7 +217,7 @@ def test_audit_verify_reports_an_intact_log_and_fails_naming_an_altered_entry(ac
     out = StringIO()
     call_command("audit_verify", stdout=out)
     assert "intact: 3 entries" in out.getvalue()
-    tamper(f"UPDATE catalog_auditentry SET message = 'nothing to see' WHERE id = {entries[0].pk}")
+    tamper(f"UPDATE {LOG} SET message = 'nothing to see' WHERE id = {entries[0].pk}")
     with pytest.raises(CommandError) as err:
         call_command("audit_verify", stdout=StringIO())
     assert err.value.returncode == 1

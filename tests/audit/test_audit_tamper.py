@@ -35,6 +35,8 @@ from tests.support import builders as b
 
 pytestmark = pytest.mark.django_db
 
+LOG = AuditEntry._meta.db_table
+
 
 def entries(n: int = 24) -> list[AuditEntry]:
     with transaction.atomic():
@@ -56,10 +58,10 @@ def superuser_sql(owner_cursor):
 
     def run(*statements: str) -> None:
         with owner_cursor() as c:
-            c.execute("ALTER TABLE catalog_auditentry DISABLE TRIGGER USER")
+            c.execute(f"ALTER TABLE {LOG} DISABLE TRIGGER USER")
             for sql in statements:
                 c.execute(sql)
-            c.execute("ALTER TABLE catalog_auditentry ENABLE TRIGGER USER")
+            c.execute(f"ALTER TABLE {LOG} ENABLE TRIGGER USER")
 
     return run
 
@@ -86,7 +88,7 @@ def plain_rehash_from(start: AuditEntry, *, message: str) -> list[str]:
         entry.prev_hash = prev
         entry.hash = hashlib.sha256(entry.canonical()).hexdigest()
         statements.append(
-            f"UPDATE catalog_auditentry SET message = '{entry.message}', prev_hash = '{entry.prev_hash}', "
+            f"UPDATE {LOG} SET message = '{entry.message}', prev_hash = '{entry.prev_hash}', "
             f"hash = '{entry.hash}' WHERE id = {entry.pk}"
         )
         prev = entry.hash
@@ -168,11 +170,11 @@ def test_as_the_application_role_changes_go_through_and_the_log_refuses_update_d
 @pytest.mark.django_db(transaction=True)
 def test_even_the_owner_is_refused_update_delete_and_truncate_by_the_triggers(actor, owner_cursor):
     entries(2)
-    for sql in ("UPDATE catalog_auditentry SET message = 'x'", "DELETE FROM catalog_auditentry"):
+    for sql in (f"UPDATE {LOG} SET message = 'x'", f"DELETE FROM {LOG}"):
         with pytest.raises(DatabaseError, match="append-only"), owner_cursor() as c:
             c.execute(sql)
     with pytest.raises(DatabaseError, match="append-only: TRUNCATE refused"), owner_cursor() as c:
-        c.execute("TRUNCATE catalog_auditentry")
+        c.execute(f"TRUNCATE {LOG}")
     assert AuditEntry.objects.count() == 2
 
 
@@ -198,7 +200,7 @@ def test_check_deploy_is_quiet_for_the_application_role_and_warns_for_the_owner_
 def test_an_altered_entry_is_named(actor, tmp_path, superuser_sql):
     log = entries()
     path = checkpoint(tmp_path)
-    superuser_sql(f"UPDATE catalog_auditentry SET message = 'nothing happened' WHERE id = {log[7].pk}")
+    superuser_sql(f"UPDATE {LOG} SET message = 'nothing happened' WHERE id = {log[7].pk}")
     assert first_bad(path) == log[7].pk
 
 
@@ -207,7 +209,7 @@ def test_an_altered_entry_is_named(actor, tmp_path, superuser_sql):
 def test_a_deleted_entry_is_named_by_the_one_after_it(actor, tmp_path, superuser_sql):
     log = entries()
     path = checkpoint(tmp_path)
-    superuser_sql(f"DELETE FROM catalog_auditentry WHERE id = {log[5].pk}")
+    superuser_sql(f"DELETE FROM {LOG} WHERE id = {log[5].pk}")
     assert first_bad(path) == log[6].pk
 
 
@@ -218,9 +220,9 @@ def test_two_entries_swapped_are_named(actor, tmp_path, superuser_sql):
     path = checkpoint(tmp_path)
     a, z = log[3].pk, log[9].pk
     superuser_sql(
-        f"UPDATE catalog_auditentry SET id = -1 WHERE id = {a}",
-        f"UPDATE catalog_auditentry SET id = {a} WHERE id = {z}",
-        f"UPDATE catalog_auditentry SET id = {z} WHERE id = -1",
+        f"UPDATE {LOG} SET id = -1 WHERE id = {a}",
+        f"UPDATE {LOG} SET id = {a} WHERE id = {z}",
+        f"UPDATE {LOG} SET id = {z} WHERE id = -1",
     )
     assert first_bad(path) == a
 
@@ -231,7 +233,7 @@ def test_two_entries_swapped_are_named(actor, tmp_path, superuser_sql):
 def test_the_newest_entries_removed_are_named_by_the_checkpoint(actor, tmp_path, removed, superuser_sql):
     log = entries()
     path = checkpoint(tmp_path)
-    superuser_sql(f"DELETE FROM catalog_auditentry WHERE id >= {log[-removed].pk}")
+    superuser_sql(f"DELETE FROM {LOG} WHERE id >= {log[-removed].pk}")
     assert verify_chain() == []  # the chain alone checks: only the checkpoint shows the tail went
     text = verify_fails(path)
     assert f"the first entry that does not match is #{log[-removed].pk}" in text
@@ -243,7 +245,7 @@ def test_the_newest_entries_removed_are_named_by_the_checkpoint(actor, tmp_path,
 def test_the_whole_log_emptied_is_detected(actor, tmp_path, superuser_sql):
     entries()
     path = checkpoint(tmp_path)
-    superuser_sql("TRUNCATE catalog_auditentry")
+    superuser_sql(f"TRUNCATE {LOG}")
     assert "its tail was removed" in verify_fails(path)
 
 
@@ -411,7 +413,7 @@ def test_the_worker_keeps_the_checkpoint_schedule_and_audit_verify_checks_agains
     out = StringIO()
     call_command("audit_verify", "--checkpoint", str(path), stdout=out)
     assert "intact: 5 entries" in out.getvalue()
-    superuser_sql("DELETE FROM catalog_auditentry WHERE id = (SELECT max(id) FROM catalog_auditentry)")
+    superuser_sql(f"DELETE FROM {LOG} WHERE id = (SELECT max(id) FROM {LOG})")
     assert "its tail was removed" in verify_fails(path)
 
 

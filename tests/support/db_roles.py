@@ -150,15 +150,20 @@ def as_owner() -> Iterator[None]:
         connection.settings_dict = app_settings
 
 
-# As the application's role, each of these is refused before the audit log's triggers are even asked.
-REFUSED_ON_THE_LOG = {
-    "UPDATE catalog_auditentry SET message = 'x'": "permission denied",
-    "DELETE FROM catalog_auditentry": "permission denied",
-    "TRUNCATE catalog_auditentry": "permission denied",
-    "ALTER TABLE catalog_auditentry DISABLE TRIGGER catalog_audit_no_update": "must be owner",
-    "ALTER TABLE catalog_auditentry DISABLE TRIGGER USER": "must be owner",
-    "DROP TRIGGER catalog_audit_no_truncate ON catalog_auditentry": "must be owner",
-}
+def refused_on_the_log() -> dict[str, str]:
+    """As the application's role, each of these is refused before the audit log's triggers are even asked:
+    the statement, and what the refusal says."""
+    from audit.models import AuditEntry
+
+    log = AuditEntry._meta.db_table
+    return {
+        f"UPDATE {log} SET message = 'x'": "permission denied",
+        f"DELETE FROM {log}": "permission denied",
+        f"TRUNCATE {log}": "permission denied",
+        f"ALTER TABLE {log} DISABLE TRIGGER audit_entry_no_update": "must be owner",
+        f"ALTER TABLE {log} DISABLE TRIGGER USER": "must be owner",
+        f"DROP TRIGGER audit_entry_no_truncate ON {log}": "must be owner",
+    }
 
 
 def assert_the_log_is_append_only_for_this_login() -> None:
@@ -166,16 +171,19 @@ def assert_the_log_is_append_only_for_this_login() -> None:
     and does not own the audit table, and the database refuses it every change to the log."""
     from django.db import DatabaseError, transaction
 
+    from audit.models import AuditEntry
+
     assert login is not None
     with connection.cursor() as cursor:
         cursor.execute("RESET ROLE")  # changes nothing: the session itself is the role's
         cursor.execute(
             "SELECT session_user, current_user, r.rolsuper, pg_has_role(current_user, t.tableowner, 'MEMBER') "
-            "FROM pg_roles r, pg_tables t WHERE r.rolname = current_user AND t.tablename = 'catalog_auditentry' "
-            "AND t.schemaname = current_schema()"
+            "FROM pg_roles r, pg_tables t WHERE r.rolname = current_user AND t.tablename = %s "
+            "AND t.schemaname = current_schema()",
+            [AuditEntry._meta.db_table],
         )
         assert cursor.fetchone() == (login.role, login.role, False, False)
-    for sql, why in REFUSED_ON_THE_LOG.items():
+    for sql, why in refused_on_the_log().items():
         try:
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute(sql)

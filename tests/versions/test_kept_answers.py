@@ -16,10 +16,13 @@ from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from audit.models import AuditEntry
 from base.actor import Actor, acting_as
 from catalog.models import Card, Node, Profile, Shard
 from catalog.services import catalog as services
 from tests.support import builders as b
+
+LOG = AuditEntry._meta.db_table
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("audit_flushable")]
 
@@ -286,7 +289,7 @@ def test_the_operations_list_and_api_change_with_a_write(fleet):
     )
     viewer = client()
     assert "first" in kept(viewer, "/operations/") and '"first"' in kept(viewer, "/api/operations/")
-    sql("UPDATE catalog_restartoperation SET reason = 'second'")
+    sql(f"UPDATE {RestartOperation._meta.db_table} SET reason = 'second'")
     assert "second" in kept(viewer, "/operations/") and '"second"' in kept(viewer, "/api/operations/")
 
 
@@ -397,7 +400,7 @@ def test_the_model_pages_restart_card_follows_its_restart(fleet):
     op = RestartOperation.objects.create(model=fleet["model"], profile=fleet["profile"], state="succeeded")
     viewer = client()
     assert '<span class="badge state-succeeded">' in kept(viewer, "/models/llama/")
-    sql("UPDATE catalog_restartoperation SET state = 'failed' WHERE id = %s", [op.pk])
+    sql(f"UPDATE {RestartOperation._meta.db_table} SET state = 'failed' WHERE id = %s", [op.pk])
     assert '<span class="badge state-failed">' in kept(viewer, "/models/llama/")
 
 
@@ -466,10 +469,10 @@ def test_an_audit_entry_written_by_sql_is_listed_at_the_next_request(fleet):
     kept(lead, "/audit/")
     newest = json.loads(get(lead, "/api/audit/")[0])["results"][0]
     sql(
-        "INSERT INTO catalog_auditentry (at, actor, via, action, object_type, object_key, object_repr,"
+        f"INSERT INTO {LOG} (at, actor, via, action, object_type, object_key, object_repr,"
         " before, after, message, request_id, prev_hash, hash) SELECT at, actor, via, 'forged',"
         " object_type, object_key, object_repr, before, after, 'written by sql', request_id, hash,"
-        " substr(hash, 2) || '0' FROM catalog_auditentry WHERE id = %s",
+        f" substr(hash, 2) || '0' FROM {LOG} WHERE id = %s",
         [newest["id"]],
     )
     assert "written by sql" in get(lead, "/audit/")[0]

@@ -10,9 +10,11 @@ import pytest
 from django.apps import apps
 from django.db import connection, connections, transaction
 
+from audit.models import AuditEntry
 from base.actor import Actor, acting_as
 from catalog.models import GPUClass
 from catalog.services import catalog as services
+from operations.models import RestartOperation, RestartStep
 from tests.support import builders as b
 from versions.cache import versions_of
 from versions.triggers import SQLITE_OPS, TRIGGER, sqlite_trigger_name, tracked_tables
@@ -24,8 +26,8 @@ def test_the_tracked_tables_are_every_table_of_the_catalog_operations_and_teleme
         for model in apps.get_app_config(label).get_models():
             assert tables[model._meta.db_table] == label
     assert "catalog_shard" in tables and "telemetry_cardreading" in tables
-    assert "catalog_restartstep" in tables  # the operations' tables kept their catalog_ names
-    assert tables["catalog_auditentry"] == "audit"  # the log, for the history panels
+    assert "operations_restartstep" in tables  # the operations' tables under their app's names
+    assert tables[AuditEntry._meta.db_table] == "audit"  # the log, for the history panels
     assert "audit_rowchange" not in tables  # written beside every catalog write, read by no kept answer
 
 
@@ -170,12 +172,13 @@ def test_two_writers_of_two_areas_in_opposite_orders_both_commit(audit_flushable
 
     threads = [
         threading.Thread(
-            target=writer, args=("UPDATE catalog_node SET state = state", "DELETE FROM catalog_restartstep")
+            target=writer,
+            args=("UPDATE catalog_node SET state = state", f"DELETE FROM {RestartStep._meta.db_table}"),
         ),
         threading.Thread(
             target=writer,
             args=(
-                "DELETE FROM catalog_restartoperation",
+                f"DELETE FROM {RestartOperation._meta.db_table}",
                 "UPDATE catalog_gpuclass SET usable_mib = usable_mib",
             ),
         ),
