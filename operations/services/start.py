@@ -3,7 +3,7 @@
 ``restart_start`` records the operation and one step per replica, audits it,
 and enqueues the worker's task when the transaction commits;
 ``operation_cancel`` asks it to stop. The worker's side is
-``operations/services/runner.py``.
+``operations/services/runner/``.
 """
 
 from __future__ import annotations
