@@ -2,7 +2,7 @@
 
 How an operation is claimed, kept alive and taken over is explained in
 ``operations/services/lease.py``; what a step does, in
-``operations/services/runner.py``; the whole story in docs/design.md, "Restarts".
+``operations/services/runner/``; the whole story in docs/design.md, "Restarts".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Workers are django-tasks-db's ``python manage.py db_worker`` processes (this
 project's ``db_worker`` command, which schedules the periodic tasks as it
 starts); any number of them may run, on any host, against the same database.
 How a run claims its operation, keeps it and is taken over is
-``operations/services/lease.py``; what it does, ``operations/services/runner.py``;
+``operations/services/lease.py``; what it does, ``operations/services/runner/``;
 the reconciler, ``operations/services/reconcile.py``. This module holds the
 tasks and how they are put in the queue, and nothing else.
 

@@ -1,7 +1,7 @@
 """The whole restart, simulated before it starts: where each replica of the
 profile goes, in the order the restart takes them.
 
-The restart (``operations/services/runner.py``) takes the profile's
+The restart (``operations/services/runner/``) takes the profile's
 live replicas by name, one step each, ``parallel`` at a time. A step places
 the replacement beside the running replicas on free cards of the class (best
 fit: a ready node holding none of the model's other live replicas first, then

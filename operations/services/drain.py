@@ -4,7 +4,7 @@ replicas to other nodes, rolling, as restart operations), uncordon it; and move 
 A drain is one restart operation per profile with replicas on the node, each with the node's
 replicas named, rolling only (a replacement starts elsewhere and is ready before the old one
 stops) and planned off the node: the same checks, plan, progress, deadline and audit as any
-restart (operations/services/start.py, runner.py). It is all or nothing: when one profile's
+restart (operations/services/start.py, runner/). It is all or nothing: when one profile's
 replicas have no place elsewhere (or a restart of that model is already under way), nothing is
 started and the node is not cordoned. A cordoned node takes no replacement anywhere (placement
 uses ready nodes only); the pages show its state on every card grid and node page.

@@ -3,7 +3,7 @@
 ``restart_start`` records the operation and one step per replica, audits it,
 and enqueues the worker's task when the transaction commits;
 ``operation_cancel`` asks it to stop. The worker's side is
-``operations/services/runner.py``.
+``operations/services/runner/``.
 """
 
 from __future__ import annotations
@@ -152,6 +152,115 @@ def _busy(op: RestartOperation) -> DomainError:
     return busy_refusal(op, doing="starting another restart of it")
 
 
+def _check_options(
+    *, max_parallel: int, ready_timeout: float, settle_seconds: float | None, stop_at_first_failure: bool
+) -> float:
+    """Refuse (invalid) a restart's options out of their bounds; returns the settle time it runs with."""
+    if (
+        isinstance(max_parallel, bool)
+        or not isinstance(max_parallel, int)
+        or not 1 <= max_parallel <= MAX_PARALLEL
+    ):
+        raise DomainError(
+            "invalid", f"max_parallel must be a whole number from 1 to {MAX_PARALLEL}, not {max_parallel!r}."
+        )
+    if (
+        isinstance(ready_timeout, bool)
+        or not isinstance(ready_timeout, int | float)
+        or not 0 < ready_timeout <= MAX_READY_TIMEOUT
+    ):
+        raise DomainError(
+            "invalid",
+            f"ready_timeout must be a number of seconds above 0 and at most "
+            f"{MAX_READY_TIMEOUT:g}, not {ready_timeout!r}.",
+        )
+    settle = settings.LLMGW_RESTART_SETTLE_SECONDS if settle_seconds is None else settle_seconds
+    if (
+        isinstance(settle, bool)
+        or not isinstance(settle, int | float)
+        or not 0 <= settle <= MAX_READY_TIMEOUT
+    ):
+        raise DomainError(
+            "invalid",
+            f"settle_seconds must be a number of seconds from 0 to {MAX_READY_TIMEOUT:g}, not {settle!r}.",
+        )
+    if not isinstance(stop_at_first_failure, bool):
+        raise DomainError(
+            "invalid", f"stop_at_first_failure must be true or false, not {stop_at_first_failure!r}."
+        )
+    return settle
+
+
+def _lock_model(model_name: str) -> ServedModel:
+    """The model, locked until the caller's transaction commits; busy while a restart of it is active."""
+    # Held until commit: a second restart of the model waits here, then sees this one and is refused.
+    model = ServedModel.objects.select_for_update().filter(name=model_name).first()
+    if model is None:
+        raise not_found(f"No model {model_name!r} in the catalog.")
+    active = (
+        RestartOperation.objects.filter(model=model, state__in=RestartOperation.ACTIVE_STATES)
+        .select_related("model")
+        .first()
+    )
+    if active is not None:
+        raise _busy(active)
+    return model
+
+
+def _one_profile(model: ServedModel, chosen: list[Replica]) -> Profile:
+    """The one profile the chosen replicas run (several_profiles otherwise)."""
+    profile_ids = {r.profile_id for r in chosen}
+    if len(profile_ids) > 1:
+        raise DomainError(
+            "several_profiles",
+            f"The replicas named run {len(profile_ids)} different profiles "
+            f"of {model.name}: restart one profile's replicas at a time.",
+        )
+    return Profile.objects.select_related("model", "gpu_class").get(pk=profile_ids.pop())
+
+
+def _record_operation(op: RestartOperation) -> RestartOperation:
+    """Save the operation; busy should another restart of its model be recorded first."""
+    try:
+        with transaction.atomic():
+            op.save()
+    except IntegrityError:  # the one-active-restart constraint, should a writer slip past the lock
+        raise _busy(
+            RestartOperation.objects.filter(model=op.model, state__in=RestartOperation.ACTIVE_STATES).first()
+            or op
+        ) from None
+    return op
+
+
+def _record_steps(op: RestartOperation, chosen: list[Replica], places: dict[str, Placement]) -> None:
+    """One step per chosen replica, each with where the plan puts its replacement."""
+    RestartStep.objects.bulk_create(
+        RestartStep(
+            operation=op,
+            old_replica=r,
+            planned_node=places[r.name].node if r.name in places else "",
+            planned_cards=list(places[r.name].cards) if r.name in places else [],
+            planned_in_place=places[r.name].in_place if r.name in places else None,
+        )
+        for r in chosen
+    )
+
+
+def _audit_start(op: RestartOperation, names: list[str], *, actor: Actor) -> None:
+    audit_record(
+        action="restart_start",
+        object_type="restart",
+        object_key=str(op.pk),
+        object_repr=str(op),
+        after=_operation_after(op, names),
+        actor=actor,
+        message=f"restart #{op.pk} of {op.model.name} asked by {op.requested_by_name}: {len(names)} replica(s) "
+        f"({', '.join(names)}), {op.mode}, {op.max_parallel} at a time, {op.ready_timeout:g} s to be ready, "
+        f"{op.settle_seconds:g} s to stay ready, "
+        + ("stopping at the first failed step" if op.stop_at_first_failure else "every replica tried"),
+    )
+
+
 def restart_start(
     *,
     model_name: str,
@@ -188,108 +297,38 @@ def restart_start(
     it with the profile revision its replacements run. ``avoid_nodes``: nodes no replacement is
     planned on (moving replicas off a node, operations/services/drain.py).
     """
-    if (
-        isinstance(max_parallel, bool)
-        or not isinstance(max_parallel, int)
-        or not 1 <= max_parallel <= MAX_PARALLEL
-    ):
-        raise DomainError(
-            "invalid", f"max_parallel must be a whole number from 1 to {MAX_PARALLEL}, not {max_parallel!r}."
-        )
-    if (
-        isinstance(ready_timeout, bool)
-        or not isinstance(ready_timeout, int | float)
-        or not 0 < ready_timeout <= MAX_READY_TIMEOUT
-    ):
-        raise DomainError(
-            "invalid",
-            f"ready_timeout must be a number of seconds above 0 and at most "
-            f"{MAX_READY_TIMEOUT:g}, not {ready_timeout!r}.",
-        )
-    settle = settings.LLMGW_RESTART_SETTLE_SECONDS if settle_seconds is None else settle_seconds
-    if (
-        isinstance(settle, bool)
-        or not isinstance(settle, int | float)
-        or not 0 <= settle <= MAX_READY_TIMEOUT
-    ):
-        raise DomainError(
-            "invalid",
-            f"settle_seconds must be a number of seconds from 0 to {MAX_READY_TIMEOUT:g}, not {settle!r}.",
-        )
-    if not isinstance(stop_at_first_failure, bool):
-        raise DomainError(
-            "invalid", f"stop_at_first_failure must be true or false, not {stop_at_first_failure!r}."
-        )
+    settle = _check_options(
+        max_parallel=max_parallel,
+        ready_timeout=ready_timeout,
+        settle_seconds=settle_seconds,
+        stop_at_first_failure=stop_at_first_failure,
+    )
     actor = actor or current_actor()
     with transaction.atomic():
-        # Held until commit: a second restart of the model waits here, then sees this one and is refused.
-        model = ServedModel.objects.select_for_update().filter(name=model_name).first()
-        if model is None:
-            raise not_found(f"No model {model_name!r} in the catalog.")
-        active = (
-            RestartOperation.objects.filter(model=model, state__in=RestartOperation.ACTIVE_STATES)
-            .select_related("model")
-            .first()
-        )
-        if active is not None:
-            raise _busy(active)
+        model = _lock_model(model_name)
         chosen = _chosen_replicas(model, replicas)
-        profile_ids = {r.profile_id for r in chosen}
-        if len(profile_ids) > 1:
-            raise DomainError(
-                "several_profiles",
-                f"The replicas named run {len(profile_ids)} different profiles "
-                f"of {model.name}: restart one profile's replicas at a time.",
-            )
-        profile = Profile.objects.select_related("model", "gpu_class").get(pk=profile_ids.pop())
+        profile = _one_profile(model, chosen)
         _check_restartable(model, profile)
         refuse_unless_fits(profile, doing="restarted", model=model)
         places = _plan(profile, chosen, in_place=in_place, max_parallel=max_parallel, avoid_nodes=avoid_nodes)
-        op = RestartOperation(
-            model=model,
-            profile=profile,
-            in_place=in_place,
-            max_parallel=max_parallel,
-            ready_timeout=float(ready_timeout),
-            settle_seconds=float(settle),
-            stop_at_first_failure=stop_at_first_failure,
-            requested_by=actor.resolved_user,
-            requested_by_name=actor.display_name[:150],
-            via=actor.via,
-            cause=(cause or _default_cause(chosen, named=bool(replicas)))[:300],
-            target_revision=profile.revision,
-        )
-        try:
-            with transaction.atomic():
-                op.save()
-        except IntegrityError:  # the one-active-restart constraint, should a writer slip past the lock
-            raise _busy(
-                RestartOperation.objects.filter(model=model, state__in=RestartOperation.ACTIVE_STATES).first()
-                or op
-            ) from None
-        RestartStep.objects.bulk_create(
-            RestartStep(
-                operation=op,
-                old_replica=r,
-                planned_node=places[r.name].node if r.name in places else "",
-                planned_cards=list(places[r.name].cards) if r.name in places else [],
-                planned_in_place=places[r.name].in_place if r.name in places else None,
+        op = _record_operation(
+            RestartOperation(
+                model=model,
+                profile=profile,
+                in_place=in_place,
+                max_parallel=max_parallel,
+                ready_timeout=float(ready_timeout),
+                settle_seconds=float(settle),
+                stop_at_first_failure=stop_at_first_failure,
+                requested_by=actor.resolved_user,
+                requested_by_name=actor.display_name[:150],
+                via=actor.via,
+                cause=(cause or _default_cause(chosen, named=bool(replicas)))[:300],
+                target_revision=profile.revision,
             )
-            for r in chosen
         )
-        names = [r.name for r in chosen]
-        audit_record(
-            action="restart_start",
-            object_type="restart",
-            object_key=str(op.pk),
-            object_repr=str(op),
-            after=_operation_after(op, names),
-            actor=actor,
-            message=f"restart #{op.pk} of {model.name} asked by {op.requested_by_name}: {len(names)} replica(s) "
-            f"({', '.join(names)}), {op.mode}, {max_parallel} at a time, {ready_timeout:g} s to be ready, "
-            f"{settle:g} s to stay ready, "
-            + ("stopping at the first failed step" if stop_at_first_failure else "every replica tried"),
-        )
+        _record_steps(op, chosen, places)
+        _audit_start(op, [r.name for r in chosen], actor=actor)
         # robust: should the enqueue fail, the restart stays queued and the sweep enqueues it.
         transaction.on_commit(partial(enqueue_restart, op.pk), robust=True)
     return op

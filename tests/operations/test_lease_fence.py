@@ -14,6 +14,7 @@ from base.actor import Actor
 from operations.models import RestartOperation, RestartStep
 from operations.services.lease import Lease, OperationLost, claim
 from operations.services.runner import OperationRun
+from operations.services.runner.finishing import finish
 from operations.services.start import restart_start
 from operations.tasks import enqueue_restart, reconcile_fleet, start_worker_schedule, sweep_restarts
 from tests.support import builders as b
@@ -34,8 +35,8 @@ def test_a_worker_taken_over_writes_nothing_more(operation):
     assert first is not None
     lease = Lease(operation.pk, "worker:first-1", epoch=first.attempts)
     run = OperationRun(first, lease, Actor(via="worker", name="worker:first-1"))
-    step = run._step(operation.steps.get().pk)
-    run._set_step(step, reason="written while it holds the operation")
+    step = run.records.step(operation.steps.get().pk)
+    run.records.set_step(step, reason="written while it holds the operation")
 
     RestartOperation.objects.filter(pk=operation.pk).update(
         heartbeat_at=timezone.now() - timedelta(seconds=60)
@@ -44,10 +45,10 @@ def test_a_worker_taken_over_writes_nothing_more(operation):
     assert second is not None and second.attempts == first.attempts + 1
     entries = AuditEntry.objects.count()
     with pytest.raises(OperationLost):
-        run._set_step(step, reason="written after the takeover")
+        run.records.set_step(step, reason="written after the takeover")
     with pytest.raises(OperationLost):
-        run._replica_change(step.old_replica_id, state="stopped", action="stop", message="not written")
-    assert run._finish(cancelled=False) == "lost"
+        run.records.replica_change(step.old_replica_id, state="stopped", action="stop", message="not written")
+    assert finish(run.records, cancelled=False) == "lost"
     assert RestartStep.objects.get(pk=step.pk).reason == "written while it holds the operation"
     assert RestartOperation.objects.get(pk=operation.pk).state == "running"
     assert AuditEntry.objects.count() == entries

@@ -364,6 +364,7 @@ def test_a_stale_replica_is_restarted_with_the_spec_of_its_revision_known_from_t
 def test_a_cancel_lets_the_step_in_flight_finish_and_starts_no_other(tmp_path, actor):
     from operations.services.lease import Lease, claim
     from operations.services.runner import OperationRun
+    from operations.services.runner.rolling import place_beside
     from operations.services.start import operation_cancel
 
     with fleet_of(tmp_path) as fleet:
@@ -374,8 +375,8 @@ def test_a_cancel_lets_the_step_in_flight_finish_and_starts_no_other(tmp_path, a
         # A worker has the first step in flight when the operator cancels.
         claimed = claim(op.pk, "worker:first-1")
         run = OperationRun(claimed, Lease(op.pk, "worker:first-1"), actor)
-        step = run._step(steps_of(op)[0].pk)
-        assert run._place_beside(step, None)
+        step = run.records.step(steps_of(op)[0].pk)
+        assert place_beside(run.parts, step, None)
         operation_cancel(operation_id=op.pk)
         assert RestartOperation.objects.get(pk=op.pk).state == "running"  # it has a worker: it finishes first
 

@@ -26,6 +26,7 @@ from catalog.models import Replica
 from operations.models import RestartOperation, RestartStep
 from operations.services.lease import Lease, OperationLost, claim
 from operations.services.runner import OperationRun, run_operation
+from operations.services.runner.rolling import place_beside
 from operations.services.start import operation_cancel, restart_start
 from operations.tasks import enqueue_restart, operations_sweep, run_restart
 from tests.support.restart import (
@@ -135,8 +136,8 @@ def test_a_step_left_waiting_by_a_dead_worker_is_resumed_without_starting_its_re
         # A first worker placed and started the replacement, then died before it was ready.
         first = claim(op.pk, "worker:dead-1")
         run = OperationRun(first, Lease(op.pk, "worker:dead-1"), actor)
-        step = run._step(op.steps.get().pk)
-        assert run._place_beside(step, None)
+        step = run.records.step(op.steps.get().pk)
+        assert place_beside(run.parts, step, None)
         fleet.agents[step.node].client().put(f"/v1/replicas/{step.new_replica.name}", json=step.spec)
         RestartStep.objects.filter(pk=step.pk).update(state="waiting")
         stale(op, "worker:dead-1")
@@ -163,8 +164,8 @@ def test_an_operation_taken_over_too_often_is_failed_with_its_steps_in_flight_ro
         op = restart_start(model_name=MODEL, ready_timeout=30)
         first = claim(op.pk, "worker:dead-1")
         run = OperationRun(first, Lease(op.pk, "worker:dead-1"), actor)
-        step = run._step(op.steps.get().pk)
-        assert run._place_beside(step, None)
+        step = run.records.step(op.steps.get().pk)
+        assert place_beside(run.parts, step, None)
         fleet.agents[step.node].client().put(f"/v1/replicas/{step.new_replica.name}", json=step.spec)
         stale(op, "worker:dead-2")
         RestartOperation.objects.filter(pk=op.pk).update(attempts=2)
