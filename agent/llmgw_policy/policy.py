@@ -1058,18 +1058,3 @@ def _template_regex(pattern: str) -> str:
         pos = match.end()
     parts.append(re.escape(pattern[pos:]))
     return "".join(parts)
-
-
-def context_value(policy: Policy, engine: str, args: Sequence[str]) -> str | None:
-    """The value of the last context flag in ``args`` as written, or None."""
-    eng = policy.engines.get(engine)
-    if eng is None:
-        return None
-    found = None
-    for i, token in enumerate(args):
-        if not _is_flag(token):
-            continue
-        name, joined = _split(eng, token)
-        if eng.canonical(name) in eng.context_flags:
-            found = joined if joined is not None else (args[i + 1] if i + 1 < len(args) else "")
-    return found

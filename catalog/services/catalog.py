@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models.deletion import ProtectedError
-from llmgw_policy import Refusal, context_value, default_policy, source_refusal
+from llmgw_policy import Refusal, source_refusal
 
 from audit.services import audit_record, changed_fields, snapshot
 from base.actor import Actor
@@ -297,10 +297,10 @@ def validate_profile_spec(
     model = profile.model
     refusals = engines.refusals(engine, profile.args, profile.env, context_max=model.context_length)
     if not context_from_operation and not refusals:
-        now = context_value(default_policy(), engine.name, profile.args)
+        now = engines.context_arg(engine, profile.args)
         was = None
         if before is not None and before.get("engine") == profile.engine:
-            was = context_value(default_policy(), engine.name, before.get("args") or [])
+            was = engines.context_arg(engine, before.get("args") or [])
         if now is not None and now != was:
             flag = engine.context_flags[0]
             refusals = [
