@@ -28,6 +28,7 @@ from catalog.models import (
     stale_replicas_q,
 )
 from catalog.services import catalog as services
+from planning.types import SHAPE_FIELDS
 
 SAVE: dict[type[models.Model], Callable[..., Any]] = {
     GPUClass: services.gpu_class_save,
@@ -204,27 +205,35 @@ class ProfileAdminForm(CheckedForm):
         services.validate_profile_spec(instance, before=before)
 
 
+# The shape's figures that are never unknown, only 0 by default (sliding_layers,
+# replicated_bytes): left empty on the form, each stays as it was.
+_DEFAULTED_SHAPE_FIELDS = tuple(
+    f.name
+    for f in ServedModel._meta.concrete_fields
+    if f.name in SHAPE_FIELDS and not f.null and f.has_default()
+)
+
+
 class ServedModelAdminForm(CheckedForm):
     class Meta:
         model = ServedModel
-        fields = [
-            "name",
-            "source",
-            "context_length",
-            "layers",
-            "attention_heads",
-            "kv_heads",
-            "head_dim",
-            "dtype",
-            "attention",
-            "kv_bytes_per_token",
-            "weight_bytes",
-            "expert_bytes",
-            "sliding_window",
-            "sliding_layers",
-            "declared",
-            "declared_in",
-        ]
+        # Every shape field, as the API and the settings file take them (an editor corrects what an
+        # import read wrong).
+        fields = ["name", "source", "context_length", *SHAPE_FIELDS, "declared", "declared_in"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in _DEFAULTED_SHAPE_FIELDS:
+            if name in self.fields:
+                self.fields[name].required = False
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        for name in _DEFAULTED_SHAPE_FIELDS:
+            if name in self.fields and name in data and data[name] is None:
+                data[name] = getattr(self.instance, name)  # as it was; a new model's is the default
+        return data
 
     def check_with_services(self, instance: ServedModel) -> None:
         services.validate_model_source(instance.source)

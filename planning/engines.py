@@ -209,6 +209,15 @@ def int_value(eng: Engine, args: Sequence[str], flags: Iterable[str]) -> int | N
     return parse_int(get_where(args, matcher(eng, flags)))
 
 
+def context_arg(eng: Engine, args: Sequence[str]) -> str | None:
+    """The value of the last context flag in ``args`` as written, in any
+    spelling this engine's parser would take for it (see ``matcher``); None
+    when there is none, "" when it has no value. The one reading of a
+    profile's context flag: the planner's context (``rules.context_of``) and
+    the catalog's guard that only the context operation writes it."""
+    return get_where(args, matcher(eng, eng.context_flags))
+
+
 def with_context(eng: Engine, args: Sequence[str], tokens: int) -> list[str]:
     """``args`` with every spelling of the context flag dropped and the
     engine's first spelling set to ``tokens``."""

@@ -4,13 +4,13 @@ profile goes, in the order the restart takes them.
 The restart (``operations/services/runner/``) takes the profile's
 live replicas by name, one step each, ``parallel`` at a time. A step places
 the replacement beside the running replicas on free cards of the class (best
-fit: a ready node holding none of the model's other live replicas first, then
-the fewest free cards, then the name; the lowest-numbered free cards), and
-stops the old replica once the new one is ready, freeing its cards for the
-steps after it. Cards free before the restart come first: a step is given
-cards an earlier step frees only when those alone do not fit, since the run
-must then wait for that earlier step to end before it starts this one (the
-plan counts in waves, the run in slots that free as each replacement is
+fit, ``best_fit_key``: a ready node holding none of the model's other live
+replicas first, then the fewest free cards, then the name; the lowest-numbered
+free cards), and stops the old replica once the new one is ready, freeing its
+cards for the steps after it. Cards free before the restart come first: a step
+is given cards an earlier step frees only when those alone do not fit, since
+the run must then wait for that earlier step to end before it starts this one
+(the plan counts in waves, the run in slots that free as each replacement is
 ready). Where no node has room beside, and in place was allowed, the
 old replica is stopped first and the replacement starts on its node: on its
 own cards first, then free ones there. Steps running at the same time do not
@@ -77,6 +77,15 @@ class Placement:
         return f"{self.replica} → {self.node} cards {', '.join(map(str, self.cards))} ({how})"
 
 
+def best_fit_key(on_sibling: bool, free_cards: int, node_name: str) -> tuple[bool, int, str]:
+    """The order in which nodes with room take a replacement, smallest first: a node holding
+    none of the model's other live replicas (so that one node going down does not take every
+    replica of a model with it), then the fewest free cards that still fit (best fit, keeping
+    larger holes for larger replicas), then the name. The restart's plan (``place_restart``)
+    and its run (``operations/services/placement.py`` ``best_fit``) both pick by it."""
+    return (on_sibling, free_cards, node_name)
+
+
 def place_restart(
     nodes: Iterable[NodeCards],
     replicas: Sequence[LiveReplica],
@@ -120,10 +129,12 @@ def place_restart(
         if fits:
             without_waiting = [name for name in fits if len(idle[name]) >= n]
             if without_waiting:
-                node = min(without_waiting, key=lambda name: (name in siblings, len(idle[name]), name))
+                node = min(
+                    without_waiting, key=lambda name: best_fit_key(name in siblings, len(idle[name]), name)
+                )
                 chosen = tuple(sorted(idle[node])[:n])
             else:
-                node = min(fits, key=lambda name: (name in siblings, len(free[name]), name))
+                node = min(fits, key=lambda name: best_fit_key(name in siblings, len(free[name]), name))
                 chosen = tuple(free[node][:n])
             free[node] = [c for c in free[node] if c not in chosen]
             idle[node] -= set(chosen)

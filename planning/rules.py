@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from base.errors import DomainError
 from planning.args import parse_int
-from planning.engines import Engine, drop_spellings, int_value
+from planning.engines import Engine, context_arg, drop_spellings
 from planning.types import ModelSpec, ProfileSpec, Shape
 from planning.units import and_list, cards, or_list
 
@@ -138,7 +138,7 @@ def context_of(model: ModelSpec, profile: ProfileSpec, engine: Engine) -> int | 
     environment variable, else the model's context length. None when none
     of them is known. A value of 0 or less means "the model's own", as
     llama.cpp reads ``-c 0``."""
-    from_args = int_value(engine, profile.args, engine.context_flags)
+    from_args = parse_int(context_arg(engine, profile.args))
     if from_args is not None and from_args > 0:
         return from_args
     from_env = None

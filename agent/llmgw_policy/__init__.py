@@ -30,7 +30,6 @@ The modules, each about one thing:
 
 from .loading import POLICY_PATH, default_policy, load_policy
 from .model import EnginePolicy, Limits, Policy, PolicyError, Refusal, ValueRule
-from .parsing import context_value
 from .profile import check_profile
 from .source import parse_roots, source_refusal, split_source
 from .spec import check_spec, launch_args
@@ -46,7 +45,6 @@ __all__ = [
     "ValueRule",
     "check_profile",
     "check_spec",
-    "context_value",
     "default_policy",
     "is_flag",
     "launch_args",

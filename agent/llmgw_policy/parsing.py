@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .model import EnginePolicy, Policy
+from .model import EnginePolicy
 from .tokens import is_flag
 
 
@@ -42,18 +42,3 @@ def skip_value(args: Sequence[str], i: int, joined_value: str | None) -> int:
     if joined_value is None and i < len(args) and not is_flag(args[i]):
         return i + 1
     return i
-
-
-def context_value(policy: Policy, engine: str, args: Sequence[str]) -> str | None:
-    """The value of the last context flag in ``args`` as written, or None."""
-    eng = policy.engines.get(engine)
-    if eng is None:
-        return None
-    found = None
-    for i, token in enumerate(args):
-        if not is_flag(token):
-            continue
-        name, joined = split_flag(eng, token)
-        if eng.canonical(name) in eng.context_flags:
-            found = joined if joined is not None else (args[i + 1] if i + 1 < len(args) else "")
-    return found

@@ -7,21 +7,21 @@ defaults to the one the entry point set (middleware, command, worker).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models.deletion import ProtectedError
-from llmgw_policy import Refusal, context_value, default_policy, source_refusal
+from llmgw_policy import Refusal, source_refusal
 
 from audit.services import audit_record, changed_fields, snapshot
 from base.actor import Actor
 from base.errors import DomainError, conflict, declared
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 from operations.services.busy import refuse_while_restarting
-from planning.types import TEXT_SHAPE_FIELDS
+from planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
 
 M = TypeVar("M", bound=models.Model)
 
@@ -297,10 +297,10 @@ def validate_profile_spec(
     model = profile.model
     refusals = engines.refusals(engine, profile.args, profile.env, context_max=model.context_length)
     if not context_from_operation and not refusals:
-        now = context_value(default_policy(), engine.name, profile.args)
+        now = engines.context_arg(engine, profile.args)
         was = None
         if before is not None and before.get("engine") == profile.engine:
-            was = context_value(default_policy(), engine.name, before.get("args") or [])
+            was = engines.context_arg(engine, before.get("args") or [])
         if now is not None and now != was:
             flag = engine.context_flags[0]
             refusals = [
@@ -391,6 +391,16 @@ def shard_delete(*, instance: Shard, actor: Actor | None = None) -> None:
     _delete(instance, actor=actor)
 
 
+def set_shape(instance: ServedModel, shape: Mapping[str, Any]) -> None:
+    """Set those of ``instance``'s shape fields (``SHAPE_FIELDS``) and context length that
+    ``shape`` names, unsaved. An unknown text (None) is kept as "" (``selectors.shape_of``
+    reads it back as None)."""
+    for field in (*SHAPE_FIELDS, "context_length"):
+        if field in shape:
+            value = shape[field]
+            setattr(instance, field, "" if value is None and field in TEXT_SHAPE_FIELDS else value)
+
+
 def model_import(
     *, name: str, source: str, shape: dict[str, Any], actor: Actor | None = None, message: str = ""
 ) -> ServedModel:
@@ -403,6 +413,5 @@ def model_import(
         else:
             ensure_not_declared(instance)
         instance.source = source
-        for field, value in shape.items():
-            setattr(instance, field, value if value is not None or field not in TEXT_SHAPE_FIELDS else "")
+        set_shape(instance, shape)
         return _save(instance, actor=actor, message=message or f"shape imported from {source}")

@@ -11,8 +11,8 @@ from django.db import transaction
 
 from base.errors import DomainError
 from catalog.models import GPUClass, Profile, ServedModel
-from catalog.services.catalog import model_save, profile_delete, profile_save
-from planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
+from catalog.services.catalog import model_save, profile_delete, profile_save, set_shape
+from planning.types import SHAPE_FIELDS
 
 MODEL_KEYS = {"name", "source", "context_length", "checkpoint", "profiles", *SHAPE_FIELDS}
 PROFILE_KEYS = {"name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env"}
@@ -94,10 +94,7 @@ def sync_cluster_settings(*, path: Path) -> SyncResult:
             if model is None:
                 model = ServedModel(name=m["name"])
             model.source = m["source"]
-            for key, value in shape.items():
-                if key in TEXT_SHAPE_FIELDS and value is None:
-                    value = ""
-                setattr(model, key, value)
+            set_shape(model, shape)
             model.declared, model.declared_in = True, where
             try:
                 model = model_save(instance=model, from_settings=True)

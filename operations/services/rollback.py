@@ -43,14 +43,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
 
 from audit.models import AuditEntry
 from audit.summary import label
 from base.actor import Actor
 from base.errors import DomainError, conflict, not_found
 from base.secrets import fingerprint
-from catalog.models import GPUClass, Profile, Replica, ServedModel, live_replicas_q, stale_replicas_q
+from catalog.models import GPUClass, Profile, Replica, ServedModel, restartable_replicas_q, stale_replicas_q
 from catalog.services.catalog import SERVING_FIELDS, profile_save, replica_save
 from operations.models import RestartStep
 from operations.services.specs import build_spec, started_spec
@@ -266,10 +265,9 @@ def profile_rollback(
                 "unchanged",
                 f"{current} at revision {was} already runs what revision {revision} ran: nothing to roll back.",
             )
-        # The replicas a restart of stale ones takes: live, or on a node that does not answer.
-        behind = Replica.objects.filter(
-            live_replicas_q() | Q(state=Replica.State.UNKNOWN), stale_replicas_q(), profile=saved
-        ).order_by("name")
+        # The replicas a restart of stale ones takes.
+        stale = restartable_replicas_q() & stale_replicas_q()
+        behind = Replica.objects.filter(stale, profile=saved).order_by("name")
         adopted: list[Adopted] = []
         to_restart: list[Restarted] = []
         for replica in behind:

@@ -14,13 +14,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import audit_record
 from base.actor import Actor, current_actor
 from base.errors import DomainError, conflict, not_found
-from catalog.models import Profile, Replica, ServedModel, live_replicas_q, stale_replicas_q
+from catalog.models import Profile, Replica, ServedModel, restartable_replicas_q, stale_replicas_q
 from catalog.services.fit import refuse_unless_fits
 from operations.models import RestartOperation, RestartStep
 from operations.selectors import rooms_and_fleet
@@ -55,9 +54,7 @@ def _operation_after(op: RestartOperation, names: list[str]) -> dict[str, Any]:
 
 def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replica]:
     # A replica whose node does not answer ("unknown") is restarted too: its replacement goes elsewhere.
-    live = Replica.objects.filter(
-        live_replicas_q() | Q(state=Replica.State.UNKNOWN), profile__model=model
-    ).select_related("profile")
+    live = Replica.objects.filter(restartable_replicas_q(), profile__model=model).select_related("profile")
     if names:
         chosen = []
         for name in dict.fromkeys(names):
@@ -68,7 +65,7 @@ def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replic
                 raise DomainError(
                     "other_model", f"Replica {name} serves {replica.profile.model.name}, not {model.name}."
                 )
-            if not (replica.is_live or replica.state == Replica.State.UNKNOWN):
+            if not replica.is_restartable:
                 raise conflict(
                     "not_live",
                     f"Replica {name} is {replica.state}: only starting, loading, ready or unknown "

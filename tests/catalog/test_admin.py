@@ -74,6 +74,29 @@ def test_a_declared_model_is_read_only_in_the_admin_and_says_where_to_change_it(
     assert AuditEntry.objects.count() == 0
 
 
+def test_the_admin_edits_the_whole_shape_and_a_figure_left_empty_stays_as_it_was(admin_client):
+    m = b.llama_8b()
+    ServedModel.objects.filter(pk=m.pk).update(replicated_bytes=1024, sliding_layers=0)
+    page = admin_client.get(f"/admin/catalog/servedmodel/{m.pk}/change/").content.decode()
+    assert 'name="hidden_size"' in page and 'name="expert_format"' in page
+    response = admin_client.post(
+        f"/admin/catalog/servedmodel/{m.pk}/change/",
+        {
+            "name": m.name,
+            "source": m.source,
+            "context_length": 131072,
+            "hidden_size": 4096,
+            "expert_format": "mxfp4",
+            "replicated_bytes": "",
+            "profiles-TOTAL_FORMS": 0,
+            "profiles-INITIAL_FORMS": 0,
+        },
+    )
+    assert response.status_code == 302, response.content
+    m.refresh_from_db()
+    assert (m.hidden_size, m.expert_format, m.replicated_bytes, m.sliding_layers) == (4096, "mxfp4", 1024, 0)
+
+
 def test_the_node_list_shows_free_cards_per_class(admin_client):
     n = b.node("gpu-1", cards=4)
     b.replica(b.profile(b.llama_8b(), gpus=2), n, [0, 1])

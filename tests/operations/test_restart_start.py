@@ -15,7 +15,7 @@ from django_tasks_db.models import DBTaskResult
 
 from audit.models import AuditEntry
 from base.errors import DomainError
-from catalog.models import Profile
+from catalog.models import Profile, Replica, restartable_replicas_q
 from operations.models import RestartOperation
 from operations.services.start import restart_start
 from tests.support import builders as b
@@ -66,6 +66,15 @@ def test_named_live_replicas_are_restarted_even_when_current(llama, actor):
     )
     assert [s.old_replica.name for s in op.steps.all()] == ["llama-2"]
     assert (op.in_place, op.mode) == (True, "in place")
+
+
+@pytest.mark.parametrize("state", Replica.State.values)
+def test_a_restart_takes_live_and_unknown_replicas_in_a_query_and_on_a_row_alike(llama, state):
+    replica = Replica.objects.get(name="llama-1")
+    Replica.objects.filter(pk=replica.pk).update(state=state)
+    replica.refresh_from_db()
+    taken = Replica.objects.filter(restartable_replicas_q(), pk=replica.pk).exists()
+    assert taken == replica.is_restartable == (state in {"starting", "loading", "ready", "unknown"})
 
 
 def test_the_task_is_enqueued_when_the_transaction_commits_not_before(

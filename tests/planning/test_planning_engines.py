@@ -12,6 +12,7 @@ import pytest
 from base.errors import DomainError
 from planning.engines import (
     RegistryError,
+    context_arg,
     engine,
     int_value,
     launch_args,
@@ -249,6 +250,24 @@ def test_with_context_drops_every_spelling_and_writes_the_first():
 
 def test_int_value_reads_the_engine_spellings():
     assert int_value(engine("vllm"), ["--max_model_len=4096"], engine("vllm").context_flags) == 4096
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "written"),
+    [
+        ("vllm", ["--max-model-len", "8192"], "8192"),
+        ("vllm", ["--max_model_len=4096"], "4096"),
+        ("vllm", ["--max-model", "4096"], "4096"),  # argparse's abbreviation
+        ("llamacpp", ["-c", "4096", "--ctx-size=8192"], "8192"),  # the last, whatever its form
+        ("llamacpp", ["-c", "04096"], "04096"),  # as written: the guard compares the text
+        ("vllm", ["--context-length", "2048"], None),  # another engine's flag
+        ("vllm", ["--max-model-len", "--enforce-eager"], ""),
+    ],
+)
+def test_the_context_flag_is_read_in_every_spelling_and_as_written(name, args, written):
+    # The one reading of the context flag: the planner's context and the catalog's guard (only
+    # the context operation writes it) both take it, so a respelling hides it from neither.
+    assert context_arg(engine(name), args) == written
 
 
 @pytest.mark.parametrize(

@@ -120,6 +120,6 @@ def replica_log(request: HttpRequest, name: str) -> HttpResponse:
             secrets = profile_secrets(replica.profile.engine, replica.profile.env or {})
             context["lines"] = [redact(str(line), secrets) for line in body.get("lines", [])][-LOG_LINES:]
             context["state"] = str(body.get("state", replica.state))
-    context["polling"] = context["state"] in ("starting", "loading") and not context["error"]
+    context["polling"] = context["state"] in Replica.COMING_UP_STATES and not context["error"]
     context["poll"] = LOG_POLL
     return render(request, "catalog/replica_detail.html#log", context)
