@@ -166,6 +166,8 @@ class Replica(models.Model):
     RESTARTABLE_STATES = (*LIVE_STATES, "unknown")
     # States that keep their cards: live ones, and those whose end is not confirmed.
     HOLDING_STATES = (*LIVE_STATES, "stopping", "unknown")
+    # Ended: the engine is gone, by a stop or by a failure.
+    ENDED_STATES = ("failed", "stopped")
 
     name = models.CharField(max_length=128, unique=True, validators=[name_validator])
     profile = models.ForeignKey(Profile, on_delete=models.PROTECT, related_name="replicas")

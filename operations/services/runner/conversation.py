@@ -120,7 +120,7 @@ class AgentConversation:
         while True:
             self.lease.tick()
             now_state = state.get("state")
-            if now_state in ("starting", "loading", "ready") and now_state != recorded:
+            if now_state in Replica.LIVE_STATES and now_state != recorded:
                 self.records.replica_change(
                     replica.pk,
                     state=now_state,
@@ -140,7 +140,7 @@ class AgentConversation:
                     f"({state.get('reason') or 'no reason given'})."
                 )
             reason = str(state.get("reason") or "")
-            if reason and reason != said and now_state in ("starting", "loading"):
+            if reason and reason != said and now_state in Replica.COMING_UP_STATES:
                 said = reason
                 self.records.set_step(step, reason=f"waiting for {replica.name}: {now_state}: {reason}")
             if time.monotonic() >= deadline:

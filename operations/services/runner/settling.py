@@ -55,7 +55,7 @@ def _fell_over(
     says its process is gone; the step's failure, saying when."""
     now_state = state.get("state")
     said = describe_failure(state) if now_state == "failed" else str(state.get("reason") or now_state)
-    if now_state in ("failed", "stopped"):
+    if now_state in Replica.ENDED_STATES:
         agents.records.replica_change(
             replica.pk,
             state=Replica.State.FAILED,
@@ -67,5 +67,5 @@ def _fell_over(
     return StepFailed(
         f"{replica.name} was ready, then {now_state} {time.monotonic() - began:.1f} s later, within "
         f"the {seconds:g} s it had to stay ready: {said}",
-        started=now_state not in ("failed", "stopped"),
+        started=now_state not in Replica.ENDED_STATES,
     )

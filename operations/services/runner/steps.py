@@ -52,7 +52,7 @@ def _run_step(run: RunParts, step_id: int) -> str:
 def _begin(run: RunParts, step: RestartStep) -> str:
     records, op = run.records, run.records.op
     old = step.old_replica
-    if old is None or not (old.is_live or old.state == Replica.State.UNKNOWN):
+    if old is None or not old.is_restartable:
         state = old.state if old is not None else "removed"
         return records.finish_step(
             step,
