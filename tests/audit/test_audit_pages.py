@@ -6,6 +6,7 @@ import csv
 import io
 import json
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -77,14 +78,10 @@ def lead_user():
     return b.user("lead", "audit.view_auditentry", "audit.export_auditentry")
 
 
-@pytest.mark.django_db(
-    transaction=True
-)  # the worker's heartbeat thread reads the operation from its own connection
-@pytest.mark.usefixtures("audit_flushable", "app_role")
-def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_and_both_exports(tmp_path):
-    # On PostgreSQL every path below (and the worker) logs in as the application's role, which owns nothing
-    # and may not change the log: app_role checks that.
-    lead = lead_user()
+def change_through_every_path(tmp_path: Path) -> RestartOperation:
+    """One change by each path that writes to the catalog: a resize from the model's page (which starts a
+    restart), the worker's run of that restart, an admin edit, an API edit and a command. Answers the restart,
+    having checked that every catalog row the paths changed has its audit entry in its transaction."""
     root = b.user("root")
     root.is_superuser = root.is_staff = True
     root.save()
@@ -116,17 +113,14 @@ def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_
 
     # Every catalog row the paths changed (PostgreSQL records them) has its audit entry in its transaction.
     assert set(changed_outside().values_list("id", flat=True)) == unaudited_before
-    by_via = {
-        via: list(AuditEntry.objects.filter(via=via).values_list("id", flat=True))
-        for via in ("ui", "worker", "admin", "api", "cli")
-    }
-    assert all(by_via.values()), by_via
+    return operation
 
-    page = signed_in(lead)
-    api = APIClient()
-    api.force_authenticate(lead)
-    resize_ui = AuditEntry.objects.get(via="ui", action="resize")
-    cases = {
+
+def filters_for_each_path(
+    operation: RestartOperation, resize_ui: AuditEntry, by_via: dict[str, list[int]]
+) -> dict[str, tuple[dict[str, str], list[int]]]:
+    """For each path of ``change_through_every_path``, a filter that finds its entries, and their ids."""
+    return {
         "page": ({"via": "ui", "action": "resize"}, [resize_ui.pk]),
         "worker": ({"via": "worker", "operation": str(operation.pk)}, sorted(by_via["worker"], reverse=True)),
         "admin": (
@@ -160,7 +154,28 @@ def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_
             by_via["admin"],
         ),
     }
-    for path, (filters, expected) in cases.items():
+
+
+@pytest.mark.django_db(
+    transaction=True
+)  # the worker's heartbeat thread reads the operation from its own connection
+@pytest.mark.usefixtures("audit_flushable", "app_role")
+def test_entries_from_every_path_are_found_by_their_filters_in_the_list_the_api_and_both_exports(tmp_path):
+    # On PostgreSQL every path (and the worker) logs in as the application's role, which owns nothing
+    # and may not change the log: app_role checks that.
+    lead = lead_user()
+    operation = change_through_every_path(tmp_path)
+    by_via = {
+        via: list(AuditEntry.objects.filter(via=via).values_list("id", flat=True))
+        for via in ("ui", "worker", "admin", "api", "cli")
+    }
+    assert all(by_via.values()), by_via
+
+    page = signed_in(lead)
+    api = APIClient()
+    api.force_authenticate(lead)
+    resize_ui = AuditEntry.objects.get(via="ui", action="resize")
+    for path, (filters, expected) in filters_for_each_path(operation, resize_ui, by_via).items():
         expected = sorted(expected, reverse=True)
         assert expected, path
         assert listed(page, **filters) == expected, path
