@@ -27,7 +27,7 @@ demo-db: install
 	DJANGO_DEBUG=1 $(PY) manage.py seed_demo --users --as demo
 
 # A node agent per demo node (stand-in engines), the seeded replicas started on them, the worker and
-# the web server on http://127.0.0.1:8000; Ctrl-C stops them all (catalog/management/commands/demo.py).
+# the web server on http://127.0.0.1:8000; Ctrl-C stops them all (demo/management/commands/demo.py).
 run: demo-db
 	DJANGO_DEBUG=1 $(PY) manage.py demo --as demo --addr 127.0.0.1:8000
 
@@ -47,15 +47,16 @@ test: install browser-deps
 
 # The README's screenshots, taken by the browser tests at a laptop's width (1366 px).
 screenshots: install browser-deps
-	SCREENSHOTS_DIR=docs/screenshots $(PY) -m pytest -q -m browser tests/test_browser.py
+	SCREENSHOTS_DIR=docs/screenshots $(PY) -m pytest -q -m browser tests/browser/test_browser.py
 
 # What the style guide promises, checked: ruff (lint and format), types (mypy with the Django and DRF
-# stubs), no import cycle, no model change without its migration, and an OpenAPI schema without a warning.
+# stubs), no import cycle, no import against docs/design.md's layers, no model change without its migration, and an OpenAPI schema without a warning.
 lint: install
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	DJANGO_DEBUG=1 .venv/bin/mypy
 	$(PY) tools/import_cycles.py
+	$(PY) tools/layers.py
 	DJANGO_DEBUG=1 DATABASE_URL=sqlite://:memory: $(PY) manage.py makemigrations --check --dry-run
 	DJANGO_DEBUG=1 DATABASE_URL=sqlite://:memory: $(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
 

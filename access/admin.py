@@ -18,7 +18,8 @@ class TokenAdmin(admin.ModelAdmin):
     list_display = ["name", "user", "token_key", "created", "expiry"]
     list_filter = ["expiry"]
     search_fields = ["name", "user__username", "token_key"]
-    fields = readonly_fields = ["name", "user", "token_key", "created", "expiry"]
+    fields = ("name", "user", "token_key", "created", "expiry")
+    readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -12,6 +12,6 @@ class AccessConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from access import checks  # noqa: F401  (registers the URL check)
-        from access.roles import sync_roles_after_migrate
+        from base.roles import sync_roles_after_migrate
 
         post_migrate.connect(sync_roles_after_migrate, dispatch_uid="access.sync_roles")

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.checks import Error, register
 
-from access.rules import declared_rule
 from access.urlmap import routes
+from base.rules import declared_rule
 
 
 @register("urls")

@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 
 from access.models import Token
 from audit.services import audit_record
-from catalog.errors import DomainError
+from base.errors import DomainError
 
 NAME_MAX = Token._meta.get_field("name").max_length or 100
 

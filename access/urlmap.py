@@ -1,6 +1,6 @@
 """Every URL pattern of the project with its view, walked from the URL configuration.
 
-The system check (access/checks.py) and the role × URL matrix test (tests/test_access_matrix.py)
+The system check (access/checks.py) and the role × URL matrix test (tests/access/test_access_matrix.py)
 both read the project's URLs from here, so neither can miss one.
 """
 

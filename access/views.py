@@ -10,9 +10,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from access.models import Token
-from access.rules import SIGNED_IN, requires
 from access.services import token_create, token_revoke
-from catalog.errors import DomainError
+from base.errors import DomainError
+from base.rules import SIGNED_IN, requires
 
 
 class TokenForm(forms.Form):

@@ -12,7 +12,7 @@ from llmgw_agent.memory_lines import parse_memory_lines, parse_nvidia_smi_apps
 
 GIB = 2**30
 
-# Verbatim lines from public start-up logs (the sources in tests/calibration.py).
+# Verbatim lines from public start-up logs (the sources in tests/planning/calibration.py).
 VLLM_V0 = """\
 INFO 12-02 10:00:00 model_runner.py:1071] Loading model weights took 14.9888 GB
 INFO 12-02 10:00:01 worker.py:232] Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34GiB

@@ -26,7 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.models import AuditEntry
-from llmgw_web.db import hold_lock
+from base.db import hold_lock
 
 GENESIS_HASH = "0" * 64
 # One lock for the chain: each entry must see the hash of the one committed before it.

@@ -8,7 +8,8 @@ from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError, connection
 
-AUDIT_TABLE = "catalog_auditentry"
+from audit.models import AuditEntry
+
 HOW = (
     "README, 'The database's two roles': migrate as the owner, then run the app as a role that owns nothing."
 )
@@ -21,7 +22,7 @@ def app_role_problem() -> str | None:
             "SELECT t.tableowner, r.rolsuper, pg_has_role(current_user, t.tableowner, 'MEMBER'), current_user "
             "FROM pg_tables t JOIN pg_roles r ON r.rolname = current_user "
             "WHERE t.tablename = %s AND t.schemaname = current_schema()",
-            [AUDIT_TABLE],
+            [AuditEntry._meta.db_table],
         )
         row = cursor.fetchone()
     if row is None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
 
-from audit.actor import Actor, acting_as
+from base.actor import Actor, acting_as
 
 # A caller may bring its own id (a proxy, a script): accepted when it is short
 # and plain, so nothing odd lands in the audit log.

@@ -11,6 +11,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from base.actor import Via
+
 
 class AuditLogIsAppendOnly(Exception):
     """Raised on any attempt to change or remove an audit entry."""
@@ -22,16 +24,6 @@ class AuditQuerySet(models.QuerySet):
 
     def delete(self) -> tuple[int, dict[str, int]]:
         raise AuditLogIsAppendOnly("audit entries are never deleted")
-
-
-class Via(models.TextChoices):
-    """Through which door a change came: the one list the audit log, restarts and the actor share."""
-
-    UI = "ui", "pages"
-    API = "api", "API"
-    ADMIN = "admin", "admin"
-    CLI = "cli", "command"
-    WORKER = "worker", "worker"
 
 
 def via_is_valid(name: str) -> models.CheckConstraint:
@@ -70,8 +62,6 @@ class AuditEntry(models.Model):
     objects = AuditQuerySet.as_manager()
 
     class Meta:
-        # The table kept its name when the audit log left the catalog app (audit/migrations/0001).
-        db_table = "catalog_auditentry"
         ordering = ["-id"]
         verbose_name_plural = "audit entries"
         # Leads read the log (the model's own view permission) and export it (this one); the roles that

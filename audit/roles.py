@@ -10,23 +10,33 @@ from __future__ import annotations
 
 from django.db import connection
 
-# Tables the application may only read and append to: the audit log, and the catalog's row history.
-ROW_CHANGES = "audit_rowchange"
-APPEND_ONLY_TABLES = ("catalog_auditentry", ROW_CHANGES)
-# Tables only the version triggers write (their functions run as the owner).
-VERSION_TABLES = ("versions_version", "versions_pending")
+from audit.models import AuditEntry, RowChange
+from versions.models import Version
+
+
+def append_only_tables() -> tuple[str, str]:
+    """The tables the application may only read and append to: the audit log, and the catalog's row
+    history. Their models' tables, read when asked (never written out: they were renamed once)."""
+    return AuditEntry._meta.db_table, RowChange._meta.db_table
+
+
+def version_tables() -> tuple[str, str]:
+    """The tables only the version triggers write (their functions run as the owner); the pending list has
+    no model (versions/triggers.py)."""
+    return Version._meta.db_table, "versions_pending"
 
 
 def grant_app_role(role: str) -> None:
     """Grant ``role`` the application's privileges on the current schema; refuses a role that owns the
     audit table, or is a superuser, since for it append-only would not hold."""
     q = connection.ops.quote_name
+    log, row_changes = append_only_tables()
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT r.rolsuper, pg_has_role(r.rolname, t.tableowner, 'MEMBER'), current_schema() "
             "FROM pg_roles r, pg_tables t WHERE r.rolname = %s AND t.tablename = %s "
             "AND t.schemaname = current_schema()",
-            [role, APPEND_ONLY_TABLES[0]],
+            [role, log],
         )
         row = cursor.fetchone()
         if row is None:
@@ -48,12 +58,12 @@ def grant_app_role(role: str) -> None:
             f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {r}",
             f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {r}",
         ]
-        for table in APPEND_ONLY_TABLES:
+        for table in (log, row_changes):
             statements.append(f"REVOKE UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER ON {q(table)} FROM {r}")
         # Only the database's triggers write the row changes (their function runs as the owner).
-        statements.append(f"REVOKE INSERT ON {q(ROW_CHANGES)} FROM {r}")
+        statements.append(f"REVOKE INSERT ON {q(row_changes)} FROM {r}")
         # Nor the fleet's versions (versions/triggers.py): a counter set back would give old answers.
-        for table in VERSION_TABLES:
+        for table in version_tables():
             statements.append(f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {q(table)} FROM {r}")
         for sql in statements:
             cursor.execute(sql)

@@ -9,10 +9,11 @@ from typing import Any
 from django.db import connection, models
 from django.utils import timezone
 
-from audit.actor import Actor, current_actor
 from audit.chain import CHAIN_LOCK_KEY, GENESIS_HASH, Checkpoint, audit_key, chain_problems
 from audit.models import AuditEntry
-from llmgw_web.db import hold_lock
+from base.actor import Actor, current_actor
+from base.db import hold_lock
+from base.secrets import fingerprinted_env
 
 __all__ = ["GENESIS_HASH", "audit_record", "changed_fields", "snapshot", "verify_chain"]
 
@@ -42,8 +43,6 @@ def snapshot(instance: models.Model) -> dict[str, Any]:
     engine = getattr(instance, "engine", None)
     if isinstance(out.get("env"), dict) and isinstance(engine, str):
         # A profile: the values the launch policy marks secret, as fingerprints.
-        from catalog.secrets import fingerprinted_env
-
         out["env"] = fingerprinted_env(engine, out["env"])
     return jsonable(out)
 

@@ -20,7 +20,7 @@ from django_tasks_db.backend import DatabaseBackend
 from django_tasks_db.models import DBTaskResult
 
 from audit.chain import checkpoint_append, checkpoint_now
-from llmgw_web.db import hold_lock
+from base.db import hold_lock
 
 log = logging.getLogger("audit.checkpoint")
 _CHECKPOINTER_LOCK_KEY = 0x6C6C6D68

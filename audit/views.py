@@ -16,12 +16,12 @@ from django.template.loader import render_to_string
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
-from access.rules import requires
 from audit.export import KINDS, export_response
 from audit.forms import AuditFilterForm
 from audit.models import AuditEntry
 from audit.selectors import changed_outside, entries_matching, entries_of_request, keyset_page
 from audit.summary import diff_rows, summarize
+from base.rules import requires
 from versions.cache import remembered
 
 VIEW = "audit.view_auditentry"

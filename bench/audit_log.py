@@ -39,7 +39,7 @@ import django
 django.setup()
 from django.contrib.auth import get_user_model
 from django.test import Client
-from catalog.demo.scale import BENCH_USER
+from demo.scale import BENCH_USER
 kind, query = sys.argv[1], json.loads(sys.argv[2])
 client = Client()
 client.force_login(get_user_model().objects.get(username=BENCH_USER))
@@ -130,7 +130,7 @@ def pages(rounds: int) -> list[str]:
     from django.test.utils import setup_test_environment
 
     from audit.selectors import entries_matching
-    from catalog.demo.scale import BENCH_USER
+    from demo.scale import BENCH_USER
 
     setup_test_environment()  # so that each response carries its template context, to check the page
     client = Client()

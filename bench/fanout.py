@@ -51,7 +51,7 @@ def main() -> None:
     from bench.localfleet import local_fleet, scratch_database, worker
 
     env = scratch_database(args.database_url)
-    from audit.actor import Actor
+    from base.actor import Actor
 
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-fanout-"))
     actor = Actor(via="cli", name="bench")
@@ -118,7 +118,7 @@ def main() -> None:
 
 def restart_all(fleet, p: int, run: int, load_seconds: float, actor) -> dict:
     """Make every replica stale, restart them all ``p`` at a time, and time it."""
-    from audit.actor import acting_as
+    from base.actor import acting_as
     from bench.localfleet import made_stale
     from catalog.models import Profile
     from catalog.services import catalog as services

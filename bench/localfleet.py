@@ -81,11 +81,11 @@ def local_fleet(
     nodes on their first cards, so that as many cards stay free for the replacements."""
     from agent_testing import free_port, running_agent, standin_command
 
-    from audit.actor import acting_as
+    from base.actor import acting_as
     from catalog.models import Card, Node, Profile
     from catalog.services import catalog as services
     from operations.services.specs import replica_spec
-    from tests import builders as b
+    from tests.support import builders as b
 
     spec_cards = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(cards)]
     with contextlib.ExitStack() as stack:

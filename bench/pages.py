@@ -98,7 +98,7 @@ def audit_targets() -> list[Target]:
     filtered and not, an entry's page and the API's first page; and the admin's list, first page."""
     from django.urls import reverse
 
-    from catalog.demo.scale import audit_model
+    from demo.scale import audit_model
 
     entries = audit_model().objects
     oldest = entries.order_by("id").values_list("id", flat=True).first() or 0
@@ -312,6 +312,41 @@ def pct(values: list[float], q: int) -> float:
 
 
 def main() -> None:
+    args = _arguments()
+    env = _setup(args.database_url, audit=args.audit)
+    from demo.scale import BENCH_PASSWORD, BENCH_USER
+
+    chosen = [x for x in targets(audit_targets()) if x.name == "floor" or args.only in x.name]
+    shape = {x.label: count_in_process(x, BENCH_USER) for x in chosen}
+    if args.in_process:
+        _in_process_report(
+            chosen, BENCH_USER, runs=args.in_process, out=Path(args.out).with_name("in_process.json")
+        )
+        return
+
+    samples = _served_rounds(
+        env,
+        chosen,
+        (BENCH_USER, BENCH_PASSWORD),
+        rounds=args.rounds,
+        requests=args.requests,
+        concurrency=args.concurrency,
+    )
+    rows = _rows(chosen, samples, shape)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": _machine(),
+        "rounds": args.rounds,
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+    }
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(table(rows, meta))
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_DB))
     parser.add_argument("--rounds", type=int, default=5)
@@ -327,11 +362,15 @@ def main() -> None:
         metavar="RUNS",
         help="only measure in this process, one request at a time, cold and warm: the median of RUNS",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def _setup(database_url: str, *, audit: int) -> dict[str, str]:
+    """Django on the benchmark's database (created when missing), migrated, with the generated
+    fleet of ``audit`` audit entries; the environment ``make serve`` is given."""
     env = {
         **os.environ,
-        "DATABASE_URL": args.database_url,
+        "DATABASE_URL": database_url,
         "DJANGO_SECRET_KEY": SECRET,
         "DJANGO_DEBUG": "0",
         "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
@@ -342,49 +381,64 @@ def main() -> None:
     }
     os.environ.update(env)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    _create_database(args.database_url)
+    _create_database(database_url)
     import django
 
     django.setup()
     from django.core.management import call_command
 
-    from catalog.demo.scale import BENCH_PASSWORD, BENCH_USER
-
     call_command("migrate", verbosity=0)
     t = time.monotonic()
-    call_command("generate_fleet", "--audit", str(args.audit))
+    call_command("generate_fleet", "--audit", str(audit))
     print(f"fleet ready in {time.monotonic() - t:.0f} s", flush=True)
+    return env
 
-    chosen = [x for x in targets(audit_targets()) if x.name == "floor" or args.only in x.name]
-    shape = {x.label: count_in_process(x, BENCH_USER) for x in chosen}
-    if args.in_process:
-        measured = {x.label: in_process(x, BENCH_USER, runs=args.in_process) for x in chosen}
-        out = Path(args.out).with_name("in_process.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(measured, indent=2))
-        print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_machine()}")
-        print(in_process_table(measured))
-        return
 
+def _in_process_report(chosen: list[Target], username: str, *, runs: int, out: Path) -> None:
+    """``--in-process``: each target measured in this process, kept in ``out`` and printed as a table."""
+    measured = {x.label: in_process(x, username, runs=runs) for x in chosen}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(measured, indent=2))
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_machine()}")
+    print(in_process_table(measured))
+
+
+def _served_rounds(
+    env: dict[str, str],
+    chosen: list[Target],
+    credentials: tuple[str, str],
+    *,
+    rounds: int,
+    requests: int,
+    concurrency: int,
+) -> dict[str, Samples]:
+    """The served measurement: ``make serve`` on a free port, each target warmed, then ``rounds``
+    rounds of every target in a new random order; the server stopped however it ends."""
     port = free_port()
     server = serve(env, port)
     base = f"http://127.0.0.1:{port}"
     try:
-        headers = sign_in(base, BENCH_USER, BENCH_PASSWORD)
+        headers = sign_in(base, *credentials)
         samples = {x.label: Samples() for x in chosen}
         for x in chosen:  # warm each worker's caches and connections
             burst(base, headers, x, 4, 2, Samples())
         rng = random.Random(1)
-        for r in range(args.rounds):
+        for r in range(rounds):
             order = chosen[:]
             rng.shuffle(order)
             for x in order:
-                burst(base, headers, x, args.requests, args.concurrency, samples[x.label])
-            print(f"round {r + 1} of {args.rounds} done", flush=True)
+                burst(base, headers, x, requests, concurrency, samples[x.label])
+            print(f"round {r + 1} of {rounds} done", flush=True)
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
+    return samples
 
+
+def _rows(
+    chosen: list[Target], samples: dict[str, Samples], shape: dict[str, tuple[int, int, int]]
+) -> list[dict]:
+    """A row a target: its latencies, its rate, its queries and size, and its p50 against the floor's."""
     floor = statistics.median(samples[chosen[0].label].latencies)
     rows = []
     for x in chosen:
@@ -404,17 +458,7 @@ def main() -> None:
                 "errors": s.errors,
             }
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": _machine(),
-        "rounds": args.rounds,
-        "requests": args.requests,
-        "concurrency": args.concurrency,
-    }
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    print(table(rows, meta))
+    return rows
 
 
 def table(rows: list[dict], meta: dict) -> str:

@@ -24,11 +24,14 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/llmgw_bench_scale"
@@ -48,39 +51,26 @@ FAST_TAKEOVER = {
 }
 
 
+@dataclass
+class Watched:
+    """Who ran which operation (the workers that held it, in turn) and the worker killed."""
+
+    held: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
+    killed: str = ""
+    victim_op: int | None = None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_SCALE_DATABASE_URL", DEFAULT_DB))
     parser.add_argument("--load-seconds", type=float, default=2.0)
     args = parser.parse_args()
 
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "agent"))
-    from agent_testing import free_port
-
-    from bench.localfleet import local_fleet, made_stale, process, scratch_database, worker
+    env, actor = _setup(args.database_url)
+    from bench.localfleet import local_fleet
     from bench.pages import sign_in
 
-    env = scratch_database(args.database_url)
-    import httpx
-    from django.contrib.auth import get_user_model
-
-    from audit.actor import Actor, acting_as
-    from catalog.models import Profile
-    from catalog.services import catalog as services
-    from operations.models import RestartOperation, RestartStep
-
-    actor = Actor(via="cli", name="bench")
-    get_user_model().objects.create_superuser("bench", password=PASSWORD)
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-scale-"))
-    web_env = {
-        **env,
-        "DJANGO_DEBUG": "0",
-        "ALLOWED_HOSTS": "127.0.0.1",
-        "SECURE_SSL_REDIRECT": "0",
-        "STATIC_ROOT": str(ROOT / "var" / "bench" / "static"),
-    }
-    problems: list[str] = []
     with (
         local_fleet(
             tmp,
@@ -93,109 +83,181 @@ def main() -> int:
         contextlib.ExitStack() as stack,
     ):
         print(f"{len(MODELS) * PER_MODEL} replicas of {len(MODELS)} models ready on 16 agents", flush=True)
-        procs = {}
-        for name in ("worker-a", "worker-b"):
-            procs[name] = worker(name, {**env, **FAST_TAKEOVER}, tmp / f"{name}.log")
-        webs = []
-        for n in (1, 2):
-            port = free_port()
-            procs[f"web-{n}"] = process(
-                ["make", "-s", "serve", f"ADDR=127.0.0.1:{port}", "WEB_WORKERS=1"],
-                web_env,
-                tmp / f"web-{n}.log",
-            )
-            webs.append(f"http://127.0.0.1:{port}")
-        for p in procs.values():
-            stack.callback(_kill, p)
-        for base in webs:
-            _wait_for(lambda base=base: _answers(httpx, base), 120, f"{base} to answer")
+        procs, webs = _processes(env, tmp, stack)
         sessions = [sign_in(base, "bench", PASSWORD) for base in webs]
-
-        for model in MODELS:
-            profile = made_stale(Profile.objects.get(pk=fleet.profiles[model].pk), 1)
-            with acting_as(actor):
-                services.profile_save(instance=profile)
-        ops = []
-        for i, model in enumerate(MODELS):
-            base, headers = webs[i % 2], sessions[i % 2]
-            response = httpx.post(
-                f"{base}/api/models/{model}/restart/",
-                # No settle time: what is checked is who ran what, not how long replacements stay ready.
-                json={"max_parallel": 8, "ready_timeout": 120, "settle_seconds": 0},
-                headers=headers,
-                timeout=30,
-            )
-            if response.status_code != 202:
-                raise SystemExit(
-                    f"restart of {model} through {base}: HTTP {response.status_code} {response.text}"
-                )
-            ops.append(response.json()["id"])
-        print(f"operations {ops} asked through {webs[0]} and {webs[1]}", flush=True)
-
-        # Who holds which operation, sampled until all have ended; the first worker is killed once
-        # both hold one and one of its replacements is loading.
-        held: dict[int, list[str]] = defaultdict(list)
-        name_of = {f"worker:{socket.gethostname()}-{procs[n].pid}": n for n in ("worker-a", "worker-b")}
-        killed, victim_op = "", None
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            rows = [
-                (pk, state, name_of.get(who, who))
-                for pk, state, who in RestartOperation.objects.filter(pk__in=ops).values_list(
-                    "pk", "state", "worker"
-                )
-            ]
-            for pk, state, who in rows:
-                if state == "running" and who and (not held[pk] or held[pk][-1] != who):
-                    held[pk].append(who)
-            if not killed:
-                by_a = [pk for pk, state, who in rows if state == "running" and who == "worker-a"]
-                by_b = [pk for pk, state, who in rows if state == "running" and who == "worker-b"]
-                if (
-                    by_a
-                    and by_b
-                    and RestartStep.objects.filter(operation_id=by_a[0], state="waiting").exists()
-                ):
-                    victim_op = by_a[0]
-                    os.killpg(procs["worker-a"].pid, signal.SIGKILL)
-                    procs["worker-a"].wait(timeout=10)
-                    killed = "worker-a"
-                    print(f"killed worker-a while it ran operation {victim_op}", flush=True)
-            if all(state not in ("queued", "running") for _, state, _ in rows):
-                break
-            time.sleep(0.1)
-
-        results = {op.pk: op for op in RestartOperation.objects.filter(pk__in=ops)}
-        for pk in ops:
-            op = results[pk]
-            steps = list(op.steps.select_related("new_replica"))
-            ok = sum(s.state == "succeeded" for s in steps)
-            print(
-                f"operation {pk} ({op.model.name}): {op.state}, {ok} of {len(steps)} steps, run by {' then '.join(held[pk]) or '?'}"
-            )
-            if op.state != "succeeded":
-                problems.append(f"operation {pk} ended {op.state}: {op.reason}")
-            for s in steps:
-                if s.new_replica is None:
-                    problems.append(f"operation {pk}: a step has no replacement ({s.reason})")
-                    continue
-                n = fleet.launches(s.new_replica.name)
-                if n != 1:
-                    problems.append(f"{s.new_replica.name} was launched {n} times")
-        replaced = RestartStep.objects.filter(operation_id__in=ops, state="succeeded").count()
-        if replaced != len(MODELS) * PER_MODEL:
-            problems.append(f"{replaced} of {len(MODELS) * PER_MODEL} replicas replaced")
-        if not killed:
-            problems.append("no worker was killed: the two never held an operation each at once")
-        elif victim_op is not None and "worker-b" not in held[victim_op][1:]:
-            problems.append(f"operation {victim_op} was not taken over by worker-b ({held[victim_op]})")
-        workers_used = {w for ws in held.values() for w in ws}
-        if workers_used != {"worker-a", "worker-b"}:
-            problems.append(f"the operations were not shared: only {sorted(workers_used)} ran them")
+        ops = _restarts_asked(fleet, actor, webs, sessions)
+        watched = _watch_and_kill(ops, procs)
+        problems = _operation_problems(fleet, ops, watched) + _run_problems(ops, watched)
     for problem in problems:
         print("PROBLEM:", problem)
     print("scale-out: " + ("all checks hold" if not problems else f"{len(problems)} problem(s)"))
     return 1 if problems else 0
+
+
+def _setup(database_url: str) -> tuple[dict[str, str], Any]:
+    """The scratch database, migrated, with the superuser the web sessions sign in as; the
+    environment of the benchmark's processes and the actor the fleet is recorded as."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "agent"))
+    from bench.localfleet import scratch_database
+
+    env = scratch_database(database_url)
+    from django.contrib.auth import get_user_model
+
+    from base.actor import Actor
+
+    actor = Actor(via="cli", name="bench")
+    get_user_model().objects.create_superuser("bench", password=PASSWORD)
+    return env, actor
+
+
+def _processes(
+    env: dict[str, str], tmp: Path, stack: contextlib.ExitStack
+) -> tuple[dict[str, subprocess.Popen], list[str]]:
+    """Two workers (taking over quickly) and two web servers of one gunicorn worker each, stopped
+    when ``stack`` closes; the processes by name and the servers' base URLs, once they answer."""
+    import httpx
+    from agent_testing import free_port
+
+    from bench.localfleet import process, worker
+
+    web_env = {
+        **env,
+        "DJANGO_DEBUG": "0",
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "SECURE_SSL_REDIRECT": "0",
+        "STATIC_ROOT": str(ROOT / "var" / "bench" / "static"),
+    }
+    procs = {}
+    for name in ("worker-a", "worker-b"):
+        procs[name] = worker(name, {**env, **FAST_TAKEOVER}, tmp / f"{name}.log")
+    webs = []
+    for n in (1, 2):
+        port = free_port()
+        procs[f"web-{n}"] = process(
+            ["make", "-s", "serve", f"ADDR=127.0.0.1:{port}", "WEB_WORKERS=1"],
+            web_env,
+            tmp / f"web-{n}.log",
+        )
+        webs.append(f"http://127.0.0.1:{port}")
+    for p in procs.values():
+        stack.callback(_kill, p)
+    for base in webs:
+        _wait_for(lambda base=base: _answers(httpx, base), 120, f"{base} to answer")
+    return procs, webs
+
+
+def _restarts_asked(fleet: Any, actor: Any, webs: list[str], sessions: list[dict[str, str]]) -> list[int]:
+    """Each model's profile changed, and its restart asked through the API, the models taking
+    the two web servers in turn; the operations' ids."""
+    import httpx
+
+    from base.actor import acting_as
+    from bench.localfleet import made_stale
+    from catalog.models import Profile
+    from catalog.services import catalog as services
+
+    for model in MODELS:
+        profile = made_stale(Profile.objects.get(pk=fleet.profiles[model].pk), 1)
+        with acting_as(actor):
+            services.profile_save(instance=profile)
+    ops = []
+    for i, model in enumerate(MODELS):
+        base, headers = webs[i % 2], sessions[i % 2]
+        response = httpx.post(
+            f"{base}/api/models/{model}/restart/",
+            # No settle time: what is checked is who ran what, not how long replacements stay ready.
+            json={"max_parallel": 8, "ready_timeout": 120, "settle_seconds": 0},
+            headers=headers,
+            timeout=30,
+        )
+        if response.status_code != 202:
+            raise SystemExit(
+                f"restart of {model} through {base}: HTTP {response.status_code} {response.text}"
+            )
+        ops.append(response.json()["id"])
+    print(f"operations {ops} asked through {webs[0]} and {webs[1]}", flush=True)
+    return ops
+
+
+def _watch_and_kill(ops: list[int], procs: dict[str, subprocess.Popen]) -> Watched:
+    """Who holds which operation, sampled until all have ended (at most 5 minutes); the first
+    worker is killed once both hold one and one of its replacements is loading."""
+    from operations.models import RestartOperation, RestartStep
+
+    watched = Watched()
+    held = watched.held
+    name_of = {f"worker:{socket.gethostname()}-{procs[n].pid}": n for n in ("worker-a", "worker-b")}
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        rows = [
+            (pk, state, name_of.get(who, who))
+            for pk, state, who in RestartOperation.objects.filter(pk__in=ops).values_list(
+                "pk", "state", "worker"
+            )
+        ]
+        for pk, state, who in rows:
+            if state == "running" and who and (not held[pk] or held[pk][-1] != who):
+                held[pk].append(who)
+        if not watched.killed:
+            by_a = [pk for pk, state, who in rows if state == "running" and who == "worker-a"]
+            by_b = [pk for pk, state, who in rows if state == "running" and who == "worker-b"]
+            if by_a and by_b and RestartStep.objects.filter(operation_id=by_a[0], state="waiting").exists():
+                watched.victim_op = by_a[0]
+                os.killpg(procs["worker-a"].pid, signal.SIGKILL)
+                procs["worker-a"].wait(timeout=10)
+                watched.killed = "worker-a"
+                print(f"killed worker-a while it ran operation {watched.victim_op}", flush=True)
+        if all(state not in ("queued", "running") for _, state, _ in rows):
+            break
+        time.sleep(0.1)
+    return watched
+
+
+def _operation_problems(fleet: Any, ops: list[int], watched: Watched) -> list[str]:
+    """Each operation's line printed; what went wrong with it: it did not succeed, a step has no
+    replacement, a replacement was not launched exactly once on its agent."""
+    from operations.models import RestartOperation
+
+    problems = []
+    results = {op.pk: op for op in RestartOperation.objects.filter(pk__in=ops)}
+    for pk in ops:
+        op = results[pk]
+        steps = list(op.steps.select_related("new_replica"))
+        ok = sum(s.state == "succeeded" for s in steps)
+        print(
+            f"operation {pk} ({op.model.name}): {op.state}, {ok} of {len(steps)} steps, run by {' then '.join(watched.held[pk]) or '?'}"
+        )
+        if op.state != "succeeded":
+            problems.append(f"operation {pk} ended {op.state}: {op.reason}")
+        for s in steps:
+            if s.new_replica is None:
+                problems.append(f"operation {pk}: a step has no replacement ({s.reason})")
+                continue
+            n = fleet.launches(s.new_replica.name)
+            if n != 1:
+                problems.append(f"{s.new_replica.name} was launched {n} times")
+    return problems
+
+
+def _run_problems(ops: list[int], watched: Watched) -> list[str]:
+    """What went wrong with the run as a whole: a replica not replaced, no worker killed, the
+    killed worker's operation not taken over, the operations not shared by the two workers."""
+    from operations.models import RestartStep
+
+    problems = []
+    held, victim_op = watched.held, watched.victim_op
+    replaced = RestartStep.objects.filter(operation_id__in=ops, state="succeeded").count()
+    if replaced != len(MODELS) * PER_MODEL:
+        problems.append(f"{replaced} of {len(MODELS) * PER_MODEL} replicas replaced")
+    if not watched.killed:
+        problems.append("no worker was killed: the two never held an operation each at once")
+    elif victim_op is not None and "worker-b" not in held[victim_op][1:]:
+        problems.append(f"operation {victim_op} was not taken over by worker-b ({held[victim_op]})")
+    workers_used = {w for ws in held.values() for w in ws}
+    if workers_used != {"worker-a", "worker-b"}:
+        problems.append(f"the operations were not shared: only {sorted(workers_used)} ran them")
+    return problems
 
 
 def _answers(httpx, base: str) -> bool:

@@ -14,7 +14,8 @@ from django.shortcuts import render
 from django.urls import path, reverse
 
 from audit.services import snapshot
-from catalog.errors import DomainError
+from base.errors import DomainError
+from base.secrets import masked_env, unmasked_env
 from catalog.models import (
     Card,
     GPUClass,
@@ -26,8 +27,8 @@ from catalog.models import (
     live_replicas_q,
     stale_replicas_q,
 )
-from catalog.secrets import masked_env, unmasked_env
 from catalog.services import catalog as services
+from planning.types import SHAPE_FIELDS
 
 SAVE: dict[type[models.Model], Callable[..., Any]] = {
     GPUClass: services.gpu_class_save,
@@ -204,27 +205,35 @@ class ProfileAdminForm(CheckedForm):
         services.validate_profile_spec(instance, before=before)
 
 
+# The shape's figures that are never unknown, only 0 by default (sliding_layers,
+# replicated_bytes): left empty on the form, each stays as it was.
+_DEFAULTED_SHAPE_FIELDS = tuple(
+    f.name
+    for f in ServedModel._meta.concrete_fields
+    if f.name in SHAPE_FIELDS and not f.null and f.has_default()
+)
+
+
 class ServedModelAdminForm(CheckedForm):
     class Meta:
         model = ServedModel
-        fields = [
-            "name",
-            "source",
-            "context_length",
-            "layers",
-            "attention_heads",
-            "kv_heads",
-            "head_dim",
-            "dtype",
-            "attention",
-            "kv_bytes_per_token",
-            "weight_bytes",
-            "expert_bytes",
-            "sliding_window",
-            "sliding_layers",
-            "declared",
-            "declared_in",
-        ]
+        # Every shape field, as the API and the settings file take them (an editor corrects what an
+        # import read wrong).
+        fields = ["name", "source", "context_length", *SHAPE_FIELDS, "declared", "declared_in"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in _DEFAULTED_SHAPE_FIELDS:
+            if name in self.fields:
+                self.fields[name].required = False
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        for name in _DEFAULTED_SHAPE_FIELDS:
+            if name in self.fields and name in data and data[name] is None:
+                data[name] = getattr(self.instance, name)  # as it was; a new model's is the default
+        return data
 
     def check_with_services(self, instance: ServedModel) -> None:
         services.validate_model_source(instance.source)
@@ -373,7 +382,12 @@ class ServedModelAdmin(ServiceAdmin):
 
     def import_config_view(self, request: HttpRequest) -> HttpResponse:
         """Create or refresh a model's shape from an uploaded config.json (and index)."""
-        from catalog.checkpoint import parse_config_bytes, parse_index_bytes, shape_from_config
+        from catalog.modelfiles import (
+            parse_config_bytes,
+            parse_index_bytes,
+            shape_from_config,
+            shape_from_hub,
+        )
 
         if not self.has_add_permission(request):
             return HttpResponse(status=403)
@@ -381,8 +395,6 @@ class ServedModelAdmin(ServiceAdmin):
         if request.method == "POST" and form.is_valid():
             try:
                 if form.cleaned_data["from_hub"]:
-                    from catalog.sources import shape_from_hub
-
                     shape = shape_from_hub(form.cleaned_data["source"])
                 else:
                     config = parse_config_bytes(form.cleaned_data["config"].read(), "config.json")

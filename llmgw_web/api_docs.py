@@ -14,7 +14,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework import exceptions
 from rest_framework.response import Response
 
-from access.rules import PUBLIC, SIGNED_IN, RequiredPermission
+from base.rules import PUBLIC, SIGNED_IN, RequiredPermission
 
 
 class _DocsRule:

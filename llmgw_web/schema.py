@@ -2,8 +2,8 @@
 
 Every endpoint can answer bad input (400), no sign-in (401), a missing permission (403), an
 object that is not there (404) and too many requests (429), always in the one error shape of
-``catalog/api/errors.py``. An operation that documents a code itself keeps its own description;
-this adds the ones it leaves out, so a client (and schemathesis, ``tests/test_schema_fuzz.py``)
+``base/api/errors.py``. An operation that documents a code itself keeps its own description;
+this adds the ones it leaves out, so a client (and schemathesis, ``tests/project/test_schema_fuzz.py``)
 can rely on the schema for every answer.
 """
 

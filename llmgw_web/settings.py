@@ -61,6 +61,8 @@ INSTALLED_APPS = [
     "django_tasks_db",
     "audit",
     "catalog",
+    "web",
+    "demo",
     "telemetry",
     # After the apps whose tables it tracks: its migration puts the version triggers on them.
     "versions",
@@ -225,13 +227,13 @@ REST_FRAMEWORK = {
         "knox.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    # Every endpoint declares its required_permission; one without is refused (access/rules.py).
-    "DEFAULT_PERMISSION_CLASSES": ["access.rules.RequiredPermission"],
-    "DEFAULT_FILTER_BACKENDS": ["catalog.api.filters.StrictFilterBackend"],
-    "DEFAULT_PAGINATION_CLASS": "catalog.api.pagination.Pages",
+    # Every endpoint declares its required_permission; one without is refused (base/rules.py).
+    "DEFAULT_PERMISSION_CLASSES": ["base.rules.RequiredPermission"],
+    "DEFAULT_FILTER_BACKENDS": ["base.api.filters.StrictFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "base.api.pagination.Pages",
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "llmgw_web.schema.AutoSchema",
-    "EXCEPTION_HANDLER": "catalog.api.errors.exception_handler",
+    "EXCEPTION_HANDLER": "base.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     # Per caller: anonymous by address, signed in by user (access/throttles.py reads the rates).
     "DEFAULT_THROTTLE_CLASSES": ["access.throttles.AnonymousRate", "access.throttles.UserRate"],
@@ -376,7 +378,7 @@ LLMGW_AUDIT_CHECKPOINT_SECONDS = env_float("LLMGW_AUDIT_CHECKPOINT_SECONDS", 300
 LLMGW_TELEMETRY_SECONDS = env_float("LLMGW_TELEMETRY_SECONDS", 15.0, minimum=0.0)
 LLMGW_TELEMETRY_HISTORY_SECONDS = env_float("LLMGW_TELEMETRY_HISTORY_SECONDS", 3600.0, minimum=60.0)
 LLMGW_TELEMETRY_STALE_SECONDS = env_float("LLMGW_TELEMETRY_STALE_SECONDS", 300.0, minimum=5.0)
-# /metrics (telemetry/views.py): off unless a token is set; Prometheus sends it as its bearer token.
+# /metrics (web/views/metrics.py): off unless a token is set; Prometheus sends it as its bearer token.
 LLMGW_METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN") or ""
 if LLMGW_METRICS_TOKEN and len(LLMGW_METRICS_TOKEN) < 32:
     raise ImproperlyConfigured(

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from llmgw_web.api_docs import SchemaView, SwaggerView
-from telemetry.views import metrics
+from web.views.metrics import metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -17,7 +17,7 @@ urlpatterns = [
     path("audit/", include("audit.urls")),
     path("", include("access.urls")),
     path("", include("operations.urls")),
-    path("", include("catalog.urls")),
+    path("", include("web.urls")),
 ]
 
 handler404 = "llmgw_web.errors.not_found"

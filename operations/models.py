@@ -2,7 +2,7 @@
 
 How an operation is claimed, kept alive and taken over is explained in
 ``operations/services/lease.py``; what a step does, in
-``operations/services/runner.py``; the whole story in docs/design.md, "Restarts".
+``operations/services/runner/``; the whole story in docs/design.md, "Restarts".
 """
 
 from __future__ import annotations
@@ -85,8 +85,6 @@ class RestartOperation(models.Model):
     )
 
     class Meta:
-        # The tables kept their names when restarts left the catalog app (operations/migrations/0001).
-        db_table = "catalog_restartoperation"
         ordering = ["-id"]
         verbose_name = "restart operation"
         constraints = [
@@ -192,7 +190,7 @@ class RestartStep(models.Model):
     new_replica = models.ForeignKey(
         Replica, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    # Where the plan put the replacement when the restart started (catalog/planning/placement.py);
+    # Where the plan put the replacement when the restart started (planning/placement.py);
     # the step follows it, and fails saying so when the fleet changed under it.
     planned_node = models.CharField(max_length=64, blank=True, default="")
     planned_cards = models.JSONField(default=list, blank=True)
@@ -215,7 +213,6 @@ class RestartStep(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        db_table = "catalog_restartstep"
         ordering = ["operation_id", "id"]
         constraints = [
             models.CheckConstraint(

@@ -4,7 +4,7 @@ Workers are django-tasks-db's ``python manage.py db_worker`` processes (this
 project's ``db_worker`` command, which schedules the periodic tasks as it
 starts); any number of them may run, on any host, against the same database.
 How a run claims its operation, keeps it and is taken over is
-``operations/services/lease.py``; what it does, ``operations/services/runner.py``;
+``operations/services/lease.py``; what it does, ``operations/services/runner/``;
 the reconciler, ``operations/services/reconcile.py``. This module holds the
 tasks and how they are put in the queue, and nothing else.
 
@@ -27,6 +27,7 @@ from django.utils import timezone
 from django_tasks import task, task_backends
 from django_tasks_db.backend import DatabaseBackend
 
+from base.tasks import task_is_waiting
 from operations.services import lease
 from operations.services.reconcile import reconcile
 from operations.services.runner import run_operation
@@ -89,7 +90,7 @@ def ensure_reconciler(*, due_in: float) -> None:
     if not _uses_database_backend():
         return
     with transaction.atomic():
-        if not lease.task_is_waiting(reconcile_fleet.module_path, lock=lease.RECONCILER_LOCK_KEY):
+        if not task_is_waiting(reconcile_fleet.module_path, lock=lease.RECONCILER_LOCK_KEY):
             reconcile_fleet.using(run_after=timezone.now() + timedelta(seconds=due_in)).enqueue()
 
 

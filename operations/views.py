@@ -22,12 +22,11 @@ from django.urls import reverse
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
-from access.rules import requires
 from audit.selectors import operation_q
 from audit.views import history_context
-from catalog.errors import DomainError
-from catalog.models import Node, Profile, Replica, ServedModel
-from catalog.views.common import (
+from base.errors import DomainError
+from base.rules import requires
+from base.views import (
     RESIZE,
     RESTART,
     VIEW_OPERATION,
@@ -35,6 +34,7 @@ from catalog.views.common import (
     render_page,
     wants_partial,
 )
+from catalog.models import Node, Profile, Replica, ServedModel
 from operations.models import RestartOperation, RestartStep
 from operations.selectors import operations_with_steps
 from operations.services import drain

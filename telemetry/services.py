@@ -14,8 +14,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from agentclient.client import AgentCallFailed, AgentClient
 from catalog.models import Card, Node, Shard, live_replicas_q
-from operations.agents import AgentCallFailed, AgentClient
 from telemetry.models import CardReading, CardSample, NodeReading
 
 log = logging.getLogger("telemetry")

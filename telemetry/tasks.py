@@ -16,7 +16,7 @@ from django.utils import timezone
 from django_tasks import task, task_backends
 from django_tasks_db.backend import DatabaseBackend
 
-from operations.services.lease import task_is_waiting
+from base.tasks import task_is_waiting
 from telemetry.services import fleet_sample
 
 _SAMPLER_LOCK_KEY = 0x6C6C7473  # "llts"

@@ -11,9 +11,9 @@ import pytest
 from django.db import connection
 from hypothesis import HealthCheck, settings
 
-from audit.actor import Actor, acting_as
-from tests import db_flush, db_roles
-from tests.restart_support import port_block
+from base.actor import Actor, acting_as
+from tests.support import db_flush, db_roles
+from tests.support.restart import port_block
 
 # Hypothesis's timing checks (a 200 ms deadline per example, "input generation is slow") judge the
 # machine, not the code: on a shared two-core CI box they fail tests whose properties hold. The
@@ -40,9 +40,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     """pytest-django's test database, created and migrated by the owner (``DATABASE_URL``'s user); then, on
-    PostgreSQL, every connection logs in as the application's role, which owns nothing (tests/db_roles.py),
-    and the flush after a transactional test runs as the owner on its own connection. On both, that flush
-    puts back what post_migrate wrote rather than emitting it again (tests/db_flush.py)."""
+    PostgreSQL, every connection logs in as the application's role, which owns nothing
+    (tests/support/db_roles.py), and the flush after a transactional test runs as the owner on its own
+    connection. On both, that flush puts back what post_migrate wrote rather than emitting it again
+    (tests/support/db_flush.py)."""
     with db_flush.cheap_flushes():
         yield from _logged_in_as_the_app_role(django_db_blocker)
 
@@ -172,10 +173,13 @@ def audit_flushable(transactional_db: None) -> Iterator[None]:
     yield
     if connection.vendor != "sqlite":
         return
-    migration = import_module("catalog.migrations.0002_audit_append_only")
+    from audit.models import AuditEntry
+
+    guards = import_module("audit.migrations.0006_auditentry_table_of_its_own")
+    log = AuditEntry._meta.db_table
     with connection.cursor() as cursor:
-        for sql in migration.SQLITE_DOWN:
+        for sql in guards.sqlite_drop_guards():
             cursor.execute(sql)
-        cursor.execute("DELETE FROM catalog_auditentry")
-        for sql in migration.SQLITE_UP:
+        cursor.execute(f"DELETE FROM {log}")
+        for sql in guards.sqlite_guards(log):
             cursor.execute(sql)

@@ -16,16 +16,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Where each top-level package lives: the Django project and its apps, and the node agent.
+# Where each top-level package lives: the project's packages, the node agent and the launch policy.
 PACKAGES = {
-    "audit": ROOT,
-    "catalog": ROOT,
-    "operations": ROOT,
-    "llmgw_web": ROOT,
-    "access": ROOT,
-    "telemetry": ROOT,
-    "versions": ROOT,
+    **{
+        path.parent.name: ROOT
+        for path in sorted(ROOT.glob("*/__init__.py"))
+        if path.parent.name not in {"tests", "bench", "tools"}
+    },
     "llmgw_agent": ROOT / "agent",
+    "llmgw_policy": ROOT / "agent",
 }
 
 

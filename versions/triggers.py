@@ -41,8 +41,11 @@ so there is no one to deadlock with, and the write and its counter commit togeth
 
 A tracked table made later needs these triggers in a migration of its own (``install`` is
 idempotent: ``migrations.RunPython(triggers.install, migrations.RunPython.noop)``);
-``tests/test_versions.py`` fails for a table without them. On SQLite Django alters a table by
-making it anew, which drops its triggers; ``repair_sqlite`` puts them back after every migrate.
+``tests/versions/test_versions.py`` fails for a table without them. A tracked table renamed keeps its
+triggers on both databases; on SQLite their names, which say the table's, are made to follow by
+``name_sqlite_triggers_after_their_tables`` (audit/migrations/0006, operations/migrations/0006).
+On SQLite Django alters a table by making it anew, which drops its triggers; ``repair_sqlite``
+puts them back after every migrate.
 """
 
 from __future__ import annotations
@@ -177,6 +180,28 @@ def uninstall(apps: Any, schema_editor: Any) -> None:
         for table in tables:
             for op in SQLITE_OPS:
                 schema_editor.execute(f"DROP TRIGGER IF EXISTS {sqlite_trigger_name(table, op)}", params=None)
+
+
+def name_sqlite_triggers_after_their_tables(apps: Any, schema_editor: Any) -> None:
+    """On SQLite, each version trigger named after the table it is on again, for a migration that renames
+    a table to run after the rename (and, undone, after the name is given back). SQLite's ``ALTER TABLE
+    ... RENAME`` moves a table's triggers to its new name but keeps the triggers' names, which name the
+    old table; ``install`` and ``uninstall`` look for them by the table's name. On PostgreSQL every
+    table's trigger is called ``TRIGGER``, named after no table: nothing to do."""
+    if schema_editor.connection.vendor != "sqlite":
+        return
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger'")
+        found = cursor.fetchall()
+    for name, table, sql in found:
+        for op in SQLITE_OPS:
+            if not (name.startswith(f"{TRIGGER}_") and name.endswith(f"_{op.lower()}")):
+                continue
+            wanted = sqlite_trigger_name(table, op)
+            if name != wanted:
+                # The same trigger (SQLite has rewritten its table's name in it), under the right name.
+                schema_editor.execute(f"DROP TRIGGER {name}", params=None)
+                schema_editor.execute(sql.replace(name, wanted, 1), params=None)
 
 
 def repair_sqlite(using: str = "default", **kwargs: Any) -> None:

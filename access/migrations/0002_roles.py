@@ -1,10 +1,10 @@
-"""The roles as groups with their permissions (access/roles.py), and DRF's plain-text token table
+"""The roles as groups with their permissions (base/roles.py), and DRF's plain-text token table
 dropped: API tokens are knox's now, stored as hashes (access.Token). Tokens of the old table stop
 working; make new ones with ``manage.py token create``."""
 
 from django.db import migrations
 
-from access.roles import sync_roles_in_migration
+from base.roles import sync_roles_in_migration
 
 
 def forget_authtoken(apps, schema_editor):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .policy import Policy, ValueRule, load_policy
+from .loading import load_policy
+from .model import Policy, ValueRule
 
 
 def _value(rule: ValueRule) -> str:

@@ -14,13 +14,13 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from access.rules import Rule
 from audit.export import COLUMNS, KINDS, export_response
 from audit.forms import AuditFilterForm
 from audit.models import AuditEntry
 from audit.selectors import entries_matching
 from audit.summary import summarize
-from catalog.api.cached import KeptList
+from base.api.cached import KeptList
+from base.rules import Rule
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):
@@ -72,7 +72,7 @@ def filtered(request: Request) -> QuerySet[AuditEntry]:
 
 @extend_schema(parameters=_FILTER_PARAMS, summary="The audit log, newest first")
 class AuditEntryList(KeptList, generics.ListAPIView):
-    """Each page kept under the log's version (catalog/api/cached.py): an entry appended raises it."""
+    """Each page kept under the log's version (base/api/cached.py): an entry appended raises it."""
 
     kept_areas = ("audit",)
     serializer_class = AuditEntrySerializer

@@ -7,9 +7,9 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from base.secrets import masked_env, unmasked_env
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel
-from catalog.planning.types import SHAPE_FIELDS
-from catalog.secrets import masked_env, unmasked_env
+from planning.types import SHAPE_FIELDS
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -4,8 +4,8 @@ from django.urls import include, path
 from rest_framework import routers
 from rest_framework.routers import DefaultRouter
 
-from access.rules import SIGNED_IN, Rule
-from catalog.api import resize, rollback, views, whoami
+from base.rules import SIGNED_IN, Rule
+from catalog.api import views, whoami
 
 
 class APIRootView(routers.APIRootView):
@@ -24,13 +24,5 @@ router.register("replicas", views.ReplicaViewSet, basename="api-replica")
 
 urlpatterns = [
     path("whoami/", whoami.WhoAmIView.as_view(), name="api-whoami"),
-    path("models/<str:name>/gpus/", resize.ResizeView.as_view(), name="api-model-gpus"),
-    path("models/<str:name>/context/", resize.ContextView.as_view(), name="api-model-context"),
-    path("models/<str:name>/rollback/", rollback.RollbackView.as_view(), name="api-model-rollback"),
-    path(
-        "models/<str:name>/profiles/<str:profile>/revisions/",
-        rollback.RevisionsView.as_view(),
-        name="api-profile-revisions",
-    ),
     path("", include(router.urls)),
 ]

@@ -9,9 +9,9 @@ from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import viewsets
 
-from access.rules import Rule, model_permissions
+from base.api.cached import KeptList
+from base.rules import Rule, model_permissions
 from catalog.api import serializers as s
-from catalog.api.cached import KeptList
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 from catalog.services import catalog as services
 
@@ -28,7 +28,7 @@ _errors = {
 
 class ServiceViewSet(KeptList, viewsets.ModelViewSet):
     # Its writes call ``save_service`` / ``delete_service``; its lists are kept under the catalog's
-    # version (catalog/api/cached.py). (A comment, not a docstring: the schema shows a view's
+    # version (base/api/cached.py). (A comment, not a docstring: the schema shows a view's
     # docstring to the API's readers, and each subclass has its own.)
 
     save_service: Callable[..., Any]

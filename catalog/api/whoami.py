@@ -14,8 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from access.rules import SIGNED_IN, Rule
-from audit.actor import current_actor
+from base.actor import current_actor
+from base.rules import SIGNED_IN, Rule
 
 
 class WhoAmIView(APIView):

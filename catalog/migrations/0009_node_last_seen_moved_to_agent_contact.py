@@ -5,7 +5,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("catalog", "0008_merge_20261201_1254"),
+        ("catalog", "0008_node_reachability_replica_reason"),
     ]
 
     operations = [

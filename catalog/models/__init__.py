@@ -1,7 +1,15 @@
 from __future__ import annotations
 
 from catalog.models.fleet import Card, GPUClass, Node
-from catalog.models.serving import Profile, Replica, ServedModel, Shard, live_replicas_q, stale_replicas_q
+from catalog.models.serving import (
+    Profile,
+    Replica,
+    ServedModel,
+    Shard,
+    live_replicas_q,
+    restartable_replicas_q,
+    stale_replicas_q,
+)
 
 __all__ = [
     "Card",
@@ -12,5 +20,6 @@ __all__ = [
     "ServedModel",
     "Shard",
     "live_replicas_q",
+    "restartable_replicas_q",
     "stale_replicas_q",
 ]

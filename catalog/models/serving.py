@@ -22,7 +22,7 @@ class ServedModel(models.Model):
     context_length = models.PositiveIntegerField(
         null=True, blank=True, help_text="Tokens the model supports."
     )
-    # The shape, read from the checkpoint's config.json and safetensors index or headers.
+    # The shape, read from the model's config.json and safetensors index or headers (catalog/modelfiles).
     layers = models.PositiveIntegerField(null=True, blank=True)
     attention_heads = models.PositiveIntegerField(null=True, blank=True)
     kv_heads = models.PositiveIntegerField(null=True, blank=True)
@@ -158,9 +158,16 @@ class Replica(models.Model):
         FAILED = "failed"
         STOPPED = "stopped"
 
-    LIVE_STATES = ("starting", "loading", "ready")
+    # Coming up: asked to start, not ready yet (the pages poll its log).
+    COMING_UP_STATES = ("starting", "loading")
+    LIVE_STATES = (*COMING_UP_STATES, "ready")
+    # What a restart takes: live ones, and those on a node that does not answer (their
+    # replacement goes elsewhere).
+    RESTARTABLE_STATES = (*LIVE_STATES, "unknown")
     # States that keep their cards: live ones, and those whose end is not confirmed.
-    HOLDING_STATES = ("starting", "loading", "ready", "stopping", "unknown")
+    HOLDING_STATES = (*LIVE_STATES, "stopping", "unknown")
+    # Ended: the engine is gone, by a stop or by a failure.
+    ENDED_STATES = ("failed", "stopped")
 
     name = models.CharField(max_length=128, unique=True, validators=[name_validator])
     profile = models.ForeignKey(Profile, on_delete=models.PROTECT, related_name="replicas")
@@ -190,6 +197,11 @@ class Replica(models.Model):
     @property
     def is_live(self) -> bool:
         return self.state in self.LIVE_STATES
+
+    @property
+    def is_restartable(self) -> bool:
+        """A restart may take it: live, or unknown (``restartable_replicas_q`` in a query)."""
+        return self.state in self.RESTARTABLE_STATES
 
     @property
     def is_stale(self) -> bool:
@@ -222,6 +234,11 @@ def live_replicas_q(through: str = "") -> Q:
     """Replicas that run or are coming up (``Replica.is_live``); ``through`` is
     the path to them from another model, e.g. ``"profiles__replicas__"``."""
     return Q(**{f"{through}state__in": Replica.LIVE_STATES})
+
+
+def restartable_replicas_q(through: str = "") -> Q:
+    """Replicas a restart may take (``Replica.is_restartable``): live, or on a node that does not answer."""
+    return Q(**{f"{through}state__in": Replica.RESTARTABLE_STATES})
 
 
 def stale_replicas_q(through: str = "") -> Q:

@@ -7,21 +7,21 @@ defaults to the one the entry point set (middleware, command, worker).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models.deletion import ProtectedError
-from llmgw_policy import Refusal, context_value, default_policy, source_refusal
+from llmgw_policy import Refusal, source_refusal
 
-from audit.actor import Actor
 from audit.services import audit_record, changed_fields, snapshot
-from catalog.errors import DomainError, conflict, declared
+from base.actor import Actor
+from base.errors import DomainError, conflict, declared
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
-from catalog.planning.types import TEXT_SHAPE_FIELDS
 from operations.services.busy import refuse_while_restarting
+from planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
 
 M = TypeVar("M", bound=models.Model)
 
@@ -211,29 +211,11 @@ def node_save(*, instance: Node, actor: Actor | None = None) -> Node:
     return _save(instance, actor=actor, before_save=guard)
 
 
-def node_rotate_token(*, instance: Node, grace_seconds: float = 300.0, actor: Actor | None = None) -> Node:
-    """Give the node's agent a new token without downtime: the agent takes it
-    (and keeps accepting the old one for ``grace_seconds``), answers with it,
-    and only then is it saved here, audited by fingerprint. Nothing is saved
-    when the agent does not confirm."""
-    import secrets as token_source
-
-    from operations.agents import AgentCallFailed, AgentClient
-
-    new_token = token_source.token_urlsafe(32)
-    try:
-        AgentClient.for_node(instance).rotate_token(new_token, grace_seconds=grace_seconds)
-    except AgentCallFailed as exc:
-        raise DomainError("agent_refused", f"The token was not rotated: {exc.message}") from None
-    confirming = Node(name=instance.name, agent_url=instance.agent_url, agent_token=new_token)
-    try:
-        AgentClient.for_node(confirming).node_info()
-    except AgentCallFailed as exc:
-        raise DomainError(
-            "agent_refused",
-            f"The agent of node {instance.name} took the new token but did not answer with it ({exc.message}); "
-            f"the catalog keeps the old one, which the agent accepts for {grace_seconds:g} s more: try again.",
-        ) from None
+def node_token_save(
+    *, instance: Node, new_token: str, grace_seconds: float, actor: Actor | None = None
+) -> Node:
+    """Save the agent token a rotation gave the node's agent (``operations.services.agent_token``),
+    audited by fingerprint: called only once the agent has answered with it."""
     instance.agent_token = new_token
     return _save(
         instance,
@@ -301,7 +283,7 @@ def validate_profile_spec(
     was, but only the context operation (or the cluster settings file, for a
     declared model) may write it, and never above the model's length.
     """
-    from catalog.planning import engines  # the registry is data; loaded once
+    from planning import engines  # the registry is data; loaded once
 
     engine = engines.engine(profile.engine)
     if not isinstance(profile.args, list) or not all(isinstance(a, str) for a in profile.args):
@@ -315,10 +297,10 @@ def validate_profile_spec(
     model = profile.model
     refusals = engines.refusals(engine, profile.args, profile.env, context_max=model.context_length)
     if not context_from_operation and not refusals:
-        now = context_value(default_policy(), engine.name, profile.args)
+        now = engines.context_arg(engine, profile.args)
         was = None
         if before is not None and before.get("engine") == profile.engine:
-            was = context_value(default_policy(), engine.name, before.get("args") or [])
+            was = engines.context_arg(engine, before.get("args") or [])
         if now is not None and now != was:
             flag = engine.context_flags[0]
             refusals = [
@@ -409,10 +391,20 @@ def shard_delete(*, instance: Shard, actor: Actor | None = None) -> None:
     _delete(instance, actor=actor)
 
 
+def set_shape(instance: ServedModel, shape: Mapping[str, Any]) -> None:
+    """Set those of ``instance``'s shape fields (``SHAPE_FIELDS``) and context length that
+    ``shape`` names, unsaved. An unknown text (None) is kept as "" (``selectors.shape_of``
+    reads it back as None)."""
+    for field in (*SHAPE_FIELDS, "context_length"):
+        if field in shape:
+            value = shape[field]
+            setattr(instance, field, "" if value is None and field in TEXT_SHAPE_FIELDS else value)
+
+
 def model_import(
     *, name: str, source: str, shape: dict[str, Any], actor: Actor | None = None, message: str = ""
 ) -> ServedModel:
-    """Create a model from a checkpoint's shape, or refresh an existing one's shape."""
+    """Create a model from the shape its files give, or refresh an existing one's shape."""
     validate_model_source(source)
     with transaction.atomic():
         instance = ServedModel.objects.select_for_update().filter(name=name).first()
@@ -421,6 +413,5 @@ def model_import(
         else:
             ensure_not_declared(instance)
         instance.source = source
-        for field, value in shape.items():
-            setattr(instance, field, value if value is not None or field not in TEXT_SHAPE_FIELDS else "")
+        set_shape(instance, shape)
         return _save(instance, actor=actor, message=message or f"shape imported from {source}")

@@ -9,10 +9,10 @@ from typing import Any
 
 from django.db import transaction
 
-from catalog.errors import DomainError
+from base.errors import DomainError
 from catalog.models import GPUClass, Profile, ServedModel
-from catalog.planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
-from catalog.services.catalog import model_save, profile_delete, profile_save
+from catalog.services.catalog import model_save, profile_delete, profile_save, set_shape
+from planning.types import SHAPE_FIELDS
 
 MODEL_KEYS = {"name", "source", "context_length", "checkpoint", "profiles", *SHAPE_FIELDS}
 PROFILE_KEYS = {"name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env"}
@@ -72,10 +72,10 @@ def load_cluster_settings(path: Path) -> list[dict[str, Any]]:
 def _shape_of(path: Path, m: dict[str, Any]) -> dict[str, Any]:
     shape = {k: m[k] for k in SHAPE_FIELDS if k in m}
     if "checkpoint" in m:
-        from catalog.checkpoint import read_checkpoint
+        from catalog.modelfiles import read_model_files
 
-        checkpoint = (path.parent / m["checkpoint"]).resolve()
-        shape = {**read_checkpoint(checkpoint).as_fields(), **shape}
+        model_files = (path.parent / m["checkpoint"]).resolve()
+        shape = {**read_model_files(model_files).as_fields(), **shape}
     if "context_length" in m:
         shape["context_length"] = m["context_length"]
     return shape
@@ -94,10 +94,7 @@ def sync_cluster_settings(*, path: Path) -> SyncResult:
             if model is None:
                 model = ServedModel(name=m["name"])
             model.source = m["source"]
-            for key, value in shape.items():
-                if key in TEXT_SHAPE_FIELDS and value is None:
-                    value = ""
-                setattr(model, key, value)
+            set_shape(model, shape)
             model.declared, model.declared_in = True, where
             try:
                 model = model_save(instance=model, from_settings=True)

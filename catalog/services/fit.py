@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from catalog.errors import DomainError
+from base.errors import DomainError
 from catalog.models import Profile, ServedModel
-from catalog.planning import CardMemory, Shape, card_memory, context_of, engine
-from catalog.planning.engines import Engine
-from catalog.planning.units import gib, gib_short
 from catalog.selectors import profile_spec, shape_of
+from planning import CardMemory, Shape, card_memory, context_of, engine
+from planning.engines import Engine
+from planning.units import gib, gib_short
 
 
 def profile_memory(profile: Profile, model: ServedModel | None = None) -> CardMemory | None:

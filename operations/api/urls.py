@@ -3,12 +3,20 @@ from __future__ import annotations
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from operations.api import views
+from operations.api import resize, rollback, views
 
 router = SimpleRouter()
 router.register("operations", views.OperationViewSet, basename="api-operation")
 
 urlpatterns = [
+    path("models/<str:name>/gpus/", resize.ResizeView.as_view(), name="api-model-gpus"),
+    path("models/<str:name>/context/", resize.ContextView.as_view(), name="api-model-context"),
+    path("models/<str:name>/rollback/", rollback.RollbackView.as_view(), name="api-model-rollback"),
+    path(
+        "models/<str:name>/profiles/<str:profile>/revisions/",
+        rollback.RevisionsView.as_view(),
+        name="api-profile-revisions",
+    ),
     path("models/<str:name>/restart/", views.RestartView.as_view(), name="api-model-restart"),
     path("nodes/<str:name>/cordon/", views.NodeCordonView.as_view(), name="api-node-cordon"),
     path("nodes/<str:name>/uncordon/", views.NodeUncordonView.as_view(), name="api-node-uncordon"),

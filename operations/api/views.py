@@ -12,9 +12,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from access.rules import Rule
-from catalog.api.cached import KeptList
-from catalog.api.inputs import StrictInput, StrictIntegerField, StrictNumberField
+from base.api.cached import KeptList
+from base.api.inputs import StrictInput, StrictIntegerField, StrictNumberField
+from base.rules import Rule
 from catalog.api.serializers import ErrorSerializer
 from catalog.models import Node, Profile, Replica, ServedModel
 from operations.models import RestartOperation, RestartStep

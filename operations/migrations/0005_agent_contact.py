@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("catalog", "0009_node_last_seen_moved_to_agent_contact"),
-        ("operations", "0004_merge_20261201_1303"),
+        ("operations", "0004_restart_settle_failure_policy_serving"),
     ]
 
     operations = [

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.urls import reverse
 
-from catalog.errors import DomainError, conflict
+from base.errors import DomainError, conflict
 from operations.models import RestartOperation
 
 

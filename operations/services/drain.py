@@ -4,7 +4,7 @@ replicas to other nodes, rolling, as restart operations), uncordon it; and move 
 A drain is one restart operation per profile with replicas on the node, each with the node's
 replicas named, rolling only (a replacement starts elsewhere and is ready before the old one
 stops) and planned off the node: the same checks, plan, progress, deadline and audit as any
-restart (operations/services/start.py, runner.py). It is all or nothing: when one profile's
+restart (operations/services/start.py, runner/). It is all or nothing: when one profile's
 replicas have no place elsewhere (or a restart of that model is already under way), nothing is
 started and the node is not cordoned. A cordoned node takes no replacement anywhere (placement
 uses ready nodes only); the pages show its state on every card grid and node page.
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from audit.actor import Actor, current_actor
 from audit.services import audit_record
-from catalog.errors import DomainError, conflict, not_found
+from base.actor import Actor, current_actor
+from base.errors import DomainError, conflict, not_found
 from catalog.models import Node, Replica, live_replicas_q
 from operations.models import RestartOperation
 from operations.services.start import restart_start

@@ -75,9 +75,9 @@ from django.utils import timezone
 from django_tasks import TaskResultStatus
 from django_tasks_db.models import DBTaskResult
 
-from audit.actor import Actor
 from audit.services import audit_record
-from llmgw_web.db import hold_lock
+from base.actor import Actor
+from base.tasks import task_is_waiting
 from operations.models import RestartOperation
 
 log = logging.getLogger("operations.restart")
@@ -274,13 +274,6 @@ def record_task(operation_id: int, task_id: str) -> None:
 
 
 RECONCILER_LOCK_KEY = 0x6C6C7263  # "llrc": one reconciler chain
-
-
-def task_is_waiting(task_path: str, *, lock: int) -> bool:
-    """Whether a run of the task waits in the queue. Holds ``lock`` until the
-    transaction ends, so that two callers do not both enqueue one."""
-    hold_lock(lock)
-    return DBTaskResult.objects.filter(task_path=task_path, status=TaskResultStatus.READY).exists()
 
 
 def sweep_is_waiting(sweep_task_path: str) -> bool:

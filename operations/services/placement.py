@@ -13,9 +13,10 @@ from __future__ import annotations
 from django.conf import settings
 from django.db.models import Max
 
+from base.db import hold_lock
 from catalog.models import Card, Node, Profile, Replica, ServedModel, Shard, live_replicas_q
-from llmgw_web.db import hold_lock
 from operations.models import RestartStep
+from planning.placement import best_fit_key
 from telemetry.selectors import foreign_held_card_ids
 
 _PLACEMENT_LOCK_KEY = 0x6C6C7270  # "llrp"
@@ -53,10 +54,10 @@ def free_port(node: Node, *, after: int | None = None) -> int:
 
 def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Node, list[Card]] | None:
     """Free cards of the profile's class for one replica: on the ready node
-    whose agent answers (not cordoned, not down, not unreachable)
-    with the fewest free cards that still has enough (ties by name), but first
-    on a node that holds none of the model's other live replicas, so that one
-    node going down does not take every replica of a model with it."""
+    whose agent answers (not cordoned, not down, not unreachable) that comes
+    first by ``planning.placement.best_fit_key``, the order the restart's plan
+    uses: one holding none of the model's other live replicas, then the fewest
+    free cards that still fit, then the name."""
     need = profile.cards
     siblings = set(
         Shard.objects.filter(live_replicas_q("replica__"), replica__profile__model_id=profile.model_id)
@@ -81,7 +82,9 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
     fits = [cards for cards in free.values() if len(cards) >= need]
     if not fits:
         return None
-    best = min(fits, key=lambda cards: (cards[0].node_id in siblings, len(cards), cards[0].node.name))
+    best = min(
+        fits, key=lambda cards: best_fit_key(cards[0].node_id in siblings, len(cards), cards[0].node.name)
+    )
     return best[0].node, best[:need]
 
 

@@ -40,10 +40,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audit.actor import Actor
+from agentclient.client import AgentCallFailed, AgentClient, describe_failure
 from audit.services import audit_record, snapshot
+from base.actor import Actor
 from catalog.models import Node, Replica, Shard
-from operations.agents import AgentCallFailed, AgentClient, describe_failure
 from operations.models import AgentContact, RestartOperation, RestartStep
 
 log = logging.getLogger("operations.reconcile")

@@ -14,11 +14,11 @@ from django.conf import settings
 from llmgw_policy import source_refusal
 
 from audit.models import AuditEntry
-from catalog.errors import DomainError
+from base.errors import DomainError
 from catalog.models import Profile, Replica, ServedModel
-from catalog.planning import engines
 from operations.models import RestartStep
 from operations.services.placement import replica_placement
+from planning import engines
 
 
 def build_spec(

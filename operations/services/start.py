@@ -3,7 +3,7 @@
 ``restart_start`` records the operation and one step per replica, audits it,
 and enqueues the worker's task when the transaction commits;
 ``operation_cancel`` asks it to stop. The worker's side is
-``operations/services/runner.py``.
+``operations/services/runner/``.
 """
 
 from __future__ import annotations
@@ -14,21 +14,20 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 from django.utils import timezone
 
-from audit.actor import Actor, current_actor
 from audit.services import audit_record
-from catalog import selectors
-from catalog.errors import DomainError, conflict, not_found
-from catalog.models import Profile, Replica, ServedModel, live_replicas_q, stale_replicas_q
-from catalog.planning import engines
-from catalog.planning.placement import Placement, place_restart
+from base.actor import Actor, current_actor
+from base.errors import DomainError, conflict, not_found
+from catalog.models import Profile, Replica, ServedModel, restartable_replicas_q, stale_replicas_q
 from catalog.services.fit import refuse_unless_fits
 from operations.models import RestartOperation, RestartStep
+from operations.selectors import rooms_and_fleet
 from operations.services.busy import busy_refusal
 from operations.services.specs import check_launchable
 from operations.tasks import enqueue_restart
+from planning import engines
+from planning.placement import Placement, place_restart
 
 MAX_PARALLEL = 32
 MAX_READY_TIMEOUT = 24 * 3600.0
@@ -55,9 +54,7 @@ def _operation_after(op: RestartOperation, names: list[str]) -> dict[str, Any]:
 
 def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replica]:
     # A replica whose node does not answer ("unknown") is restarted too: its replacement goes elsewhere.
-    live = Replica.objects.filter(
-        live_replicas_q() | Q(state=Replica.State.UNKNOWN), profile__model=model
-    ).select_related("profile")
+    live = Replica.objects.filter(restartable_replicas_q(), profile__model=model).select_related("profile")
     if names:
         chosen = []
         for name in dict.fromkeys(names):
@@ -68,7 +65,7 @@ def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replic
                 raise DomainError(
                     "other_model", f"Replica {name} serves {replica.profile.model.name}, not {model.name}."
                 )
-            if not (replica.is_live or replica.state == Replica.State.UNKNOWN):
+            if not replica.is_restartable:
                 raise conflict(
                     "not_live",
                     f"Replica {name} is {replica.state}: only starting, loading, ready or unknown "
@@ -118,7 +115,7 @@ def _plan(
     them; refuses (409) naming the replica with none, so that a restart that
     cannot finish does not start. No replacement goes on ``avoid_nodes`` (a
     move's or a drain's own node)."""
-    _, fleet = selectors.rooms_and_fleet(profile, parallel=max_parallel)
+    _, fleet = rooms_and_fleet(profile, parallel=max_parallel)
     if fleet is None:
         return {}
     if avoid_nodes:
@@ -152,42 +149,10 @@ def _busy(op: RestartOperation) -> DomainError:
     return busy_refusal(op, doing="starting another restart of it")
 
 
-def restart_start(
-    *,
-    model_name: str,
-    replicas: list[str] | None = None,
-    in_place: bool | None = None,
-    max_parallel: int = 1,
-    ready_timeout: float = 600,
-    settle_seconds: float | None = None,
-    stop_at_first_failure: bool = False,
-    actor: Actor | None = None,
-    cause: str = "",
-    avoid_nodes: tuple[str, ...] = (),
-) -> RestartOperation:
-    """Start restarting ``model_name``'s stale replicas (or the live ones named).
-
-    ``in_place``: True stops each replica before its replacement starts; False
-    restarts rolling only (a step without room beside fails); None rolls where
-    there is room and goes in place where not. ``settle_seconds``: how long
-    each replacement must stay ready before its old replica is stopped
-    (LLMGW_RESTART_SETTLE_SECONDS when None). ``stop_at_first_failure``:
-    start no new step once one failed (by default every replica is still
-    restarted, so one faulty node does not hold the rest back). Creates the operation and its
-    steps and audits it; the worker's task is enqueued when the transaction
-    commits, so this may run inside a caller's transaction (the resize's).
-    The whole restart is played through first (catalog/planning/placement.py)
-    and each step records where the plan puts its replica; the runner follows
-    it. Refusals: not_found, other_model, not_live, nothing_to_restart, busy,
-    cpu_only, multi_node, several_profiles, unknown_engine, invalid, memory
-    (the profile does not fit its cards), no_room, no_room_beside (a replica
-    has no place).
-
-    ``cause`` says what asked for it in the operators' words (the resize or context change that
-    started it, say); by default, the stale replicas or the replicas named. The operation keeps
-    it with the profile revision its replacements run. ``avoid_nodes``: nodes no replacement is
-    planned on (moving replicas off a node, operations/services/drain.py).
-    """
+def _check_options(
+    *, max_parallel: int, ready_timeout: float, settle_seconds: float | None, stop_at_first_failure: bool
+) -> float:
+    """Refuse (invalid) a restart's options out of their bounds; returns the settle time it runs with."""
     if (
         isinstance(max_parallel, bool)
         or not isinstance(max_parallel, int)
@@ -220,76 +185,147 @@ def restart_start(
         raise DomainError(
             "invalid", f"stop_at_first_failure must be true or false, not {stop_at_first_failure!r}."
         )
+    return settle
+
+
+def _lock_model(model_name: str) -> ServedModel:
+    """The model, locked until the caller's transaction commits; busy while a restart of it is active."""
+    # Held until commit: a second restart of the model waits here, then sees this one and is refused.
+    model = ServedModel.objects.select_for_update().filter(name=model_name).first()
+    if model is None:
+        raise not_found(f"No model {model_name!r} in the catalog.")
+    active = (
+        RestartOperation.objects.filter(model=model, state__in=RestartOperation.ACTIVE_STATES)
+        .select_related("model")
+        .first()
+    )
+    if active is not None:
+        raise _busy(active)
+    return model
+
+
+def _one_profile(model: ServedModel, chosen: list[Replica]) -> Profile:
+    """The one profile the chosen replicas run (several_profiles otherwise)."""
+    profile_ids = {r.profile_id for r in chosen}
+    if len(profile_ids) > 1:
+        raise DomainError(
+            "several_profiles",
+            f"The replicas named run {len(profile_ids)} different profiles "
+            f"of {model.name}: restart one profile's replicas at a time.",
+        )
+    return Profile.objects.select_related("model", "gpu_class").get(pk=profile_ids.pop())
+
+
+def _record_operation(op: RestartOperation) -> RestartOperation:
+    """Save the operation; busy should another restart of its model be recorded first."""
+    try:
+        with transaction.atomic():
+            op.save()
+    except IntegrityError:  # the one-active-restart constraint, should a writer slip past the lock
+        raise _busy(
+            RestartOperation.objects.filter(model=op.model, state__in=RestartOperation.ACTIVE_STATES).first()
+            or op
+        ) from None
+    return op
+
+
+def _record_steps(op: RestartOperation, chosen: list[Replica], places: dict[str, Placement]) -> None:
+    """One step per chosen replica, each with where the plan puts its replacement."""
+    RestartStep.objects.bulk_create(
+        RestartStep(
+            operation=op,
+            old_replica=r,
+            planned_node=places[r.name].node if r.name in places else "",
+            planned_cards=list(places[r.name].cards) if r.name in places else [],
+            planned_in_place=places[r.name].in_place if r.name in places else None,
+        )
+        for r in chosen
+    )
+
+
+def _audit_start(op: RestartOperation, names: list[str], *, actor: Actor) -> None:
+    audit_record(
+        action="restart_start",
+        object_type="restart",
+        object_key=str(op.pk),
+        object_repr=str(op),
+        after=_operation_after(op, names),
+        actor=actor,
+        message=f"restart #{op.pk} of {op.model.name} asked by {op.requested_by_name}: {len(names)} replica(s) "
+        f"({', '.join(names)}), {op.mode}, {op.max_parallel} at a time, {op.ready_timeout:g} s to be ready, "
+        f"{op.settle_seconds:g} s to stay ready, "
+        + ("stopping at the first failed step" if op.stop_at_first_failure else "every replica tried"),
+    )
+
+
+def restart_start(
+    *,
+    model_name: str,
+    replicas: list[str] | None = None,
+    in_place: bool | None = None,
+    max_parallel: int = 1,
+    ready_timeout: float = 600,
+    settle_seconds: float | None = None,
+    stop_at_first_failure: bool = False,
+    actor: Actor | None = None,
+    cause: str = "",
+    avoid_nodes: tuple[str, ...] = (),
+) -> RestartOperation:
+    """Start restarting ``model_name``'s stale replicas (or the live ones named).
+
+    ``in_place``: True stops each replica before its replacement starts; False
+    restarts rolling only (a step without room beside fails); None rolls where
+    there is room and goes in place where not. ``settle_seconds``: how long
+    each replacement must stay ready before its old replica is stopped
+    (LLMGW_RESTART_SETTLE_SECONDS when None). ``stop_at_first_failure``:
+    start no new step once one failed (by default every replica is still
+    restarted, so one faulty node does not hold the rest back). Creates the operation and its
+    steps and audits it; the worker's task is enqueued when the transaction
+    commits, so this may run inside a caller's transaction (the resize's).
+    The whole restart is played through first (planning/placement.py)
+    and each step records where the plan puts its replica; the runner follows
+    it. Refusals: not_found, other_model, not_live, nothing_to_restart, busy,
+    cpu_only, multi_node, several_profiles, unknown_engine, invalid, memory
+    (the profile does not fit its cards), no_room, no_room_beside (a replica
+    has no place).
+
+    ``cause`` says what asked for it in the operators' words (the resize or context change that
+    started it, say); by default, the stale replicas or the replicas named. The operation keeps
+    it with the profile revision its replacements run. ``avoid_nodes``: nodes no replacement is
+    planned on (moving replicas off a node, operations/services/drain.py).
+    """
+    settle = _check_options(
+        max_parallel=max_parallel,
+        ready_timeout=ready_timeout,
+        settle_seconds=settle_seconds,
+        stop_at_first_failure=stop_at_first_failure,
+    )
     actor = actor or current_actor()
     with transaction.atomic():
-        # Held until commit: a second restart of the model waits here, then sees this one and is refused.
-        model = ServedModel.objects.select_for_update().filter(name=model_name).first()
-        if model is None:
-            raise not_found(f"No model {model_name!r} in the catalog.")
-        active = (
-            RestartOperation.objects.filter(model=model, state__in=RestartOperation.ACTIVE_STATES)
-            .select_related("model")
-            .first()
-        )
-        if active is not None:
-            raise _busy(active)
+        model = _lock_model(model_name)
         chosen = _chosen_replicas(model, replicas)
-        profile_ids = {r.profile_id for r in chosen}
-        if len(profile_ids) > 1:
-            raise DomainError(
-                "several_profiles",
-                f"The replicas named run {len(profile_ids)} different profiles "
-                f"of {model.name}: restart one profile's replicas at a time.",
-            )
-        profile = Profile.objects.select_related("model", "gpu_class").get(pk=profile_ids.pop())
+        profile = _one_profile(model, chosen)
         _check_restartable(model, profile)
         refuse_unless_fits(profile, doing="restarted", model=model)
         places = _plan(profile, chosen, in_place=in_place, max_parallel=max_parallel, avoid_nodes=avoid_nodes)
-        op = RestartOperation(
-            model=model,
-            profile=profile,
-            in_place=in_place,
-            max_parallel=max_parallel,
-            ready_timeout=float(ready_timeout),
-            settle_seconds=float(settle),
-            stop_at_first_failure=stop_at_first_failure,
-            requested_by=actor.resolved_user,
-            requested_by_name=actor.display_name[:150],
-            via=actor.via,
-            cause=(cause or _default_cause(chosen, named=bool(replicas)))[:300],
-            target_revision=profile.revision,
-        )
-        try:
-            with transaction.atomic():
-                op.save()
-        except IntegrityError:  # the one-active-restart constraint, should a writer slip past the lock
-            raise _busy(
-                RestartOperation.objects.filter(model=model, state__in=RestartOperation.ACTIVE_STATES).first()
-                or op
-            ) from None
-        RestartStep.objects.bulk_create(
-            RestartStep(
-                operation=op,
-                old_replica=r,
-                planned_node=places[r.name].node if r.name in places else "",
-                planned_cards=list(places[r.name].cards) if r.name in places else [],
-                planned_in_place=places[r.name].in_place if r.name in places else None,
+        op = _record_operation(
+            RestartOperation(
+                model=model,
+                profile=profile,
+                in_place=in_place,
+                max_parallel=max_parallel,
+                ready_timeout=float(ready_timeout),
+                settle_seconds=float(settle),
+                stop_at_first_failure=stop_at_first_failure,
+                requested_by=actor.resolved_user,
+                requested_by_name=actor.display_name[:150],
+                via=actor.via,
+                cause=(cause or _default_cause(chosen, named=bool(replicas)))[:300],
+                target_revision=profile.revision,
             )
-            for r in chosen
         )
-        names = [r.name for r in chosen]
-        audit_record(
-            action="restart_start",
-            object_type="restart",
-            object_key=str(op.pk),
-            object_repr=str(op),
-            after=_operation_after(op, names),
-            actor=actor,
-            message=f"restart #{op.pk} of {model.name} asked by {op.requested_by_name}: {len(names)} replica(s) "
-            f"({', '.join(names)}), {op.mode}, {max_parallel} at a time, {ready_timeout:g} s to be ready, "
-            f"{settle:g} s to stay ready, "
-            + ("stopping at the first failed step" if stop_at_first_failure else "every replica tried"),
-        )
+        _record_steps(op, chosen, places)
+        _audit_start(op, [r.name for r in chosen], actor=actor)
         # robust: should the enqueue fail, the restart stays queued and the sweep enqueues it.
         transaction.on_commit(partial(enqueue_restart, op.pk), robust=True)
     return op

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from access.models import Token
 from access.services import token_create, token_revoke
-from catalog.management.base import ActorCommand
+from base.commands import ActorCommand
 
 
 class Command(ActorCommand):

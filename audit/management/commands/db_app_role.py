@@ -5,15 +5,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection, transaction
 
-from audit.checks import AUDIT_TABLE
-from audit.roles import APPEND_ONLY_TABLES, grant_app_role
+from audit.roles import append_only_tables, grant_app_role
 
 
 class Command(BaseCommand):
     help = (
         "PostgreSQL: give ROLE, the role the application connects as, what it needs and no more: read and "
         "write every table of the schema except the append-only ones ("
-        + ", ".join(APPEND_ONLY_TABLES)
+        + ", ".join(append_only_tables())
         + "), which it may only read and append to. Run it as the tables' owner (the role that migrates), "
         "after every migrate. ROLE owns nothing, so it cannot drop or disable the audit log's triggers."
     )
@@ -32,5 +31,5 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(
-            f"{role} may now read and write the application's tables, and only read and append to {AUDIT_TABLE}"
+            f"{role} may now read and write the application's tables, and only read and append to {append_only_tables()[0]}"
         )

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from catalog.management.base import ActorCommand
+from base.commands import ActorCommand
 
 
 class Command(ActorCommand):
@@ -26,9 +26,8 @@ class Command(ActorCommand):
         parser.add_argument("--revision", help="the repo's branch, tag or commit (default: main)")
 
     def act(self, *args: Any, **options: Any) -> None:
-        from catalog.checkpoint import read_checkpoint
+        from catalog.modelfiles import looks_like_repo_id, read_gguf, read_model_files, shape_from_hub
         from catalog.services.catalog import model_import
-        from catalog.sources import looks_like_repo_id, read_gguf, shape_from_hub
 
         where: str = options["path"]
         if Path(where).suffix == ".gguf":
@@ -36,7 +35,7 @@ class Command(ActorCommand):
         elif looks_like_repo_id(where):
             shape = shape_from_hub(where, revision=options["revision"])
         else:
-            shape = read_checkpoint(Path(where))
+            shape = read_model_files(Path(where))
         model = model_import(name=options["name"], source=options["source"] or where, shape=shape.as_fields())
         for note in shape.notes:
             self.stderr.write(f"note: {note}")

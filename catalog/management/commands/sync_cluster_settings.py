@@ -6,7 +6,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import CommandParser
 
-from catalog.management.base import ActorCommand
+from base.commands import ActorCommand
 from catalog.services.cluster_settings import sync_cluster_settings
 
 

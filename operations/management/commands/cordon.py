@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from catalog.management.base import ActorCommand
+from base.commands import ActorCommand
 from operations.services.drain import node_cordon
 
 

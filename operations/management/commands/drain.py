@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from catalog.management.base import ActorCommand
+from base.commands import ActorCommand
 from operations.management.follow import follow
 from operations.services.drain import node_drain
 from operations.services.start import MAX_PARALLEL

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from catalog.management.base import ActorCommand
+from base.commands import ActorCommand
 from catalog.models import Node
 from operations.services.reconcile import Report, reconcile, reconciler_actor
 

@@ -1,1 +1,0 @@
-"""The operator pages (htmx): models, nodes, operations. One module a concern."""

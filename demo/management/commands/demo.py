@@ -1,0 +1,315 @@
+"""``python manage.py demo``: the whole system on one machine, for ``make run``.
+
+Starts one node agent per node of the catalog whose agent URL is on this
+machine (the stand-in engine in place of every engine of the registry, the
+node's cards from the catalog), starts the replicas the catalog says are
+running on those agents, then the worker (``db_worker``) and the web server,
+and sweeps for abandoned restarts while they run. Ctrl-C stops them all:
+the web server and the worker first, then the agents, which stop their
+replicas.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import standin_nvidia_smi  # agent/, on the path (llmgw_web/__init__.py)
+from django.conf import settings
+from django.core.management.base import CommandError, CommandParser
+
+from agentclient.client import AgentCallFailed, AgentClient
+from base.commands import ActorCommand
+from catalog.models import Node, Replica, Shard
+from catalog.services import catalog as services
+from operations.services.placement import replica_placement
+from operations.services.specs import running_spec
+from operations.tasks import operations_sweep
+from planning import engines
+
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+AGENT_DIR = Path(settings.BASE_DIR) / "agent"
+STANDIN = AGENT_DIR / "standin_engine.py"
+READY_WAIT_SECONDS = 60.0
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+def _toml_value(value: Any) -> str:
+    return json.dumps(value)  # JSON's strings, numbers, booleans and arrays are valid TOML
+
+
+def agent_config(node: Node, directory: Path) -> str:
+    """The agent configuration (TOML) for ``node``: its cards from the catalog, the stand-in for every engine."""
+    url = urlsplit(node.agent_url)
+    token_file = directory / "token"
+    token_file.write_text(node.agent_token + "\n", encoding="utf-8")
+    token_file.chmod(0o600)
+    lines = [
+        f"node = {_toml_value(node.name)}",
+        f"listen = {_toml_value(f'{url.hostname}:{url.port or 80}')}",
+        f"token_file = {_toml_value(str(token_file))}",
+        f"log_dir = {_toml_value(str(directory / 'logs'))}",
+        # The agent enforces the launch policy it carries, the same file as the control plane's.
+        f"model_roots = [{', '.join(_toml_value(root) for root in settings.LLMGW_MODEL_ROOTS)}]",
+        "stop_grace_seconds = 3",
+        "ready_poll_seconds = 0.5",
+        "stop_children_on_exit = true",
+    ]
+    for card in node.cards.select_related("gpu_class").order_by("index"):
+        lines += [
+            "",
+            "[[cards]]",
+            f"index = {card.index}",
+            f"name = {_toml_value(card.gpu_class.name)}",
+            f"memory_mib = {card.gpu_class.memory_mib}",
+        ]
+    for name in sorted(engines.registry()):
+        lines += [
+            "",
+            f"[engines.{_toml_value(name)}]",
+            f"command = {_toml_value([sys.executable, str(STANDIN)])}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def port_clashes() -> list[tuple[Replica, int]]:
+    """Live replicas that share a port with another on the same host (nodes
+    whose agents share a machine, as the demo's do), each with a free port."""
+    seen: dict[str, set[int]] = defaultdict(set)
+    taken: dict[str, set[int]] = defaultdict(set)
+    rows = []
+    for replica in Replica.objects.filter(state__in=Replica.LIVE_STATES).order_by("name"):
+        node, _ = replica_placement(replica)
+        if node is not None:
+            rows.append((replica, node.agent_host))
+            taken[node.agent_host].add(replica.port)
+    moves = []
+    for replica, host in rows:
+        if replica.port in seen[host]:
+            port = max(taken[host] | {settings.LLMGW_REPLICA_PORT_BASE - 1}) + 1
+            taken[host].add(port)
+            moves.append((replica, port))
+        else:
+            seen[host].add(replica.port)
+    return moves
+
+
+class Command(ActorCommand):
+    help = (
+        "Run the demo on this machine: a node agent per local node (stand-in engines), the catalog's running "
+        "replicas started on them, the worker and the web server. Ctrl-C stops everything."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--addr", default="127.0.0.1:8000", help="where the web server listens")
+        parser.add_argument("--reload", action="store_true", help="let the web server reload on code changes")
+
+    def act(self, *args: Any, **options: Any) -> None:
+        self.children: list[Child] = []
+        self.stopping = False
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll would drown what matters
+        root = Path(settings.VAR_DIR) / "demo"
+        root.mkdir(parents=True, exist_ok=True)
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, self._on_signal)
+        try:
+            self._run(root, options)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self._stop_all()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        raise KeyboardInterrupt
+
+    # -- the parts -----------------------------------------------------------------------------
+
+    def _spawn(self, name: str, command: list[str], log: Path, env: dict[str, str] | None = None) -> Child:
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                command,
+                cwd=settings.BASE_DIR,
+                env={**os.environ, **(env or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches this launcher only; it stops the others in order
+            )
+        child = Child(name, process, log)
+        self.children.append(child)
+        return child
+
+    def _run(self, root: Path, options: dict[str, Any]) -> None:
+        nodes = [n for n in Node.objects.order_by("name") if n.agent_host in LOCAL_HOSTS]
+        skipped = Node.objects.exclude(pk__in=[n.pk for n in nodes]).values_list("name", flat=True)
+        if not nodes:
+            raise CommandError(
+                "No node of the catalog has its agent on this machine (127.0.0.1): load the demo "
+                "fleet first (python manage.py seed_demo)."
+            )
+        for node in nodes:
+            directory = root / node.name
+            directory.mkdir(parents=True, exist_ok=True)
+            config = directory / "agent.toml"
+            config.write_text(agent_config(node, directory), encoding="utf-8")
+            # No GPU here: the agent reads its cards' telemetry from the stand-in nvidia-smi, where
+            # each stand-in engine registers the memory it holds (agent/standin_nvidia_smi.py).
+            cards = [
+                {"index": c.index, "name": c.gpu_class.name, "memory_mib": c.gpu_class.memory_mib}
+                for c in node.cards.select_related("gpu_class").order_by("index")
+            ]
+            self._spawn(
+                f"agent {node.name}",
+                [sys.executable, "-m", "llmgw_agent", "--config", str(config)],
+                directory / "agent.log",
+                env={"PYTHONPATH": str(AGENT_DIR), **standin_nvidia_smi.install(directory / "gpus", cards)},
+            )
+        for node in nodes:
+            self._wait_healthy(node)
+        self.stdout.write(
+            f"agents: {', '.join(f'{n.name} at {n.agent_url}' for n in nodes)}"
+            + (f" (not on this machine, not started: {', '.join(skipped)})" if skipped else "")
+        )
+
+        for replica, port in port_clashes():
+            old = replica.port
+            replica.port = port
+            services.replica_save(
+                instance=replica,
+                message=f"demo: port {old} is taken by another replica on the same machine; moved to {port}",
+            )
+        self._start_replicas(nodes)
+
+        self._spawn(
+            "worker",
+            [sys.executable, "manage.py", "db_worker", "--no-reload", "--interval", "1"],
+            root / "worker.log",
+            env={"LLMGW_TELEMETRY_SECONDS": "5"},  # its cards' telemetry, for the nodes grid
+        )
+        web = [sys.executable, "manage.py", "runserver", options["addr"]]
+        if not options["reload"]:
+            web.append("--noreload")
+        self._spawn("web", web, root / "web.log")
+        self.stdout.write(f"worker: python manage.py db_worker (log {root / 'worker.log'})")
+        self.stdout.write(f"web: http://{options['addr']}/ (log {root / 'web.log'}); API docs at /api/docs/")
+        self.stdout.write("Ctrl-C stops the web server, the worker, the agents and their replicas.")
+
+        while True:
+            for child in self.children:
+                if child.process.poll() is not None:
+                    raise CommandError(
+                        f"{child.name} exited with {child.process.returncode}; see {child.log}."
+                    )
+            for operation_id in operations_sweep():
+                self.stdout.write(f"restart #{operation_id}: its worker is gone; a new run is enqueued")
+            time.sleep(min(settings.LLMGW_OPERATION_SWEEP_SECONDS, 5))
+
+    def _wait_healthy(self, node: Node) -> None:
+        deadline = time.monotonic() + 15
+        child = next(c for c in self.children if c.name == f"agent {node.name}")
+        while time.monotonic() < deadline:
+            if child.process.poll() is not None:
+                raise CommandError(
+                    f"The agent of {node.name} exited with {child.process.returncode}: "
+                    f"{child.log.read_text(errors='replace')[-800:]}"
+                )
+            try:
+                if (
+                    httpx.get(f"{node.agent_url.rstrip('/')}/healthz", timeout=1, trust_env=False).status_code
+                    == 200
+                ):
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise CommandError(
+            f"The agent of {node.name} did not answer on {node.agent_url} within 15 s; see {child.log}."
+        )
+
+    def _start_replicas(self, nodes: list[Node]) -> None:
+        """PUT every replica the catalog says runs on these nodes; wait until they are ready."""
+        started: list[tuple[Replica, Node]] = []
+        for replica in Replica.objects.filter(state__in=Replica.LIVE_STATES).order_by("name"):
+            node, cards = replica_placement(replica)
+            if node is None or node.pk not in {n.pk for n in nodes}:
+                continue
+            spec = running_spec(replica, node_cards=cards, ready_timeout=READY_WAIT_SECONDS)
+            if spec is None:
+                self._failed(replica, "the spec it runs is not known")
+                continue
+            try:
+                AgentClient.for_node(node).start(replica.name, spec)
+            except AgentCallFailed as exc:
+                self._failed(replica, exc.message)
+                continue
+            started.append((replica, node))
+        deadline = time.monotonic() + READY_WAIT_SECONDS
+        waiting = list(started)
+        while waiting and time.monotonic() < deadline:
+            time.sleep(0.5)
+            for replica, node in list(waiting):
+                try:
+                    state = AgentClient.for_node(node).get(replica.name)
+                except AgentCallFailed:
+                    continue
+                if state["state"] == "ready":
+                    waiting.remove((replica, node))
+                elif state["state"] in ("failed", "stopped"):
+                    waiting.remove((replica, node))
+                    self._failed(replica, state.get("reason") or state["state"])
+        ready = len(started) - len(waiting)
+        self.stdout.write(
+            f"replicas: {ready} of {len(started)} started and ready"
+            + (f"; still loading: {', '.join(r.name for r, _ in waiting)}" if waiting else "")
+        )
+
+    def _failed(self, replica: Replica, reason: str) -> None:
+        """Record what is true: the replica is not running (audited, as the demo's user)."""
+        self.stderr.write(f"replica {replica.name} did not start: {reason}")
+        replica.state = Replica.State.FAILED
+        services.replica_save(instance=replica, message=f"demo: it did not start: {reason}"[:2000])
+        for shard in Shard.objects.filter(replica=replica):
+            services.shard_delete(instance=shard)
+
+    def _stop_all(self) -> None:
+        """The web server and the worker, then the agents (which stop their replicas)."""
+        order = [c for c in self.children if not c.name.startswith("agent")] + [
+            c for c in self.children if c.name.startswith("agent")
+        ]
+        for child in order:
+            if child.process.poll() is None:
+                try:
+                    os.killpg(child.process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+            try:
+                child.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait(timeout=10)
+        if self.children:
+            self.stdout.write("stopped: " + ", ".join(c.name for c in order))

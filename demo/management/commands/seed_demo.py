@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management.base import CommandParser
+from django.db import transaction
+
+from base.commands import ActorCommand
+from base.roles import role
+from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from catalog.services import catalog as services
+from demo import fleet
+
+
+class Command(ActorCommand):
+    help = (
+        "Load the demo fleet (GPU classes, nodes, models with real shapes, profiles, replicas). Idempotent."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument(
+            "--users",
+            action="store_true",
+            help="also create one account per role (viewer, operator, editor, lead, admin) with a fresh password, "
+            "and print them",
+        )
+
+    def act(self, *args: Any, **options: Any) -> None:
+        from catalog.modelfiles import read_gguf, shape_from_config
+
+        created = 0
+        with transaction.atomic():
+            classes = {}
+            for name, memory, usable, capability in fleet.GPU_CLASSES:
+                obj = GPUClass.objects.filter(name=name).first()
+                if obj is None:
+                    obj = services.gpu_class_save(
+                        instance=GPUClass(
+                            name=name, memory_mib=memory, usable_mib=usable, compute_capability=capability
+                        )
+                    )
+                    created += 1
+                classes[name] = obj
+            nodes = {}
+            for name, class_name, count, port in fleet.NODES:
+                node = Node.objects.filter(name=name).first()
+                if node is None:
+                    node = services.node_save(
+                        instance=Node(
+                            name=name, agent_url=f"http://127.0.0.1:{port}", agent_token=f"demo-token-{name}"
+                        )
+                    )
+                    created += 1
+                for index in range(count):
+                    if not Card.objects.filter(node=node, index=index).exists():
+                        services.card_save(
+                            instance=Card(node=node, index=index, gpu_class=classes[class_name])
+                        )
+                        created += 1
+                nodes[name] = node
+            for demo in fleet.MODELS:
+                if ServedModel.objects.filter(name=demo.name).exists():
+                    continue
+                source = demo.source
+                if demo.name in fleet.GGUF_MODELS:
+                    from demo.gguf_file import write_model_gguf
+
+                    spec: dict[str, Any] = dict(fleet.GGUF_MODELS[demo.name])
+                    path = write_model_gguf(fleet.demo_dir() / str(spec.pop("file")), **spec)
+                    shape = read_gguf(path)
+                    source = str(path)
+                else:
+                    config = json.loads((fleet.CONFIGS / demo.config).read_text())
+                    weights_index = {"metadata": {"total_size": demo.total_size}, "weight_map": {}}
+                    shape = shape_from_config(config, index=weights_index, source=demo.config)
+                services.model_import(
+                    name=demo.name, source=source, shape=shape.as_fields(), message="demo fleet"
+                )
+                created += 1
+            for model_name, name, engine, profile_class, gpn, tp, profile_args in fleet.PROFILES:
+                model = ServedModel.objects.get(name=model_name)
+                if Profile.objects.filter(model=model, name=name).exists():
+                    continue
+                services.profile_save(
+                    instance=Profile(
+                        model=model,
+                        name=name,
+                        engine=engine,
+                        gpu_class=classes.get(profile_class) if profile_class else None,
+                        gpus_per_node=gpn,
+                        tp=tp,
+                        args=profile_args,
+                    ),
+                    # The demo's contexts are set as the context operation would set them.
+                    context_from_operation=True,
+                )
+                created += 1
+            for name, model_name, node_name, cards, port in fleet.REPLICAS:
+                if Replica.objects.filter(name=name).exists():
+                    continue
+                profile = Profile.objects.get(model__name=model_name, gpu_class__isnull=False)
+                replica = services.replica_save(
+                    instance=Replica(
+                        name=name,
+                        profile=profile,
+                        port=port,
+                        state=Replica.State.READY,
+                        revision=profile.revision,
+                    )
+                )
+                for index in cards:
+                    services.shard_save(
+                        instance=Shard(
+                            replica=replica, card=Card.objects.get(node=nodes[node_name], index=index)
+                        )
+                    )
+                created += 1
+        self.stdout.write(
+            f"demo fleet: {created} object(s) created" if created else "demo fleet: already loaded"
+        )
+        if options["users"]:
+            self._users()
+
+    def _users(self) -> None:
+        User = get_user_model()
+        lines = []
+        for username in fleet.USERS:
+            user = User.objects.filter(username=username).first() or User(username=username)
+            user.is_superuser = user.is_staff = username == "admin"
+            password = secrets.token_urlsafe(12)
+            user.set_password(password)
+            user.save()
+            user.groups.set([Group.objects.get(name=username)])
+            lines.append(f"  {username:<9} {password}   ({role(username).does})")
+        self.stdout.write("sign in at http://127.0.0.1:8000/ with one of:\n" + "\n".join(lines))

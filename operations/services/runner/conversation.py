@@ -1,0 +1,238 @@
+"""A run's conversation with the nodes' agents: start, wait until ready, stop.
+
+An agent that does not answer (restarted, upgraded, a blip) is asked again
+within LLMGW_AGENT_ABSENT_SECONDS (the away window); one that refuses the
+token or the request is not. A replica's state is asked for as a long poll
+(the agent answers when it changes, within LLMGW_AGENT_WAIT_SECONDS), so a
+step learns its replacement is ready when the agent does. Nothing is sent to
+an agent that enforces another launch policy than the control plane's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.conf import settings
+from llmgw_policy import default_policy
+
+from agentclient.client import AgentCallFailed, AgentClient, describe_failure
+from catalog.models import Node, Replica
+from operations.models import RestartStep
+from operations.services.runner.records import Records, StepFailed
+
+# How often an agent that does not answer is asked again, within LLMGW_AGENT_ABSENT_SECONDS.
+AWAY_RETRY_SECONDS = 1.0
+# A replacement whose port another program holds moves up a port, this many times at most.
+PORT_TRIES = 5
+
+
+def certainly_not_reached(exc: AgentCallFailed) -> bool:
+    """The agent certainly did not act on the call: it refused the token or the request, or nothing
+    listened on its port."""
+    return exc.code in ("agent_token", "agent_refused") or (
+        exc.code == "agent_down" and "refused the connection" in exc.message
+    )
+
+
+class AgentConversation:
+    """One run's calls to the agents, and what their answers change in its records."""
+
+    def __init__(self, records: Records):
+        self.records = records
+        self.op = records.op
+        self.lease = records.lease
+        self.clock = records.clock
+        self.poll = settings.LLMGW_OPERATION_POLL_SECONDS
+        self.wait = settings.LLMGW_AGENT_WAIT_SECONDS
+        self.same_policy: set[str] = set()  # nodes whose agent was found to enforce our launch policy
+
+    def agent(self, node: Node) -> AgentClient:
+        return AgentClient.for_node(node)
+
+    def launch_and_wait(self, step: RestartStep, replica: Replica, spec: dict[str, Any]) -> None:
+        """PUT the spec (again: harmless) and wait until ready; StepFailed otherwise.
+
+        The agent is asked to answer when the replica's state changes (a long poll of at most
+        LLMGW_AGENT_WAIT_SECONDS, and at most a heartbeat's interval so the lease stays fresh), so
+        the step learns that its replacement is ready when the agent does. An agent that answers
+        at once without a change (one that predates the long poll) is polled every
+        LLMGW_OPERATION_POLL_SECONDS instead."""
+        node = Node.objects.get(name=step.node)
+        agent = self.agent(node)
+        self.check_node_policy(node, agent, replica)
+        replica, state = self._start(step, node, agent, replica, spec)
+        if step.state == RestartStep.State.STARTING:
+            self.records.set_step(
+                step, state=RestartStep.State.WAITING, reason=f"waiting for {replica.name} to be ready"
+            )
+        self._until_ready(step, node, agent, replica, state)
+
+    def _start(
+        self, step: RestartStep, node: Node, agent: AgentClient, replica: Replica, spec: dict[str, Any]
+    ) -> tuple[Replica, dict[str, Any]]:
+        """PUT the spec, asking again within the away window; the replica (moved to another port
+        when another program held its own) and the state the agent answered with."""
+        movable = not step.in_place and replica.pk == step.new_replica_id
+        moves = 0
+        away_since: float | None = None
+        while True:
+            self.lease.tick()
+            try:
+                with self.clock.timed("agent: start"):
+                    state = agent.start(replica.name, spec)
+                self.clock.mark(step.pk, "asked")
+                return replica, state
+            except AgentCallFailed as exc:
+                if exc.agent_code == "port_busy" and movable and moves + 1 < PORT_TRIES:
+                    # Another program on the node holds the port: a replacement nobody
+                    # uses yet may as well take the next one.
+                    moves += 1
+                    replica, spec = self.records.move_port(step, replica, spec, node, exc.message)
+                    continue
+                certain = certainly_not_reached(exc)
+                if movable and exc.code == "agent_down" and certain:
+                    # Nothing listens where the agent should: a replacement may go to another node.
+                    raise StepFailed(
+                        f"{replica.name} could not be started: {exc.message}", started=False, node_down=True
+                    ) from None
+                away_since = away_since or time.monotonic()
+                waited = time.monotonic() - away_since
+                if (
+                    exc.code in ("agent_token", "agent_refused")
+                    or waited >= settings.LLMGW_AGENT_ABSENT_SECONDS
+                ):
+                    raise StepFailed(
+                        f"{replica.name} could not be started: {exc.message}", started=not certain
+                    ) from None
+                # A node's agent briefly away (restarted, upgraded): asked again within the window.
+                time.sleep(min(AWAY_RETRY_SECONDS, settings.LLMGW_AGENT_ABSENT_SECONDS - waited))
+
+    def _until_ready(
+        self, step: RestartStep, node: Node, agent: AgentClient, replica: Replica, state: dict[str, Any]
+    ) -> None:
+        """Follow the replica's state from ``state`` (the start's answer), each change recorded,
+        until ready within the restart's ready_timeout; StepFailed otherwise."""
+        deadline = time.monotonic() + self.op.ready_timeout
+        away_since = None
+        recorded = Replica.objects.get(pk=replica.pk).state
+        said = ""
+        while True:
+            self.lease.tick()
+            now_state = state.get("state")
+            if now_state in Replica.LIVE_STATES and now_state != recorded:
+                self.records.replica_change(
+                    replica.pk,
+                    state=now_state,
+                    action=now_state,
+                    message=f"{replica.name} is {now_state} on {node.name}",
+                    memory=dict(state.get("memory") or {}) if now_state == "ready" else None,
+                )
+                recorded = now_state
+            if now_state == "ready":
+                self.clock.mark(step.pk, "ready")
+                return
+            if now_state == "failed":
+                raise StepFailed(f"{replica.name} failed on {node.name}: {describe_failure(state)}")
+            if now_state == "stopped":
+                raise StepFailed(
+                    f"{replica.name} was stopped on {node.name} before it was ready "
+                    f"({state.get('reason') or 'no reason given'})."
+                )
+            reason = str(state.get("reason") or "")
+            if reason and reason != said and now_state in Replica.COMING_UP_STATES:
+                said = reason
+                self.records.set_step(step, reason=f"waiting for {replica.name}: {now_state}: {reason}")
+            if time.monotonic() >= deadline:
+                raise StepFailed(
+                    f"{replica.name} was not ready within {self.op.ready_timeout:g} s "
+                    f"({now_state}{': ' + reason if reason else ''})."
+                )
+            left = max(deadline - time.monotonic(), 0.01)
+            wait = min(self.wait, left, self.lease.interval)
+            asked = time.monotonic()
+            try:
+                with self.clock.timed("agent: get, waiting for a change (the long poll)"):
+                    state = agent.get(replica.name, wait=wait, unless=now_state)
+                away_since = None
+            except AgentCallFailed as exc:
+                away_since = self.agent_away(step, replica, exc, away_since, left)
+                continue
+            if state.get("state") == now_state:
+                self.poll_pause(asked, wait, left)
+
+    def poll_pause(self, asked: float, wait: float, left: float) -> None:
+        """The agent answered a wait of ``wait`` s asked at ``asked`` with no change: when it held
+        the answer that long, ask again at once; when it answered sooner (an agent older than the
+        long poll), or no wait was asked (LLMGW_AGENT_WAIT_SECONDS=0), poll every
+        LLMGW_OPERATION_POLL_SECONDS. (A wait cut short by the heartbeat's interval is not a
+        reason to sleep a poll's interval.)"""
+        took = time.monotonic() - asked
+        if wait <= 0 or took < wait:
+            time.sleep(max(min(self.poll, left) - took, 0.0))
+
+    def agent_away(
+        self, step: RestartStep, replica: Replica, exc: AgentCallFailed, since: float | None, left: float
+    ) -> float:
+        """A poll of ``replica`` failed: wait a little and say so, while its agent has been away for
+        less than LLMGW_AGENT_ABSENT_SECONDS (a restart, an upgrade, a blip); StepFailed after that,
+        and at once for a refused token or a replica the agent does not know. Returns since when."""
+        if exc.code in ("agent_token", "not_found"):
+            raise StepFailed(f"{replica.name} could not be watched: {exc.message}") from None
+        now = time.monotonic()
+        if since is None:
+            since = now
+            self.records.set_step(
+                step, reason=f"waiting for the agent of {step.node} to answer again: {exc.message}"
+            )
+        window = settings.LLMGW_AGENT_ABSENT_SECONDS
+        if now - since >= window:
+            raise StepFailed(
+                f"{replica.name} could not be watched: its agent did not answer for {window:g} s "
+                f"(LLMGW_AGENT_ABSENT_SECONDS): {exc.message}"
+            ) from None
+        time.sleep(max(min(AWAY_RETRY_SECONDS, left, window - (now - since)), 0.01))
+        return since
+
+    def check_node_policy(self, node: Node, agent: AgentClient, replica: Replica) -> None:
+        """The node's agent enforces the same launch policy as the control plane:
+        otherwise what one allowed the other might refuse (or the reverse), and
+        nothing is sent. Asked once a run per node that agrees (an agent changing its policy
+        within a run still applies its own to each start)."""
+        if node.name in self.same_policy:
+            return
+        try:
+            with self.clock.timed("agent: node (the launch policy's digest)"):
+                theirs = agent.node_info().get("policy")
+        except AgentCallFailed:
+            # Not known to differ: the start that follows says what is wrong with
+            # the agent, and the agent applies its own policy in any case.
+            return
+        ours = default_policy().digest
+        if theirs == ours:
+            self.same_policy.add(node.name)
+            return
+        said = f"launch policy {theirs}" if theirs else "no launch policy (an agent older than it)"
+        raise StepFailed(
+            f"{replica.name} was not started: the agent of node {node.name} enforces {said}, but the "
+            f"control plane's is {ours}. Deploy the same agent/llmgw_policy/policy.toml to both.",
+            started=False,
+        )
+
+    def confirm_stop(self, node: Node, name: str) -> AgentCallFailed | None:
+        """Stop a replica on its agent, asking again while the agent does not answer, for at most
+        LLMGW_AGENT_ABSENT_SECONDS: None once the agent confirmed the process is gone, else the
+        last failure. A refused token or request is not asked again."""
+        deadline = time.monotonic() + settings.LLMGW_AGENT_ABSENT_SECONDS
+        while True:
+            self.lease.tick()
+            try:
+                with self.clock.timed("agent: stop (answers once the process is gone)"):
+                    self.agent(node).stop(name)
+            except AgentCallFailed as exc:
+                left = deadline - time.monotonic()
+                if exc.code in ("agent_token", "agent_refused") or left <= 0:
+                    return exc
+                time.sleep(min(AWAY_RETRY_SECONDS, left))
+                continue
+            return None

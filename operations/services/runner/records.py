@@ -1,0 +1,286 @@
+"""The rows a run writes, each with its audit entry, and why a step failed.
+
+Every write first holds the operation's row where worker, epoch and state are
+still this run's (``Lease.hold``, in the write's own transaction): a worker
+taken over writes nothing more, and nothing is written after the operation
+ended. The steps' writes hold that row together, not one at a time (on
+PostgreSQL ``FOR SHARE``: steps side by side write side by side, and a claim
+still waits for every write under way); the end, which changes the row
+itself, holds it alone (``finishing.py``). Every row written here is audited
+in the same transaction, by the worker, with the operator who asked named in
+the message. A reason kept on a step or a replica has the profile's secrets
+masked: an engine's log tail or an agent's sentence may echo one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import audit_record, snapshot
+from base.actor import Actor
+from base.secrets import profile_secrets, redact
+from catalog.models import Card, Node, Profile, Replica, Shard
+from catalog.services.fit import profile_memory
+from operations.models import RestartOperation, RestartStep
+from operations.services.lease import Lease
+from operations.services.placement import free_port, lock_placement, replica_name
+from operations.services.specs import replica_spec
+from operations.services.timing import RunClock
+
+log = logging.getLogger("operations.restart")
+
+# The agent's own deadline is a backstop for a worker that died: ours comes first.
+AGENT_DEADLINE_MARGIN = 30.0
+
+
+class StepFailed(Exception):
+    """A step failed, for ``reason``."""
+
+    def __init__(self, reason: str, *, started: bool = True, node_down: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.started = started  # False: the agent certainly did not start the replacement
+        self.node_down = node_down  # its node's agent refused the connection: another node may do
+
+
+def replaced(step: RestartStep) -> Replica:
+    """The replica the step replaces, as the step loaded it."""
+    if step.old_replica is None:
+        raise StepFailed("The replica this step restarts was removed from the catalog.", started=False)
+    return step.old_replica
+
+
+def replacement(step: RestartStep) -> tuple[Replica, dict[str, Any]]:
+    """The step's replacement and the spec recorded for it."""
+    if step.new_replica is None or step.spec is None:
+        raise StepFailed(
+            "The replacement recorded for this step was removed from the catalog.", started=False
+        )
+    return step.new_replica, step.spec
+
+
+def replica_after(replica: Replica, cards: list[str]) -> dict[str, Any]:
+    """A replica as its audit entry shows it, with the cards it holds."""
+    return {**snapshot(replica), "cards": cards}
+
+
+class Records:
+    """One run's writes: its steps, its replicas and their cards, each under the lease's fence."""
+
+    def __init__(self, op: RestartOperation, lease: Lease, actor: Actor, clock: RunClock):
+        self.op = op
+        self.lease = lease
+        self.actor = actor
+        self.clock = clock
+        self.secrets = [
+            secret
+            for profile in Profile.objects.filter(model_id=op.model_id)
+            for secret in profile_secrets(profile.engine, profile.env or {})
+        ]
+
+    def agent_timeout(self) -> float:
+        """The deadline a spec gives its agent to have the replica ready."""
+        return self.op.ready_timeout + AGENT_DEADLINE_MARGIN
+
+    # -- locks (timed: operations/services/timing.py) ------------------------------------------
+
+    def hold(self, *, alone: bool = False) -> None:
+        """Hold the operation's row for the caller's transaction (``Lease.hold``): OperationLost
+        once it is no longer this run's."""
+        with self.clock.timed("wait: the operation's row (the lease's fence)"):
+            self.lease.hold(alone=alone)
+
+    def lock_placement(self) -> None:
+        with self.clock.timed("wait: the placement lock"):
+            lock_placement()
+
+    def audit(self, **entry: Any) -> None:
+        with self.clock.timed("audit_record (waits for the chain's lock)"):
+            audit_record(actor=self.actor, **entry)
+
+    def said(self, text: str) -> str:
+        """An audit message, naming the restart and the operator who asked for it."""
+        return f"{text} (restart #{self.op.pk} of {self.op.model.name}, asked by {self.op.requested_by_name})"
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def step(self, step_id: int) -> RestartStep:
+        return RestartStep.objects.select_related("old_replica", "new_replica").get(pk=step_id)
+
+    def set_step(self, step: RestartStep, **fields: Any) -> None:
+        if isinstance(fields.get("reason"), str):
+            # An engine's log tail or an agent's sentence may echo a secret of the profile's.
+            fields["reason"] = redact(fields["reason"], self.secrets)
+        with self.clock.timed("write: a step's state (transaction)"), transaction.atomic():
+            self.hold()
+            RestartStep.objects.filter(pk=step.pk).update(**fields)
+        for name, value in fields.items():
+            setattr(step, name, value)
+
+    def finish_step(self, step: RestartStep, state: str, reason: str) -> str:
+        reason = redact(reason, self.secrets)
+        self.set_step(step, state=state, reason=reason, finished_at=timezone.now())
+        log.info("restart #%s step %s: %s: %s", self.op.pk, step.pk, state, reason)
+        return state
+
+    # -- replicas --------------------------------------------------------------------------------
+
+    def replica_change(
+        self,
+        replica_id: int,
+        *,
+        state: str,
+        action: str,
+        message: str,
+        release: bool = False,
+        hold: tuple[Node, list[int]] | None = None,
+        memory: dict[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> Replica:
+        """Set a replica's state, release or take its cards, and audit it, in one
+        transaction; with ``memory`` (the agent's report, once ready), keep what
+        its cards were planned to hold beside what the engine and card reported."""
+
+        @transaction.atomic
+        def write() -> Replica:
+            self.hold()
+            replica = Replica.objects.select_for_update().get(pk=replica_id)
+            held = [str(s.card) for s in Shard.objects.filter(replica=replica).select_related("card__node")]
+            before = replica_after(replica, held)
+            replica.state = state
+            fields = ["state"]
+            if reason is not None:
+                replica.reason = redact(reason, self.secrets)
+                fields.append("reason")
+            if memory is not None:
+                profile = Profile.objects.select_related("model", "gpu_class").get(pk=replica.profile_id)
+                planned = profile_memory(profile, profile.model)
+                replica.planned_memory = planned.as_dict() if planned is not None else {}
+                replica.measured_memory = memory
+                replica.measured_at = timezone.now() if memory else None
+                fields += ["planned_memory", "measured_memory", "measured_at"]
+            replica.save(update_fields=fields)
+            if release:
+                Shard.objects.filter(replica=replica).delete()
+                held = []
+            if hold is not None:
+                node, indices = hold
+                cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
+                Shard.objects.bulk_create(Shard(replica=replica, card=c) for c in cards)
+                held = [str(c) for c in cards]
+            self.audit(
+                action=action,
+                object_type="replica",
+                object_key=replica.name,
+                object_repr=str(replica),
+                before=before,
+                after=replica_after(replica, held),
+                message=self.said(message),
+            )
+            return replica
+
+        with self.clock.timed("write: a replica's state (transaction)"):
+            return write()
+
+    def record_replacement(
+        self,
+        step: RestartStep,
+        profile: Profile,
+        node: Node,
+        cards: list[Card],
+        *,
+        port: int,
+        said: Callable[[str, int], str],
+        reason: Callable[[str], str],
+        **fields: Any,
+    ) -> Replica:
+        """In the caller's transaction, record the step's replacement on ``cards`` and ``port``
+        of ``node`` (rolling beside the old replica, or in place on its cards), with the spec it
+        is to be sent, audited with ``said(name, port)``; the step is set starting there, with
+        ``reason(name)`` and ``fields``."""
+        spec = replica_spec(
+            profile, port=port, cards=[c.index for c in cards], ready_timeout=self.agent_timeout()
+        )
+        new = Replica.objects.create(
+            name=replica_name(profile.model, step),
+            profile=profile,
+            port=port,
+            state=Replica.State.STARTING,
+            revision=profile.revision,
+        )
+        Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
+        self.audit(
+            action="start",
+            object_type="replica",
+            object_key=new.name,
+            object_repr=str(new),
+            after=replica_after(new, [str(c) for c in cards]),
+            message=self.said(said(new.name, port)),
+        )
+        fields |= {
+            "new_replica": new,
+            "node": node.name,
+            "cards": [c.index for c in cards],
+            "spec": spec,
+            "state": RestartStep.State.STARTING,
+            "reason": reason(new.name),
+        }
+        RestartStep.objects.filter(pk=step.pk).update(**fields)
+        for name, value in fields.items():
+            setattr(step, name, value)
+        return new
+
+    def stop_for_in_place(self, replica: Replica, node: Node, cards: list[int]) -> None:
+        """In the caller's transaction, with ``replica`` locked: record it stopped, its cards freed
+        for its replacement in place (its agent confirmed the stop)."""
+        before = replica_after(replica, [f"{node.name}#{i}" for i in cards])
+        replica.state = Replica.State.STOPPED
+        replica.save(update_fields=["state"])
+        Shard.objects.filter(replica=replica).delete()
+        self.audit(
+            action="stop",
+            object_type="replica",
+            object_key=replica.name,
+            object_repr=str(replica),
+            before=before,
+            after=replica_after(replica, []),
+            message=self.said(f"stopped {replica.name} to restart it in place"),
+        )
+
+    def move_port(
+        self, step: RestartStep, replica: Replica, spec: dict[str, Any], node: Node, why: str
+    ) -> tuple[Replica, dict[str, Any]]:
+        """The replacement on the next free port: its row, its step's spec and the audit log say so."""
+
+        @transaction.atomic
+        def write() -> tuple[Replica, dict[str, Any]]:
+            self.hold()
+            self.lock_placement()
+            row = Replica.objects.select_for_update().get(pk=replica.pk)
+            old_port, port = row.port, free_port(node, after=row.port)
+            args = list(spec["args"])
+            for i in range(len(args) - 1):
+                if args[i] == "--port" and args[i + 1] == str(old_port):
+                    args[i + 1] = str(port)
+            moved = {**spec, "port": port, "args": args}
+            before = {"port": old_port}
+            row.port = port
+            row.save(update_fields=["port"])
+            self.set_step(step, spec=moved, reason=f"port {old_port} is taken on {node.name}; trying {port}")
+            self.audit(
+                action="move_port",
+                object_type="replica",
+                object_key=row.name,
+                object_repr=str(row),
+                before=before,
+                after={"port": port},
+                message=self.said(f"{row.name} moved from port {old_port} to {port} on {node.name}: {why}"),
+            )
+            return row, moved
+
+        return write()

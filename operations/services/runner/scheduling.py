@@ -1,0 +1,212 @@
+"""Scheduling a run's steps: ``max_parallel`` at a time, each in a thread of its own.
+
+A step holds one of the ``max_parallel`` slots until its replacement is ready (in place: until it
+ends); then it stops its old replica beside the next steps, ending when the stop is confirmed, so
+the next one starts the moment a replacement is ready rather than once an old engine has exited.
+A step whose planned cards a step under way still holds (its old replica, stopping) waits for
+that step to end while a later one whose cards are free goes first (``_next_with_its_cards``).
+Steps in flight when the run began (a worker left them) are always finished; no new step starts
+once the operation is cancelled, or once a step failed when it stops at the first failure. Where
+the database cannot be shared by threads (SQLite), the steps run one after the other.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from queue import Empty, SimpleQueue
+
+from django.db import connection
+
+from catalog.models import Shard
+from operations.models import RestartOperation, RestartStep
+from operations.services.lease import Lease
+from operations.services.timing import RunClock
+
+# What a step thread tells the run loop: (step, ended?, its end state or the exception it raised).
+Event = tuple[int, bool, str | Exception | None]
+RunStep = Callable[[int], str]
+
+
+class Scheduler:
+    """Which step runs when, for one run of an operation."""
+
+    def __init__(self, op: RestartOperation, lease: Lease, clock: RunClock, *, threaded: bool):
+        self.op = op
+        self.lease = lease
+        self.clock = clock
+        # Steps in threads (each with its own connection), or one after the other. One at a time
+        # too, a step's old replica stops in its thread while the next step's replacement starts.
+        self.threaded = threaded
+        self._events: SimpleQueue[Event] = SimpleQueue()
+        self.queue: deque[int] = deque()
+        self.resume: list[int] = []  # steps in flight when the run began
+        self.stopping = False  # a step failed and the operation stops at the first failure
+        self.cancelled = False
+        # ``loading``: the steps holding a slot; ``under_way``: every step not ended.
+        self.loading: set[int] = set()
+        self.under_way: set[int] = set()
+
+    def schedule(self, run_step: RunStep) -> bool:
+        """Run the operation's steps with ``run_step`` until none is left to start and every step
+        started has ended; True when the operation was cancelled."""
+        op = self.op
+        steps = list(op.steps.order_by("id").values_list("pk", "state"))
+        self.resume = [pk for pk, state in steps if state in RestartStep.IN_FLIGHT_STATES]
+        self.queue = deque(self.resume + [pk for pk, state in steps if state == RestartStep.State.PENDING])
+        # A step that failed in an earlier attempt already stopped the operation starting new ones.
+        self.stopping = op.stop_at_first_failure and any(
+            state == RestartStep.State.FAILED for _, state in steps
+        )
+        if self.threaded:
+            with ThreadPoolExecutor(
+                max_workers=2 * op.max_parallel, thread_name_prefix=f"restart-{op.pk}"
+            ) as pool:
+                self._side_by_side(pool, run_step)
+        else:
+            self._one_at_a_time(run_step)
+        self.lease.tick()
+        self.clock.summary()
+        if not self.cancelled and self._cancel_requested() and self.queue:
+            self.cancelled = True
+        return self.cancelled
+
+    def slot_free(self, step: RestartStep) -> None:
+        """The step's replacement is ready: the run may start the next step while this one stops
+        its old replica (whose cards the run still counts as held until this step ends)."""
+        if self.threaded:
+            self._events.put((step.pk, False, None))
+
+    # -- the loops ---------------------------------------------------------------------------------
+
+    def _one_at_a_time(self, run_step: RunStep) -> None:
+        self.lease.tick()
+        while self.queue:
+            step_id = self._next()
+            if step_id is None:
+                return
+            self._take(step_id)
+            self.clock.slots(1)
+            if run_step(step_id) == RestartStep.State.FAILED:
+                self.stopping = self.stopping or self.op.stop_at_first_failure
+
+    def _side_by_side(self, pool: ThreadPoolExecutor, run_step: RunStep) -> None:
+        while self.queue or self.under_way:
+            self.lease.tick()
+            self._fill_slots(pool, run_step)
+            if self.under_way:
+                self._take_events()
+            elif self.stopping or self.cancelled:
+                break
+
+    def _fill_slots(self, pool: ThreadPoolExecutor, run_step: RunStep) -> None:
+        """Start steps while a slot is free (and at most twice ``max_parallel`` are under way)."""
+        parallel = self.op.max_parallel
+        while self.queue and len(self.loading) < parallel and len(self.under_way) < 2 * parallel:
+            step_id = self._next()
+            if step_id is None:
+                return
+            self._take(step_id)
+            self.loading.add(step_id)
+            self.under_way.add(step_id)
+            pool.submit(self._run_in_thread, run_step, step_id)
+
+    def _take_events(self) -> None:
+        """Wait a heartbeat's interval at most for the step threads: a slot freed, a step ended
+        (raising what its thread raised)."""
+        self.clock.slots(len(self.loading), empty_because="cards" if self.queue else "done")
+        for step_id, ended, outcome in self._next_events():
+            self.loading.discard(step_id)
+            if not ended:
+                continue  # its replacement is ready: its slot is free
+            self.under_way.discard(step_id)
+            if isinstance(outcome, Exception):
+                raise outcome
+            if outcome == RestartStep.State.FAILED:
+                self.stopping = self.stopping or self.op.stop_at_first_failure
+        self.clock.slots(len(self.loading))
+
+    def _run_in_thread(self, run_step: RunStep, step_id: int) -> None:
+        try:
+            outcome: str | Exception = run_step(step_id)
+        except Exception as exc:  # OperationLost, or worse: the run loop raises it
+            outcome = exc
+        finally:
+            connection.close()  # each thread has its own connection
+        self._events.put((step_id, True, outcome))
+
+    def _next_events(self) -> list[Event]:
+        """What the step threads said (a slot freed, a step ended) within a heartbeat's interval:
+        the first to come and all that came with it; none when nothing did."""
+        try:
+            events = [self._events.get(timeout=self.lease.interval)]
+        except Empty:
+            return []
+        while True:
+            try:
+                events.append(self._events.get_nowait())
+            except Empty:
+                return events
+
+    # -- which step next ---------------------------------------------------------------------------
+
+    def _next(self) -> int | None:
+        """The step to start now, or None: none is to start (stopping, cancelled), or the steps
+        under way are yet to free the cards of every step queued."""
+        step_id = self.queue[0]
+        if step_id in self.resume:  # steps in flight are always finished
+            return step_id
+        if self.stopping or self.cancelled:
+            return None
+        if self._cancel_requested():
+            self.cancelled = True
+            return None
+        if self.under_way:
+            # None: the steps under way free the cards: wait for the next to end
+            return self._next_with_its_cards(list(self.under_way))
+        return step_id
+
+    def _take(self, step_id: int) -> None:
+        self.queue.remove(step_id)
+        self.clock.submitted(step_id)
+
+    def _cancel_requested(self) -> bool:
+        return RestartOperation.objects.filter(pk=self.op.pk, cancel_requested=True).exists()
+
+    def _next_with_its_cards(self, running: list[int]) -> int | None:
+        """The first queued step whose planned cards no other step of the run is yet to free, or None.
+
+        The plan (``place_restart``) counts in waves of ``max_parallel``: a step's cards may be
+        ones an earlier step's old replica frees. The run starts a step as soon as a slot is free
+        (a replacement ready), so the step whose turn comes may find its cards still held by the
+        old replica of a step under way, or of a step still queued that a step let go first; a
+        later step whose cards are free starts in its place (the plan gave those cards to that
+        step alone, so taking them early changes no other step's), and with none, the run waits
+        for the next step to end. Cards held by anything else (another restart's replica, or the
+        old replica of a step that failed) are not waited for: the step starts and finds the
+        fleet changed.
+        """
+        pending = [pk for pk in self.queue if pk not in self.resume]
+        steps = {
+            r["pk"]: r
+            for r in RestartStep.objects.filter(pk__in=[*running, *pending]).values(
+                "pk", "planned_node", "planned_cards", "old_replica_id"
+            )
+        }
+        freeing = {r["old_replica_id"] for r in steps.values()} - {None}
+        nodes = {steps[pk]["planned_node"] for pk in pending if pk in steps and steps[pk]["planned_node"]}
+        held = {
+            (node, index): replica
+            for node, index, replica in Shard.objects.filter(
+                card__node__name__in=nodes, replica_id__in=freeing
+            ).values_list("card__node__name", "card__index", "replica_id")
+        }
+        for pk in pending:
+            step = steps.get(pk)
+            if step is None or not step["planned_node"]:
+                return pk
+            holders = {held.get((step["planned_node"], i)) for i in step["planned_cards"]}
+            if not holders - {None, step["old_replica_id"]}:  # in place, its own cards are its to free
+                return pk
+        return None

@@ -1,0 +1,72 @@
+"""Stopping what a step started or replaces: a card is freed only once the agent confirmed the
+stop. A stop not confirmed within LLMGW_AGENT_ABSENT_SECONDS leaves the replica ``stopping``,
+holding its cards, for the reconciler to ask again."""
+
+from __future__ import annotations
+
+from catalog.models import Node, Replica
+from operations.models import RestartStep
+from operations.services.runner.conversation import AgentConversation
+from operations.services.runner.records import StepFailed, replacement
+
+
+def stop_confirmed(
+    agents: AgentConversation, replica: Replica, node: Node | None, *, end: str, why: str
+) -> str:
+    """Stop ``replica`` and, once its agent confirmed it, record it ``end`` with its cards freed;
+    a stop not confirmed leaves it stopping, holding its cards (the reconciler asks again).
+    '' when confirmed, else why not."""
+    failure = agents.confirm_stop(node, replica.name) if node is not None else None
+    if failure is not None:
+        agents.records.replica_change(
+            replica.pk,
+            state=Replica.State.STOPPING,
+            action="stop_unconfirmed",
+            reason=failure.message,
+            message=f"{replica.name} was asked to stop ({why}), and its agent did not confirm it: "
+            f"{failure.message} It keeps its cards until the agent does.",
+        )
+        return failure.message
+    agents.records.replica_change(
+        replica.pk,
+        state=end,
+        action="stop" if end == Replica.State.STOPPED else "fail",
+        release=True,
+        reason=why,
+        message=f"stopped {replica.name}: {why}",
+    )
+    return ""
+
+
+def stop_replacement(agents: AgentConversation, step: RestartStep, failure: StepFailed) -> str:
+    """Stop a replacement that did not come up; record it failed, cards released. Returns the reason."""
+    records = agents.records
+    new = Replica.objects.get(pk=replacement(step)[0].pk)
+    reason = failure.reason
+    records.set_step(step, reason=reason)  # kept, should this worker die while it cleans up
+    if new.state not in Replica.HOLDING_STATES:
+        return reason
+    if failure.started or new.state == Replica.State.STOPPING:
+        left = stop_confirmed(
+            agents,
+            new,
+            Node.objects.get(name=step.node),
+            end=Replica.State.FAILED,
+            why=f"failed: {failure.reason}",
+        )
+        if left:
+            reason += (
+                f" It could not be stopped either: {left} It is recorded as stopping and keeps its "
+                f"cards on {step.node} until its agent confirms the stop (the reconciler asks again)."
+            )
+    else:
+        records.replica_change(
+            new.pk,
+            state=Replica.State.FAILED,
+            action="fail",
+            release=True,
+            reason=failure.reason,
+            message=f"{new.name} failed: {failure.reason}",
+        )
+    records.set_step(step, reason=reason)
+    return reason

@@ -1,0 +1,178 @@
+"""The whole restart, simulated before it starts: where each replica of the
+profile goes, in the order the restart takes them.
+
+The restart (``operations/services/runner/``) takes the profile's
+live replicas by name, one step each, ``parallel`` at a time. A step places
+the replacement beside the running replicas on free cards of the class (best
+fit, ``best_fit_key``: a ready node holding none of the model's other live
+replicas first, then the fewest free cards, then the name; the lowest-numbered
+free cards), and stops the old replica once the new one is ready, freeing its
+cards for the steps after it. Cards free before the restart come first: a step
+is given cards an earlier step frees only when those alone do not fit, since
+the run must then wait for that earlier step to end before it starts this one
+(the plan counts in waves, the run in slots that free as each replacement is
+ready). Where no node has room beside, and in place was allowed, the
+old replica is stopped first and the replacement starts on its node: on its
+own cards first, then free ones there. Steps running at the same time do not
+see each other's freed cards.
+
+``place_restart`` plays that through on plain data and says, per replica,
+where it goes, or refuses naming the replica that has no place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from base.errors import DomainError
+from planning.units import cards
+
+
+@dataclass(frozen=True)
+class NodeCards:
+    """One node's cards of the profile's class: all of them, and those held by no replica."""
+
+    node: str
+    ready: bool
+    indices: tuple[int, ...]
+    free: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LiveReplica:
+    """A live replica of the model: its node and card indices there.
+
+    ``restarted`` is True for the replicas of the profile being changed (the
+    restart's steps), False for the model's other replicas, which stay.
+    """
+
+    name: str
+    node: str
+    cards: tuple[int, ...]
+    restarted: bool = True
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one replica's replacement goes."""
+
+    replica: str
+    node: str
+    cards: tuple[int, ...]
+    in_place: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "replica": self.replica,
+            "node": self.node,
+            "cards": list(self.cards),
+            "in_place": self.in_place,
+        }
+
+    @property
+    def text(self) -> str:
+        how = "in place" if self.in_place else "beside"
+        return f"{self.replica} → {self.node} cards {', '.join(map(str, self.cards))} ({how})"
+
+
+def best_fit_key(on_sibling: bool, free_cards: int, node_name: str) -> tuple[bool, int, str]:
+    """The order in which nodes with room take a replacement, smallest first: a node holding
+    none of the model's other live replicas (so that one node going down does not take every
+    replica of a model with it), then the fewest free cards that still fit (best fit, keeping
+    larger holes for larger replicas), then the name. The restart's plan (``place_restart``)
+    and its run (``operations/services/placement.py`` ``best_fit``) both pick by it."""
+    return (on_sibling, free_cards, node_name)
+
+
+def place_restart(
+    nodes: Iterable[NodeCards],
+    replicas: Sequence[LiveReplica],
+    n: int,
+    *,
+    in_place: bool,
+    parallel: int = 1,
+    gpu_class: str = "",
+    always_in_place: bool = False,
+) -> tuple[Placement, ...]:
+    """Each restarted replica's place, in restart order (by name), for
+    replacements of ``n`` cards; ``in_place`` allows stopping a replica first
+    where no node has room beside.
+
+    ``always_in_place`` stops every replica first (a restart asked to be in
+    place), room beside or not. Refuses (409) ``no_room_beside`` when a
+    replica has no room beside and in place was not asked for, ``no_room`` when it has none either way; both
+    name the replica and say what there is.
+    """
+    kind = f"{n} {gpu_class} {'card' if n == 1 else 'cards'}" if gpu_class else cards(n)
+    ready = {c.node: c for c in nodes if c.ready}
+    free = {name: sorted(c.free) for name, c in ready.items()}
+    # The cards free before the restart and not yet given to a step: a replacement that fits on them
+    # goes there, rather than on cards an earlier step's old replica frees, which the run would
+    # have to wait for (that step's end) before it could start the replacement.
+    idle = {name: set(c.free) for name, c in ready.items()}
+    live = {r.name: r for r in replicas}
+    steps = sorted((r for r in replicas if r.restarted), key=lambda r: r.name)
+    placements: list[Placement] = []
+    wave_frees: list[LiveReplica] = []
+    for i, old in enumerate(steps):
+        if i % max(parallel, 1) == 0:
+            # A new wave: the earlier steps' old replicas have stopped by now.
+            for done in wave_frees:
+                live.pop(f"{done.name} (old)", None)
+                if done.node in free:
+                    free[done.node] = sorted({*free[done.node], *done.cards})
+            wave_frees = []
+        siblings = {r.node for name, r in live.items() if name != old.name}
+        fits = [] if always_in_place else [name for name, cards_free in free.items() if len(cards_free) >= n]
+        if fits:
+            without_waiting = [name for name in fits if len(idle[name]) >= n]
+            if without_waiting:
+                node = min(
+                    without_waiting, key=lambda name: best_fit_key(name in siblings, len(idle[name]), name)
+                )
+                chosen = tuple(sorted(idle[node])[:n])
+            else:
+                node = min(fits, key=lambda name: best_fit_key(name in siblings, len(free[name]), name))
+                chosen = tuple(free[node][:n])
+            free[node] = [c for c in free[node] if c not in chosen]
+            idle[node] -= set(chosen)
+            placements.append(Placement(old.name, node, chosen, in_place=False))
+            live[old.name] = LiveReplica(old.name, node, chosen)  # the replacement, until old stops
+            live[f"{old.name} (old)"] = old
+            wave_frees.append(old)
+            continue
+        most_free = max((len(c) for c in free.values()), default=0)
+        if not in_place and not always_in_place:
+            raise DomainError(
+                "no_room_beside",
+                f"{old.name} has no place: no ready node has {kind} free beside the running replicas "
+                f"({most_free} at most are free when its turn comes). Restarting in place stops each replica "
+                f"without room beside before its replacement starts on the cards it frees; the model does not "
+                f"answer while the new one loads.",
+                status=409,
+            )
+        home = ready.get(old.node)
+        own = list(old.cards)
+        there = sorted({*own, *free.get(old.node, [])}) if home else []
+        if len(there) < n:
+            what = (
+                f"{old.node} is not ready"
+                if home is None
+                else f"{old.node} has only {len(there)} with {old.name}'s own freed"
+            )
+            raise DomainError(
+                "no_room",
+                f"{old.name} has no place: in place needs {kind} on its node, and {what}; no ready node has "
+                f"{kind} free beside either ({most_free} at most are free then): other models hold them.",
+                status=409,
+            )
+        chosen = tuple((own + [c for c in free[old.node] if c not in own])[:n])
+        chosen = tuple(sorted(chosen))
+        leftover = [c for c in there if c not in chosen]
+        free[old.node] = leftover
+        idle[old.node] -= set(chosen)
+        placements.append(Placement(old.name, old.node, chosen, in_place=True))
+        live[old.name] = LiveReplica(old.name, old.node, chosen)
+    return tuple(placements)

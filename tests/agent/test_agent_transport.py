@@ -1,0 +1,135 @@
+"""The agent over https with a CA bundle to trust, and token rotation without
+downtime: the agent accepts both tokens for the grace period, and the catalog
+writes the new one only once the agent has answered with it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from agent_testing import free_port, running_agent, standin_spec, wait_until
+
+from agentclient.client import AgentCallFailed, AgentClient
+from audit.models import AuditEntry
+from base.actor import Actor, acting_as
+from base.errors import DomainError
+from catalog.models import Node
+from operations.services.agent_token import node_rotate_token
+
+pytestmark = pytest.mark.django_db
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory) -> dict[str, Path]:
+    """A CA, and a certificate for 127.0.0.1 it signed (openssl, EC keys: fast)."""
+    d = tmp_path_factory.mktemp("tls")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=llmgw test CA",
+        cwd=d,
+    )
+    _openssl("req", *ec, "-keyout", "agent.key", "-out", "agent.csr", "-subj", "/CN=127.0.0.1", cwd=d)
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    _openssl(
+        "x509", "-req", "-in", "agent.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "agent.crt", "-days", "2", "-extfile", "san.cnf",
+        cwd=d,
+    )  # fmt: skip
+    (d / "agent.key").chmod(0o600)
+    return {"ca": d / "ca.crt", "cert": d / "agent.crt", "key": d / "agent.key"}
+
+
+@pytest.fixture
+def tls_agent(tmp_path, certificates):
+    extra = {"tls_cert_file": str(certificates["cert"]), "tls_key_file": str(certificates["key"])}
+    with running_agent(tmp_path / "agent", extra=extra, ca_bundle=str(certificates["ca"])) as agent:
+        yield agent
+
+
+def _node(agent, name: str = "gpu-tls") -> Node:
+    return Node.objects.create(name=name, agent_url=agent.base_url, agent_token=agent.token, state="ready")
+
+
+def test_the_agent_serves_https_and_the_control_plane_trusts_the_ca_bundle(tls_agent, certificates, settings):
+    assert tls_agent.base_url.startswith("https://")
+    node = _node(tls_agent)
+
+    settings.LLMGW_AGENT_CA_BUNDLE = str(certificates["ca"])
+    info = AgentClient.for_node(node).node_info()
+    assert info["node"] == "gpu-test"
+
+    settings.LLMGW_AGENT_CA_BUNDLE = ""
+    with pytest.raises(AgentCallFailed) as caught:
+        AgentClient.for_node(node).node_info()
+    assert caught.value.code == "agent_untrusted"
+    assert "LLMGW_AGENT_CA_BUNDLE" in caught.value.message
+    # Plain http to a TLS agent does not reach it either.
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(tls_agent.base_url.replace("https", "http") + "/healthz", timeout=3, trust_env=False)
+
+
+def test_a_token_is_rotated_without_downtime_and_saved_only_once_confirmed(tls_agent, certificates, settings):
+    settings.LLMGW_AGENT_CA_BUNDLE = str(certificates["ca"])
+    node = _node(tls_agent)
+    old = node.agent_token
+    with tls_agent.client() as http:
+        assert http.put("/v1/replicas/r1", json=standin_spec(port=free_port())).status_code == 201
+    tls_agent.wait_for_state("r1", "ready")
+
+    with acting_as(Actor(via="cli", name="ops")):
+        node_rotate_token(instance=node, grace_seconds=2)
+
+    node.refresh_from_db()
+    new = node.agent_token
+    assert new != old
+    assert (tls_agent.directory / "token").read_text().strip() == new  # survives an agent restart
+    with tls_agent.client(token=new) as http:
+        assert http.get("/v1/replicas/r1").json()["state"] == "ready"  # still serving
+    with tls_agent.client(token=old) as http:
+        assert http.get("/v1/node").status_code == 200  # the grace period
+        wait_until(
+            lambda: http.get("/v1/node").status_code == 401, timeout=10, what="the old token to expire"
+        )
+    (entry,) = AuditEntry.objects.filter(action="rotate_token")
+    assert entry.before["agent_token"] != entry.after["agent_token"]
+    assert old not in str(entry.before) + str(entry.after) and new not in str(entry.after)
+
+
+def test_a_token_the_agent_does_not_confirm_is_not_saved(tmp_path, settings):
+    # The token comes from the agent's environment: it cannot write a new one where it would last.
+    with running_agent(tmp_path / "agent", token_in_env=True) as agent:
+        node = _node(agent, "gpu-env")
+        audit = AuditEntry.objects.count()
+        with pytest.raises(DomainError) as caught, acting_as(Actor(via="cli", name="ops")):
+            node_rotate_token(instance=node, grace_seconds=5)
+        assert "token_file" in caught.value.message
+        node.refresh_from_db()
+        assert node.agent_token == agent.token
+        assert AuditEntry.objects.count() == audit
+        with agent.client() as http:
+            assert http.get("/v1/node").status_code == 200
+
+
+def test_a_rotation_answers_only_to_a_valid_token(tls_agent):
+    with tls_agent.client(token="wrong-token-0123456789") as http:
+        assert http.post("/v1/token", json={"token": "n" * 32}).status_code == 401
+    with tls_agent.client() as http:
+        short = http.post("/v1/token", json={"token": "short"})
+        assert (short.status_code, short.json()["code"]) == (400, "invalid_token")
+        assert http.get("/v1/node").status_code == 200

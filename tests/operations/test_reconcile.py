@@ -1,0 +1,176 @@
+"""The reconciler against real agents: what they run is what the catalog says, every change audited
+as the reconciler's, unreachable nodes kept with when they were last seen, orphans listed; and the
+page, the API and the command say when a restart has no worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db.models import Max
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from audit.models import AuditEntry, RowChange
+from audit.selectors import changed_outside
+from catalog.models import Node, Profile, Replica
+from operations.models import RestartOperation
+from operations.services.lease import claim
+from operations.services.reconcile import reconcile
+from operations.services.specs import replica_spec
+from operations.services.start import restart_start
+from tests.support import builders as b
+from tests.support.restart import MODEL, assert_catalog_is_what_agents_run, fleet_of
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("fast_restarts", "audit_flushable"),
+]
+
+
+def reconciler_entries(action: str) -> list[AuditEntry]:
+    entries = list(AuditEntry.objects.filter(action=action).order_by("id"))
+    assert all((e.actor, e.via) == ("reconciler", "worker") for e in entries), entries
+    return entries
+
+
+def test_an_engine_the_catalog_does_not_hold_is_listed_as_an_orphan_and_audited(tmp_path, actor):
+    with fleet_of(tmp_path, nodes=("gpu-a",)) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        profile = Profile.objects.select_related("model").get(pk=fleet.profile.pk)
+        stray = replica_spec(profile, port=fleet.replicas[0].port + 7, cards=[2])
+        with fleet.agents["gpu-a"].client() as http:
+            assert http.put("/v1/replicas/stray-1", json=stray).status_code == 201
+        fleet.agents["gpu-a"].wait_for_state("stray-1", "ready")
+
+        report = reconcile()
+        node = Node.objects.get(name="gpu-a")
+        assert [o["id"] for o in node.orphans] == ["stray-1"] and node.orphans[0]["cards"] == [2]
+        assert report.as_dict()["orphans"] == {"gpu-a": ["stray-1"]}
+        (entry,) = reconciler_entries("orphans")
+        assert "stray-1" in entry.message and "adopt them in the catalog or stop them" in entry.message
+        assert Replica.objects.get(name="llama-1").state == "ready"  # what is in line is left alone
+        # Card 2 is free in the catalog and not on the node: placement does not pick it.
+        from operations.services.placement import best_fit
+
+        b.replica(
+            b.profile(b.llama_8b("filler"), cls=profile.gpu_class), node, [1], name="filler-1", port=8999
+        )
+        fit = best_fit(Profile.objects.select_related("gpu_class").get(pk=profile.pk))
+        assert fit is not None and [c.index for c in fit[1]] == [3]
+
+        reconcile()  # nothing new: nothing written
+        assert len(reconciler_entries("orphans")) == 1
+        with fleet.agents["gpu-a"].client() as http:
+            http.delete("/v1/replicas/stray-1")
+        reconcile()
+        assert Node.objects.get(name="gpu-a").orphans == []
+        assert len(reconciler_entries("orphans")) == 2
+        assert_catalog_is_what_agents_run(fleet)
+
+
+def test_a_node_whose_agent_does_not_answer_is_unreachable_with_its_last_seen_time_and_replicas_unknown(
+    tmp_path, actor
+):
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), processes=True) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.start("llama-2", "gpu-b", [0])
+        mark = RowChange.objects.aggregate(top=Max("id"))["top"] or 0
+        reconcile()
+        seen = Node.objects.get(name="gpu-b").last_seen_at
+        assert seen is not None
+
+        agent = fleet.agents["gpu-b"]
+        os.kill(agent.process.pid, signal.SIGSTOP)  # it hangs: asked within the agent timeout (3 s)
+        try:
+            began = time.monotonic()
+            report = reconcile()
+            took = time.monotonic() - began
+        finally:
+            os.kill(agent.process.pid, signal.SIGCONT)
+        assert took < 3 + 2, f"a pass took {took:.1f} s: one hanging agent must not hold the others up"
+        assert report.as_dict()["unreachable"] == ["gpu-b"]
+        node = Node.objects.get(name="gpu-b")
+        assert (
+            not node.reachable and node.last_seen_at == seen and "did not answer" in node.unreachable_reason
+        )
+        assert Replica.objects.get(name="llama-2").state == "unknown"
+        assert Replica.objects.get(name="llama-2").shards.exists()  # it may run: its card stays held
+        assert Replica.objects.get(name="llama-1").state == "ready"
+        (entry,) = reconciler_entries("unreachable")
+        assert "last seen" in entry.message and entry.object_key == "gpu-b"
+
+        # Placement passes over it while it does not answer.
+        from operations.services.placement import best_fit
+
+        fit = best_fit(Profile.objects.select_related("gpu_class").get(pk=fleet.profile.pk))
+        assert fit is not None and fit[0].name == "gpu-a"
+
+        reconcile()  # it answers again
+        node.refresh_from_db()
+        assert node.reachable and node.last_seen_at > seen
+        assert Replica.objects.get(name="llama-2").state == "ready"
+        assert len(reconciler_entries("reachable")) == 1
+        states = [(e.before["state"], e.after["state"]) for e in reconciler_entries("reconcile")]
+        assert states == [("ready", "unknown"), ("unknown", "ready")]
+        # Every catalog row the passes changed is explained by an audit entry (PostgreSQL records them);
+        # the last-seen readings are kept outside the catalog.
+        assert not changed_outside().filter(id__gt=mark).exists(), list(
+            changed_outside().filter(id__gt=mark).values_list("table_name", "before", "after")
+        )
+        assert_catalog_is_what_agents_run(fleet)
+
+
+def test_the_reconcile_command_prints_what_changed_and_exits_1_for_an_unreachable_node(tmp_path, actor):
+    with fleet_of(tmp_path, nodes=("gpu-a",)) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        b.node("gpu-gone", cards=1)  # an agent URL nothing answers on
+        Node.objects.filter(name="gpu-gone").update(agent_url="http://127.0.0.1:9")
+        out = StringIO()
+        with pytest.raises(CommandError) as err:
+            call_command("reconcile", stdout=out)
+        assert err.value.returncode == 1 and "gpu-gone unreachable" in str(err.value)
+        assert (
+            "node gpu-gone unreachable" in out.getvalue()
+            and "2 node(s) reconciled, 1 unreachable" in out.getvalue()
+        )
+        out = StringIO()
+        call_command("reconcile", "--node", "gpu-a", stdout=out)
+        assert "1 node(s) reconciled, 0 unreachable" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_an_operation_no_worker_holds_is_said_abandoned_on_the_page_the_api_and_the_command(actor, settings):
+    node = b.node("gpu-1", cards=2)
+    b.replica(b.profile(b.llama_8b(MODEL)), node, [0], name="llama-1")
+    op = restart_start(model_name=MODEL, replicas=["llama-1"])
+    claim(op.pk, "worker:gone-1")
+    assert RestartOperation.objects.get(pk=op.pk).abandoned_text == ""  # its worker beat just now
+    RestartOperation.objects.filter(pk=op.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=95))
+    op.refresh_from_db()
+    assert op.abandoned_text.startswith("abandoned: no worker has it (no heartbeat for 95 s)")
+    assert "start a worker (python manage.py db_worker)" in op.abandoned_text
+
+    api = APIClient()
+    api.force_authenticate(b.user("vera"))
+    body = api.get(f"/api/operations/{op.pk}/").json()
+    assert body["state"] == "running" and body["abandoned"].startswith("abandoned: no worker has it")
+    assert 94 <= body["abandoned_seconds"] < 120
+    api.force_login(b.user("walt"))
+    page = api.get(f"/operations/{op.pk}/").content.decode()
+    assert "<strong>abandoned: no worker has it (no heartbeat for" in page
+
+    from operations.management.follow import _hint
+
+    err = StringIO()
+    from django.core.management.base import OutputWrapper
+
+    assert _hint(op, time.monotonic(), OutputWrapper(err))
+    assert f"restart #{op.pk}: abandoned: no worker has it" in err.getvalue()
+    assert "python manage.py db_worker" in err.getvalue()

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from web.views import models, nodes, profiles, replicas
+
+urlpatterns = [
+    # The operator pages; the models list is home.
+    path("", models.model_list, name="model-list"),
+    path("models/<str:name>/", models.model_detail, name="model-detail"),
+    path("models/<str:name>/replicas/", models.model_replicas, name="model-replicas"),
+    path("models/<str:name>/resize/preview/", models.resize_preview, name="model-resize-preview"),
+    path("models/<str:name>/resize/", models.resize_apply, name="model-resize"),
+    path("models/<str:name>/context/preview/", models.context_preview, name="model-context-preview"),
+    path("models/<str:name>/context/", models.context_apply, name="model-context"),
+    path(
+        "models/<str:name>/profiles/<str:profile>/revisions/",
+        profiles.profile_revisions,
+        name="profile-revisions",
+    ),
+    path(
+        "models/<str:name>/profiles/<str:profile>/rollback/",
+        profiles.profile_rollback_apply,
+        name="profile-rollback",
+    ),
+    path("replicas/<str:name>/", replicas.replica_detail, name="replica-detail"),
+    path("replicas/<str:name>/log/", replicas.replica_log, name="replica-log"),
+    path("nodes/", nodes.node_list, name="node-list"),
+    path("nodes/<str:name>/", nodes.node_detail, name="node-detail"),
+]

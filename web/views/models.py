@@ -1,0 +1,408 @@
+"""The models list, a model's page, and its resize and context forms.
+
+The forms preview on every change: the server runs the service as a dry run
+and answers the preview fragment with status 200, refusals included (the
+refusal's sentence is the API's). Apply runs the same service for real,
+checked again on the server, and sends the browser back to the model's page,
+where the restart it started shows live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.db.models import Count, Prefetch, Q, QuerySet
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils.safestring import SafeString
+from django.views.decorators.http import require_GET, require_POST
+
+from audit.selectors import model_history_q
+from audit.views import history_context
+from base.errors import DomainError
+from base.rules import requires
+from base.views import (
+    RESIZE,
+    RESTART,
+    VIEW_MODEL,
+    fragment,
+    kept_filters,
+    normalized,
+    redirect_or_location,
+    render_page,
+    wants_partial,
+)
+from catalog.models import Profile, Replica, ServedModel, Shard, live_replicas_q, stale_replicas_q
+from operations import views as operation_views
+from operations.services.resize import model_resize, model_set_context
+from planning import Change
+from versions.cache import remembered
+from web.display import Preview, cards_said, hue, profile_memory, served_contexts, shape_facts
+from web.forms import CPU, ContextForm, ModelFilterForm, ResizeForm
+
+PAGE_SIZE = 50  # models on a page of the list: it pages and filters, whatever the catalog's size
+
+
+def _usage() -> dict[str, Count]:
+    """Cards in use, live and stale replicas: cards in use are those held by live replicas; a
+    replica is stale when it runs an older revision than its profile's."""
+    live = live_replicas_q("profiles__replicas__")
+    return {
+        "cards_in_use": Count("profiles__replicas__shards", filter=live, distinct=True),
+        "live_replicas": Count("profiles__replicas", filter=live, distinct=True),
+        "stale_replicas": Count(
+            "profiles__replicas",
+            filter=live & stale_replicas_q("profiles__replicas__"),
+            distinct=True,
+        ),
+    }
+
+
+def models_matching(filters: dict[str, Any] | None = None) -> QuerySet[ServedModel]:
+    """The models the list's filters let through, by name. Filters go through subqueries on the
+    profiles, so they never multiply rows; only the stale filter needs the counts."""
+    f = filters or {}
+    qs = ServedModel.objects.all()
+    if q := f.get("q"):
+        qs = qs.filter(Q(name__icontains=q) | Q(source__icontains=q))
+    if eng := f.get("engine"):
+        qs = qs.filter(pk__in=Profile.objects.filter(engine=eng).values("model"))
+    if cls := f.get("gpu_class"):
+        on = Q(gpu_class__isnull=True) if cls == CPU else Q(gpu_class__name=cls)
+        qs = qs.filter(pk__in=Profile.objects.filter(on).values("model"))
+    if f.get("state") == "declared":
+        qs = qs.filter(declared=True)
+    elif f.get("state") == "editable":
+        qs = qs.filter(declared=False)
+    if f.get("stale"):
+        qs = qs.annotate(stale_replicas=_usage()["stale_replicas"]).filter(stale_replicas__gt=0)
+    return qs.order_by("name")
+
+
+def models_with_usage(models: list[ServedModel]) -> list[ServedModel]:
+    """These models (a page of them) with their usage counted and their profiles: two queries,
+    and the counts join only their rows, not the whole catalog's."""
+    qs = (
+        ServedModel.objects.filter(pk__in=[m.pk for m in models])
+        .annotate(**_usage())
+        .prefetch_related(
+            Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class").order_by("name"))
+        )
+        .order_by("name")
+    )
+    models = list(qs)
+    for m in models:
+        m.served_contexts = served_contexts(m, list(m.profiles.all()))  # type: ignore[attr-defined]
+    return models
+
+
+def model_results(query: QueryDict) -> SafeString:
+    """The models list's results (count, the page of models with their profiles and usage, pager)
+    for the query's filters and page: what an htmx filter swaps in, and the page shows."""
+    form = ModelFilterForm.for_catalog(query or None)
+    filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
+    page = Paginator(models_matching(filters).only("pk"), PAGE_SIZE).get_page(query.get("page"))
+    models = models_with_usage(list(page.object_list))
+    rest = query.copy()
+    rest.pop("page", None)
+    return render_to_string(
+        "catalog/model_list.html#results",
+        {
+            "page": page,
+            "models": models,
+            "filtered": any(v not in (None, "", False) for v in filters.values()),
+            "query": rest.urlencode(),
+        },
+    )
+
+
+@requires(VIEW_MODEL)
+@require_GET
+def model_list(request: HttpRequest) -> HttpResponse:
+    # The results read only the catalog, and hold nothing of the reader's: kept under its version
+    # (versions/cache.py); the page around them is drawn anew.
+    query = normalized(request.GET)
+    results = remembered(
+        "models-results", ["catalog"], [query.urlencode()], lambda: model_results(query), request=request
+    )
+    if wants_partial(request):
+        return fragment(results)
+    return render_page(
+        request,
+        "catalog/model_list.html",
+        {
+            "section": "models",
+            "filters": kept_filters(request, "catalog/model_list.html", query, ModelFilterForm.for_catalog),
+            "results": results,
+        },
+    )
+
+
+def _replicas_of(model: ServedModel) -> list[Replica]:
+    from planning.measured import compare
+    from planning.units import gib
+    from web.views.replicas import planned_of
+
+    shards = Prefetch("shards", queryset=Shard.objects.select_related("card__node").order_by("card__index"))
+    replicas = list(
+        Replica.objects.filter(profile__model=model)
+        .select_related("profile__model", "profile__gpu_class")
+        .prefetch_related(shards)
+        .order_by("profile__name", "name")
+    )
+    for r in replicas:
+        r.cards_said = [(node, cards_said(indices)) for node, indices in r.placement]  # type: ignore[attr-defined]
+        # Each node it runs on with the node's state: a cordoned or down node is said beside its name.
+        r.nodes = list({s.card.node.name: s.card.node.state for s in r.shards.all()}.items())  # type: ignore[attr-defined]
+        # The need planned beside the need measured, over the terms the engine logged.
+        r.memory_need = None  # type: ignore[attr-defined]
+        if r.measured_memory:
+            need = next(
+                (row for row in compare(planned_of(r)[0], r.measured_memory) if row.term == "need"), None
+            )
+            if (
+                need is not None
+                and need.planned is not None
+                and need.measured
+                and need.difference is not None
+            ):
+                r.memory_need = (  # type: ignore[attr-defined]
+                    gib(need.planned, 2),
+                    gib(need.measured, 2),
+                    f"{need.difference:+.1%}",
+                )
+    return replicas
+
+
+def replicas_section(model: ServedModel) -> tuple[SafeString, int]:
+    """The model page's replicas section, drawn, and how many of its live replicas are stale."""
+    replicas = _replicas_of(model)
+    html = render_to_string(
+        "catalog/model_detail.html#replicas",
+        {
+            "model": model,
+            "replicas_shown": [r for r in replicas if r.state != Replica.State.STOPPED],
+            # Stopped replicas pile up after restarts: folded away below the ones that run or failed.
+            "replicas_stopped": [r for r in replicas if r.state == Replica.State.STOPPED],
+        },
+    )
+    return html, sum(r.is_stale and r.is_live for r in replicas)
+
+
+def kept_replicas_section(request: HttpRequest, model: ServedModel) -> tuple[SafeString, int]:
+    """``replicas_section``, kept under the catalog's version (it reads nothing else)."""
+    return remembered(
+        "model-replicas", ["catalog"], [model.pk], lambda: replicas_section(model), request=request
+    )
+
+
+def kept_profiles(request: HttpRequest, model: ServedModel) -> tuple[list[Profile], list[Any]]:
+    """The model's profiles and each one's card memory as the memory model reckons it, kept under
+    the catalog's version."""
+
+    def read() -> tuple[list[Profile], list[Any]]:
+        profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
+        return profiles, profile_memory(model, profiles)
+
+    return remembered("model-profiles", ["catalog"], [model.pk], read, request=request)
+
+
+def _detail_context(
+    request: HttpRequest,
+    model: ServedModel,
+    *,
+    resize_form: ResizeForm | None = None,
+    context_form: ContextForm | None = None,
+    resize_preview: Preview | None = None,
+    context_preview: Preview | None = None,
+) -> dict[str, Any]:
+    profiles, memories = kept_profiles(request, model)
+    on_cards = [m for m in memories if m.profile.gpu_class_id]
+    can_resize = request.user.has_perm(RESIZE) and not model.declared and bool(on_cards)
+    if can_resize:
+        first = on_cards[0]
+        resize_form = resize_form or ResizeForm(
+            model=model, profiles=profiles, initial={"gpus": first.profile.cards}
+        )
+        context_form = context_form or ContextForm(
+            model=model, profiles=profiles, initial={"tokens": first.context}
+        )
+    operation, rollback = operation_views.kept_latest_for(request, model)
+    replicas, stale_live = kept_replicas_section(request, model)
+    # The shape and the profiles with their memory bars hold nothing of the reader's: kept drawn,
+    # under the catalog's version, as the replicas section is (drawing them was most of a warm page).
+    columns = remembered(
+        "model-columns",
+        ["catalog"],
+        [model.pk],
+        lambda: render_to_string(
+            "catalog/model_detail.html#columns",
+            {"model": model, "facts": shape_facts(model), "memories": memories},
+        ),
+        request=request,
+    )
+    return {
+        **(
+            operation_views.progress_context(request, operation, rollback=rollback)
+            if operation
+            else {"operation": None}
+        ),
+        "section": "models",
+        "model": model,
+        "hue": hue(model.pk),
+        "columns_html": columns,
+        "memories": memories,
+        "on_cards": on_cards,
+        "replicas": replicas,
+        "stale_live": stale_live,
+        # A profile its cards cannot hold is not offered a restart: the restart would refuse it.
+        "unfit": [m for m in on_cards if m.bar is not None and not m.bar.fits],
+        "can_resize": can_resize,
+        "can_restart": request.user.has_perm(RESTART),
+        "resize_form": resize_form if can_resize else None,
+        "context_form": context_form if can_resize else None,
+        "resize_preview": resize_preview,
+        "context_preview": context_preview,
+        **history_context(request, model_history_q(model.name), object_type="model", object=model.name),
+    }
+
+
+@requires(VIEW_MODEL)
+@require_GET
+def model_detail(request: HttpRequest, name: str) -> HttpResponse:
+    model = get_object_or_404(ServedModel, name=name)
+    return render_page(request, "catalog/model_detail.html", _detail_context(request, model))
+
+
+@requires(VIEW_MODEL)
+@require_GET
+def model_replicas(request: HttpRequest, name: str) -> HttpResponse:
+    """The model page's replicas section alone: what the page swaps in as its restart progresses."""
+    model = get_object_or_404(ServedModel, name=name)
+    return HttpResponse(kept_replicas_section(request, model)[0])
+
+
+# -- resize and context: preview (dry run) and apply ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChangeKind:
+    """One of the two changes the model page offers: its form, its service and its preview partial."""
+
+    kind: str  # the Change's kind: "gpus" or "context"
+    key: str  # "resize" or "context": the form's ids, the page's context and the partial's name
+    value: str  # the form field that is also the service's keyword: "gpus" or "tokens"
+    form_class: type[ResizeForm] | type[ContextForm]
+    service: Callable[..., Change]
+
+    @property
+    def partial(self) -> str:
+        return f"{self.key}-preview"
+
+    def run(self, name: str, data: dict[str, Any], *, dry_run: bool) -> Change:
+        return self.service(
+            name=name,
+            profile=data["profile"] or None,
+            in_place=data["in_place"],
+            dry_run=dry_run,
+            **{self.value: data[self.value]},
+        )
+
+
+RESIZE_CHANGE = ChangeKind("gpus", "resize", "gpus", ResizeForm, model_resize)
+CONTEXT_CHANGE = ChangeKind("context", "context", "tokens", ContextForm, model_set_context)
+
+
+def _model_and_form(request: HttpRequest, name: str, change: ChangeKind) -> tuple[ServedModel, Any]:
+    """The model and the bound form (the view has checked the resize permission)."""
+    model = get_object_or_404(ServedModel, name=name)
+    profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
+    return model, change.form_class(request.POST, model=model, profiles=profiles)
+
+
+def _answer(
+    request: HttpRequest, change: ChangeKind, model: ServedModel, form: Any, preview: Preview
+) -> HttpResponse:
+    """The preview fragment (htmx: status 200, refusals included), or the whole page showing it."""
+    if wants_partial(request):
+        return render_page(
+            request, "catalog/model_detail.html", {"model": model, "preview": preview}, partial=change.partial
+        )
+    context = _detail_context(
+        request, model, **{f"{change.key}_form": form, f"{change.key}_preview": preview}
+    )
+    return render_page(request, "catalog/model_detail.html", context)
+
+
+def _preview(request: HttpRequest, name: str, change: ChangeKind) -> HttpResponse:
+    """A dry run of the change as typed so far."""
+    model, form = _model_and_form(request, name, change)
+    if not form.is_valid():
+        return _answer(request, change, model, form, Preview.of_form_errors(change.kind, form.errors))
+    try:
+        preview = Preview.of_change(change.run(model.name, form.cleaned_data, dry_run=True))
+    except DomainError as err:
+        preview = Preview.of_refusal(change.kind, err)
+    return _answer(request, change, model, form, preview)
+
+
+def _apply(request: HttpRequest, name: str, change: ChangeKind) -> HttpResponse:
+    """The change for real: every check runs again; a refusal shows as the preview did."""
+    model, form = _model_and_form(request, name, change)
+    if not form.is_valid():
+        return _answer(request, change, model, form, Preview.of_form_errors(change.kind, form.errors))
+    try:
+        done = change.run(model.name, form.cleaned_data, dry_run=False)
+    except DomainError as err:
+        return _answer(request, change, model, form, Preview.of_refusal(change.kind, err))
+    messages.success(request, _applied_sentence(done))
+    return redirect_or_location(request, reverse("model-detail", args=[model.name]) + "#restart")
+
+
+def _applied_sentence(change: Change) -> str:
+    revision = (
+        Profile.objects.filter(model__name=change.model, name=change.profile)
+        .values_list("revision", flat=True)
+        .first()
+    )
+    unit = "cards" if change.kind == "gpus" else "tokens"
+    text = (
+        f"{change.model}/{change.profile}: {change.before} → {change.after} {unit}, saved as revision "
+        f"{revision}."
+    )
+    operation = operation_views.operation_of(change)
+    if operation is not None:
+        text += f" Restart #{operation.pk} started."
+    if change.note:
+        text += f" {change.note}"
+    return text
+
+
+@requires(RESIZE)
+@require_POST
+def resize_preview(request: HttpRequest, name: str) -> HttpResponse:
+    return _preview(request, name, RESIZE_CHANGE)
+
+
+@requires(RESIZE)
+@require_POST
+def resize_apply(request: HttpRequest, name: str) -> HttpResponse:
+    return _apply(request, name, RESIZE_CHANGE)
+
+
+@requires(RESIZE)
+@require_POST
+def context_preview(request: HttpRequest, name: str) -> HttpResponse:
+    return _preview(request, name, CONTEXT_CHANGE)
+
+
+@requires(RESIZE)
+@require_POST
+def context_apply(request: HttpRequest, name: str) -> HttpResponse:
+    return _apply(request, name, CONTEXT_CHANGE)
