@@ -182,14 +182,27 @@ def ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
+def worker_share(low: int, high: int) -> tuple[int, int]:
+    """This pytest-xdist worker's own slice of the ports ``low`` to ``high`` (its
+    PYTEST_XDIST_WORKER "gwN" of PYTEST_XDIST_WORKER_COUNT), so that tests running at once in
+    other workers never pick a port between its check and its bind; all of them otherwise."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1):
+        return low, high
+    share = (high - low) // int(count)
+    start = low + (int(worker[2:]) % int(count)) * share
+    return start, start + share
+
+
 def free_port() -> int:
     """A TCP port nothing listens on right now, below the kernel's ephemeral range: a port from
     that range may be taken between this check and the listener's bind by any outgoing
     connection (the tests' own HTTP clients, the worker's), and was, now and then. From 10000 to
-    20000: restart_support.port_block keeps the replicas' ports above that."""
-    high = min(20000, ephemeral_ports()[0])
+    20000 (this pytest-xdist worker's share of them): tests/support/restart.port_block keeps the
+    replicas' ports above that."""
+    low, high = worker_share(10000, min(20000, ephemeral_ports()[0]))
     for _ in range(200):
-        port = random.randrange(10000, high)
+        port = random.randrange(low, high)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))

@@ -32,6 +32,7 @@ from agent_testing import (
     standin_command,
     standin_gpus,
     wait_until,
+    worker_share,
 )
 from django.conf import settings
 from django.db import connection
@@ -48,9 +49,11 @@ MODEL = "llama"
 
 def port_block(size: int = 80) -> int:
     """The middle of ``size`` consecutive free ports below Linux's ephemeral range (32768 up), where
-    no outgoing connection takes one by chance: old replicas go below it, replacements from it."""
+    no outgoing connection takes one by chance: old replicas go below it, replacements from it.
+    Within this pytest-xdist worker's share of them, so that workers' blocks never overlap."""
+    low, high = worker_share(20000, 32700)
     for _ in range(200):
-        start = random.randrange(20000, 32700 - size)
+        start = random.randrange(low, high - size)
         try:
             with contextlib.ExitStack() as stack:
                 for port in range(start, start + size):
