@@ -24,9 +24,31 @@ settings.register_profile(
 settings.load_profile("llmgw")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--database-tests-only",
+        action="store_true",
+        help="run only the tests that use the database (pytest-django's db, transactional_db or "
+        "django_db): CI's second run, on SQLite, after the whole suite ran on PostgreSQL. The others "
+        "cannot reach the database (pytest-django refuses them), so they would run the same code twice.",
+    )
+
+
+def uses_the_database(item: pytest.Item) -> bool:
+    """Whether pytest-django lets ``item`` reach the database: a django_db mark, or a fixture that
+    asks for it (db, transactional_db, live_server, ... all go through _django_db_helper)."""
+    return item.get_closest_marker("django_db") is not None or "_django_db_helper" in getattr(
+        item, "fixturenames", ()
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from django.conf import settings
 
+    if config.getoption("database_tests_only"):
+        kept = [item for item in items if uses_the_database(item)]
+        config.hook.pytest_deselected(items=[item for item in items if not uses_the_database(item)])
+        items[:] = kept
     if not settings.configured or connection.vendor == "postgresql":
         return
     skip = pytest.mark.skip(
