@@ -102,10 +102,10 @@ FAST_HASHER = "django.contrib.auth.hashers.MD5PasswordHasher"
 
 @pytest.fixture(autouse=True)
 def _passwords_hashed_fast(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Django's PBKDF2 takes a quarter second of CPU for each user made with a password, and the
-    suite makes hundreds whose password is never typed: they are hashed with a fast hasher, which
-    signs in the same way. Tests of signing in itself keep the deployed hasher
-    (``@pytest.mark.deployed_hasher``)."""
+    """Django's PBKDF2 takes a quarter second of CPU for each password it hashes or checks: for
+    each user the suite makes with one (hundreds) and each sign-in try (the lockout tests make about
+    90). A fast hasher comes first, which signs in the same way; the browser tests, which sign in as
+    an operator does, keep the deployed one (``@pytest.mark.deployed_hasher``)."""
     from django.conf import settings as django_settings
 
     if request.node.get_closest_marker("deployed_hasher") or not django_settings.configured:

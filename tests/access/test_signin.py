@@ -13,8 +13,10 @@ from rest_framework.test import APIClient
 
 from tests.support import builders as b
 
-# Signing in is what these test: passwords hashed as deployed.
-pytestmark = [pytest.mark.django_db, pytest.mark.deployed_hasher]
+# What is counted and refused does not depend on the hasher: these sign in with the tests' fast one
+# (tests/conftest.py), as PBKDF2's quarter second a try made them the suite's longest, with about 90
+# tries between them, on each database.
+pytestmark = pytest.mark.django_db
 
 PASSWORD = "pw-for-tests-only-123"
 
