@@ -6,6 +6,7 @@ nodes with room, and the floor endpoint the benchmark measures against."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -20,6 +21,7 @@ from audit.services import verify_chain
 from catalog.models import Node, ServedModel
 from demo.scale import BENCH_USER, Sizes, audit_model, generate
 from tests.support import builders as b
+from web.views.nodes import SEEN_WITHIN_SECONDS
 
 pytestmark = pytest.mark.django_db
 
@@ -129,6 +131,21 @@ KEPT = {
 }
 
 
+def cold_then_warm(client: Client, method: str, url: str, body: dict | None, **headers) -> tuple[int, int]:
+    """The queries of a request, then of the same again. The nodes pages' answers are kept per
+    SEEN_WITHIN_SECONDS window too (they say how long ago each agent answered), so a pair across
+    two windows computes twice: it is measured again from the next window's start, where nothing
+    is kept yet."""
+    for _ in range(2):
+        window = int(time.time() // SEEN_WITHIN_SECONDS)
+        cold = measured(client, method, url, body, **headers)[0]
+        warm = measured(client, method, url, body, **headers)[0]
+        if not url.startswith("/nodes/") or int(time.time() // SEEN_WITHIN_SECONDS) == window:
+            break
+        time.sleep(SEEN_WITHIN_SECONDS - time.time() % SEEN_WITHIN_SECONDS)
+    return cold, warm
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("audit_flushable")
 def test_a_kept_answer_takes_a_fixed_few_queries_at_either_size():
@@ -145,9 +162,7 @@ def test_a_kept_answer_takes_a_fixed_few_queries_at_either_size():
         for request in KEPT:
             method, url = request.split(" ", 1)
             headers = {"HTTP_HX_REQUEST": "true"} if "preview" in url else {}
-            cold = measured(c, method, url, bodies[request], **headers)[0]
-            warm = measured(c, method, url, bodies[request], **headers)[0]
-            out[request] = (cold, warm)
+            out[request] = cold_then_warm(c, method, url, bodies[request], **headers)
         return out
 
     small = counts()
