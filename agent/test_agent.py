@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from agent_cases import InATemporaryDirectory, WithAnAgent, environ_of, launch, started_replicas
 from agent_testing import (
     AGENT_DIR,
     H100,
@@ -31,18 +32,7 @@ from agent_testing import (
     toml_config,
     wait_until,
 )
-from llmgw_policy import default_policy, launch_args
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
-
-
-def started_replicas(agent) -> int:
-    """How many times the agent started any engine (one header line each)."""
-    return sum(log.read_text().count("llmgw-agent: starting replica") for log in agent.log_dir.glob("*.log"))
-
+from llmgw_policy import default_policy
 
 # --- authentication ---------------------------------------------------------------
 
@@ -77,11 +67,6 @@ AN_ENVIRONMENT_VARIABLE_THAT_IS_REFUSED_STARTS_NOTHING_CASES = [
 ]
 
 
-def launch(engine: str, *, source: str, port: int, model: str) -> list[str]:
-    """What the control plane puts first (the launch policy's template, filled in)."""
-    return launch_args(default_policy(), engine, source=source, port=port, model=model, tp=1, args=[])
-
-
 ENGINES_OF_THE_POLICY = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken")
 
 
@@ -111,23 +96,6 @@ A_BAD_CONFIGURATION_STOPS_THE_AGENT_NAMING_THE_KEY_CASES: list[tuple[dict[str, A
 
 
 # --- the stand-in on its own ------------------------------------------------------------
-
-
-class InATemporaryDirectory(unittest.TestCase):
-    """Each test with a directory of its own (``self.tmp_path``), removed after it."""
-
-    def setUp(self) -> None:
-        self.tmp_path = Path(self.enterContext(tempfile.TemporaryDirectory(prefix="llmgw-agent-test-")))
-
-
-class WithAnAgent(InATemporaryDirectory):
-    """Each test with a running agent (``self.agent``), which enforces the launch policy it
-    carries (agent/llmgw_policy/policy.toml), and a client carrying its token (``self.http``)."""
-
-    def setUp(self) -> None:
-        super().setUp()
-        self.agent = self.enterContext(running_agent(self.tmp_path / "agent"))
-        self.http = self.enterContext(self.agent.client())
 
 
 class TheAgent(WithAnAgent):
