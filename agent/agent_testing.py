@@ -176,9 +176,17 @@ def free_port() -> int:
     that range may be taken between this check and the listener's bind by any outgoing
     connection (the tests' own HTTP clients, the worker's), and was, now and then. From 10000 to
     20000: restart_support.port_block keeps the replicas' ports above that."""
-    high = min(20000, ephemeral_ports()[0])
+    low, high = 10000, min(20000, ephemeral_ports()[0])
+    worker, count = (
+        os.environ.get("PYTEST_XDIST_WORKER", ""),
+        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")),
+    )
+    if worker.startswith("gw") and count > 1:  # pytest-xdist's workers each take a share of the range
+        share = (high - low) // count
+        low += int(worker[2:]) * share
+        high = low + share
     for _ in range(200):
-        port = random.randrange(10000, high)
+        port = random.randrange(low, high)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))

@@ -44,11 +44,24 @@ from tests.support import builders as b
 MODEL = "llama"
 
 
+def _port_range() -> tuple[int, int]:
+    """The ports 20000 to 32700, shared out among pytest-xdist's workers (``gw0``, ``gw1``, ...) so that
+    two workers' blocks never overlap; the whole range when the tests run in one process."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count <= 1:
+        return 20000, 32700
+    share = (32700 - 20000) // count
+    low = 20000 + int(worker[2:]) * share
+    return low, low + share
+
+
 def port_block(size: int = 80) -> int:
     """The middle of ``size`` consecutive free ports below Linux's ephemeral range (32768 up), where
     no outgoing connection takes one by chance: old replicas go below it, replacements from it."""
+    low, high = _port_range()
     for _ in range(200):
-        start = random.randrange(20000, 32700 - size)
+        start = random.randrange(low, high - size)
         try:
             with contextlib.ExitStack() as stack:
                 for port in range(start, start + size):
