@@ -21,23 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from audit.models import AuditEntry
 from base.db import hold_lock
+from base.secrets import audit_key
+
+__all__ = ["audit_key"]  # the chain's key, kept with the secrets' (base/secrets.py)
 
 GENESIS_HASH = "0" * 64
 # One lock for the chain: each entry must see the hash of the one committed before it.
 CHAIN_LOCK_KEY = 0x6C6C6D67  # "llmg"
-
-
-def audit_key() -> bytes:
-    """The chain's key: LLMGW_AUDIT_KEY, or one derived from DJANGO_SECRET_KEY when it is unset."""
-    if settings.LLMGW_AUDIT_KEY:
-        return settings.LLMGW_AUDIT_KEY.encode()
-    return hmac.new(settings.SECRET_KEY.encode(), b"llmgw-audit-key", hashlib.sha256).digest()
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
