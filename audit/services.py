@@ -8,8 +8,9 @@ from typing import Any
 from django.db import connection, models
 from django.utils import timezone
 
-from audit.chain import CHAIN_LOCK_KEY, GENESIS_HASH, Checkpoint, audit_key, chain_problems
+from audit.chain import CHAIN_LOCK_KEY, GENESIS_HASH, Checkpoint, audit_key
 from audit.models import AuditEntry
+from audit.verify import chain_problems
 from base.actor import Actor, current_actor
 from base.db import hold_lock
 from base.secrets import fingerprint, fingerprinted_env

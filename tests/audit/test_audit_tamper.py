@@ -25,7 +25,7 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, connection, connections, transaction
 from rest_framework.test import APIClient
 
-from audit.chain import checkpoint_append, checkpoint_now, latest_checkpoint
+from audit.chain import Checkpoint, checkpoint_append, checkpoint_now, latest_checkpoint
 from audit.models import AuditEntry
 from audit.services import audit_record, verify_chain
 from base.actor import Actor, acting_as
@@ -68,7 +68,7 @@ def superuser_sql(owner_cursor):
 
 def verify_fails(path: Path) -> str:
     with pytest.raises(CommandError) as err:
-        call_command("audit_verify", "--checkpoint", str(path), stdout=StringIO())
+        call_command("audit_verify", "--checkpoint", str(path), stdout=StringIO(), stderr=StringIO())
     assert err.value.returncode == 1
     return str(err.value)
 
@@ -491,11 +491,10 @@ def test_a_catalog_row_changed_by_sql_is_listed_as_changed_outside_the_applicati
         c.execute("DELETE FROM audit_rowchange")
 
 
-def test_entries_from_before_keyed_hashes_check_as_the_logs_first_ones_and_the_checkpoint_counts_them(
-    actor, tmp_path
-):
-    """A log begun before keyed hashes: its first entries carry plain SHA-256 and still check; keyed ones
-    follow; the checkpoint records how many plain ones there were, so none can be added later."""
+def test_entries_from_before_keyed_hashes_check_only_as_many_as_the_first_checkpoint_counted(actor, tmp_path):
+    """A log begun before keyed hashes: its first entries carry plain SHA-256. They check only as counted by
+    a signed checkpoint (migrate writes the first), never without one, and a later checkpoint counting more
+    of them (one written after a rewrite) does not bless them: the file is refused."""
     from django.utils import timezone
 
     from audit.chain import GENESIS_HASH
@@ -515,10 +514,20 @@ def test_entries_from_before_keyed_hashes_check_as_the_logs_first_ones_and_the_c
         old.hash = hashlib.sha256(old.canonical()).hexdigest()
         old.save()
         prev = old.hash
-    entries(2)
-    assert verify_chain() == []
+    log = entries(2)
+    # No checkpoint: nothing counts them, so nothing tells them from entries rewritten without the key.
+    problems = verify_chain()
+    assert [p.split(":")[0] for p in problems] == [f"entry #{e.pk}" for e in log[:3]]
+    assert "no signed checkpoint counts entries from before keyed hashes" in problems[0]
     path = checkpoint(tmp_path)
     assert latest_checkpoint(path).plain == 3
     out = StringIO()
-    call_command("audit_verify", "--checkpoint", str(path), stdout=out)
+    call_command("audit_verify", "--checkpoint", str(path), stdout=out, stderr=StringIO())
     assert "intact: 5 entries" in out.getvalue()
+    # A checkpoint counting more plain entries than the first did.
+    lines = path.read_text().splitlines()
+    body = json.loads(lines[0])
+    forged = Checkpoint(body["at"], body["count"], body["last_id"], body["last_hash"], plain=4)
+    checkpoint_append(path, forged)
+    text = verify_fails(path)
+    assert "line 2" in text and "counts 4 entries with a plain hash" in text and "line 1" in text
