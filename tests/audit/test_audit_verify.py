@@ -1,15 +1,17 @@
-"""``audit_verify`` needs the key, checkpoint or not.
+"""``audit_verify`` needs the key, checkpoint or not, and reads a long log from its latest checkpoint.
 
 Issue 24: a database superuser who rewrites entries (an actor changed to ``mallory``) and recomputes
 every hash as plain SHA-256 is caught with a checkpoint file and without one, and by a checkpoint
 written after the rewrite too; a missing checkpoint is said; ``migrate`` writes the first (the
-secrets' keyed fingerprints: tests/audit/test_audit.py).
+secrets' keyed fingerprints: tests/audit/test_audit.py). Issue 25: the default walk reads only the entries after
+the latest checkpoint, ``--full`` reads every one (with its progress) and finds what the default
+walk cannot.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import import_module
 from io import StringIO
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, transaction
+from django.db.models.signals import post_init
 
 from audit.chain import checkpoint_append, checkpoint_now
 from audit.models import AuditEntry
@@ -102,9 +105,10 @@ def test_a_rewrite_as_mallory_with_recomputed_plain_hashes_fails_without_a_check
     rewrite(*as_mallory_with_plain_hashes())
     assert set(AuditEntry.objects.values_list("actor", flat=True)) == {"mallory"}
     path = tmp_path / "none.jsonl"  # no checkpoint file at all
-    text = verify_fails(path)
-    assert f"the first entry that does not match is #{log[0].pk}" in text
-    assert "a plain SHA-256 hash, which anyone with the database can recompute" in text
+    for options in ((), ("--full",)):
+        text = verify_fails(path, *options)
+        assert f"the first entry that does not match is #{log[0].pk}" in text
+        assert "a plain SHA-256 hash, which anyone with the database can recompute" in text
     assert len(verify_chain()) == 6  # each one named
 
 
@@ -114,7 +118,8 @@ def test_a_rewrite_as_mallory_with_recomputed_plain_hashes_fails_against_a_check
     log = entries(6)
     path = checkpoint(tmp_path / "checkpoints.jsonl")
     rewrite(*as_mallory_with_plain_hashes())
-    text = verify_fails(path)
+    assert f"is #{log[-1].pk}" in verify_fails(path)  # its own entry's hash is not the one it recorded
+    text = verify_fails(path, "--full")
     assert f"the first entry that does not match is #{log[0].pk}" in text
     # The worker's next checkpoint, taken of the rewritten log, does not bless it: it counts 6 plain-hash
     # entries where the first counted none.
@@ -148,3 +153,61 @@ def test_migrate_writes_the_first_checkpoint_once(actor, settings, tmp_path, as_
     assert (
         "intact: 5 entries" in stdout.getvalue() and f"(4 entries up to #{log[-1].pk})" in stdout.getvalue()
     )
+
+
+# -- issue 25: a verifier for a log that keeps growing ---------------------------------------------------
+
+
+@pytest.fixture
+def entries_read() -> Iterator[list[int]]:
+    """The ids of the audit entries read from the database (made into objects) while the test runs."""
+    read: list[int] = []
+
+    def seen(sender, instance, **kwargs) -> None:
+        if instance.pk is not None:
+            read.append(instance.pk)
+
+    post_init.connect(seen, sender=AuditEntry)
+    yield read
+    post_init.disconnect(seen, sender=AuditEntry)
+
+
+def test_the_default_walk_reads_only_the_checkpoints_entry_and_those_after_it(actor, tmp_path, entries_read):
+    before = entries(40)
+    path = checkpoint(tmp_path / "checkpoints.jsonl")
+    after = entries(5)[40:]
+    entries_read.clear()
+    out, _ = verify(path)
+    assert sorted(entries_read) == [before[-1].pk] + [e.pk for e in after]
+    assert "intact: 45 entries" in out and "the 5 after it were read" in out
+    entries_read.clear()
+    out, _ = verify(path, "--full")
+    assert len(entries_read) == 45 and "intact: 45 entries, every one read" in out
+
+
+def test_the_full_walk_finds_an_entry_altered_before_the_checkpoint_which_the_default_walk_does_not_read(
+    actor, tmp_path, rewrite
+):
+    log = entries(10)
+    path = checkpoint(tmp_path / "checkpoints.jsonl")
+    entries(2)
+    rewrite(f"UPDATE {LOG} SET actor = 'mallory' WHERE id = {log[3].pk}")  # its hash left as it was
+    out, _ = verify(path)  # what its help says: entries before the checkpoint are not read again
+    assert "intact: 12 entries" in out and "--full reads every one" in out
+    text = verify_fails(path, "--full")
+    assert f"the first entry that does not match is #{log[3].pk}" in text
+    assert "its content does not match its keyed hash" in text
+
+
+def test_the_full_walk_says_how_far_it_is(actor, tmp_path, monkeypatch):
+    import audit.verify
+
+    monkeypatch.setattr(audit.verify, "PROGRESS_EVERY", 10)
+    entries(25)
+    _, err = verify(checkpoint(tmp_path / "checkpoints.jsonl"), "--full")
+    lines = [line.split(" in ")[0] for line in err.splitlines() if line.startswith("read ")]
+    assert lines == [
+        "read 10 of 25 entries (40%)",
+        "read 20 of 25 entries (80%)",
+        "read 25 of 25 entries (100%)",
+    ]
