@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from audit import verify
 from audit.chain import CheckpointRefused, latest_checkpoint
 from audit.models import AuditEntry
-from audit.selectors import changed_outside
+from audit.selectors import outside_count, outside_page
 from audit.verify import Verdict, verify_all, verify_since
 
 LISTED = 50  # row changes made outside the application named one by one; the rest counted
@@ -100,15 +100,14 @@ class Command(BaseCommand):
         return say
 
     def _report_outside(self) -> int:
-        outside = changed_outside()
-        listed = list(outside[: LISTED + 1])
+        listed = outside_page(size=LISTED).entries
         if not listed:
             return 0
-        count = outside.count() if len(listed) > LISTED else len(listed)
+        count = outside_count()
         lines = "\n  ".join(
             f"{c.at:%Y-%m-%d %H:%M:%S} {c.table_name} {c.operation} row {c.row_key or '-'} by {c.db_role} "
             f"(transaction {c.txid})"
-            for c in listed[:LISTED]
+            for c in listed
         )
         more = (
             f"\n  ... and {count - LISTED} more (the leads' page /audit/outside/)" if count > LISTED else ""
