@@ -153,6 +153,15 @@ def test_migrate_writes_the_first_checkpoint_once(actor, settings, tmp_path, as_
     assert (
         "intact: 5 entries" in stdout.getvalue() and f"(4 entries up to #{log[-1].pk})" in stdout.getvalue()
     )
+    # A file it cannot write: the migrations stand, and it says what to do.
+    (tmp_path / "a-file").write_text("")
+    settings.LLMGW_AUDIT_CHECKPOINT_FILE = str(tmp_path / "a-file" / "checkpoints.jsonl")
+    out = StringIO()
+    with as_owner():
+        call_command("migrate", verbosity=1, stdout=out)
+    assert (
+        "first checkpoint could not be written" in out.getvalue() and "run audit_checkpoint" in out.getvalue()
+    )
 
 
 # -- issue 25: a verifier for a log that keeps growing ---------------------------------------------------
