@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 from collections.abc import Iterator
 from importlib import import_module
 from typing import Any
@@ -35,6 +37,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "postgres" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _audit_checkpoints_of_the_sessions_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """LLMGW_AUDIT_CHECKPOINT_FILE under the session's temporary directory, never the worktree's var/ (whose
+    checkpoints are of another database): ``migrate`` writes the first checkpoint there as the test database
+    is made. Each test then has a file of its own (``_audit_checkpoint_of_the_tests_own``)."""
+    from django.conf import settings as django_settings
+
+    folder = tmp_path_factory.mktemp("audit-checkpoints")
+    before = django_settings.LLMGW_AUDIT_CHECKPOINT_FILE
+    django_settings.LLMGW_AUDIT_CHECKPOINT_FILE = str(folder / "session.jsonl")
+    yield folder
+    django_settings.LLMGW_AUDIT_CHECKPOINT_FILE = before
+
+
+_test_number = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def _audit_checkpoint_of_the_tests_own(_audit_checkpoints_of_the_sessions_own: Any) -> Iterator[None]:
+    """Each test starts with no checkpoint (a file not yet written, its own), in the settings and in the
+    environment of the processes it starts: one test's checkpoint never judges another's log."""
+    from django.conf import settings as django_settings
+
+    path = str(_audit_checkpoints_of_the_sessions_own / f"test-{next(_test_number)}.jsonl")
+    before = django_settings.LLMGW_AUDIT_CHECKPOINT_FILE, os.environ.get("LLMGW_AUDIT_CHECKPOINT_FILE")
+    django_settings.LLMGW_AUDIT_CHECKPOINT_FILE = os.environ["LLMGW_AUDIT_CHECKPOINT_FILE"] = path
+    yield
+    django_settings.LLMGW_AUDIT_CHECKPOINT_FILE = before[0]
+    if before[1] is None:
+        os.environ.pop("LLMGW_AUDIT_CHECKPOINT_FILE", None)
+    else:
+        os.environ["LLMGW_AUDIT_CHECKPOINT_FILE"] = before[1]
 
 
 @pytest.fixture(scope="session")
