@@ -5,7 +5,7 @@ UV ?= $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 PY := .venv/bin/python
 export DJANGO_SETTINGS_MODULE := llmgw_web.settings
 
-.PHONY: run test test-unit test-browser test-agent lint install demo-db browser-deps screenshots bench bench-dry-run serve scale-out
+.PHONY: run test test-agent lint install demo-db browser-deps screenshots bench bench-dry-run serve scale-out
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -39,19 +39,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browser-deps:
 	@test -x $(CHROMIUM) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 
-# The whole suite: the control plane's tests but the browser's, in TEST_WORKERS processes
-# (pytest-xdist: most tests wait on agents, engines and the database, so more processes than cores
-# pay); the browser tests, in one process; then the node agent's with the standard library alone
-# (-I -S: no site packages, no environment), as the agent runs on a node. CI runs the three as
-# steps of their own (.ci/run).
-TEST_WORKERS ?= 4
-test: test-unit test-browser test-agent
-
-test-unit: install
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not browser" $(PYTEST_ARGS)
-
-test-browser: install browser-deps
-	$(PY) -m pytest -m browser $(PYTEST_ARGS)
+# The control plane's tests (pytest, in XDIST's worker processes: most tests wait on agents, engines
+# and the database, so four keep two cores busy; XDIST= runs them in one), then the node agent's
+# with the standard library alone (-I -S: no site packages, no environment), as the agent runs on a node.
+XDIST ?= -n 4 --dist worksteal
+test: install browser-deps
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-agent
 
 test-agent: install
 	cd agent && ../$(PY) -I -S -m unittest

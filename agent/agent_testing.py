@@ -12,6 +12,11 @@ real agent on 127.0.0.1 and talk to it over HTTP::
 
 Every agent started here is stopped on exit, and so is every replica it still
 knew about, even when the test failed half-way.
+
+``agent_in_thread`` runs the same agent (its configuration, supervisor and HTTP
+server: the code ``python -m llmgw_agent`` runs) in a thread of the calling
+process instead, for tests of what talks to an agent rather than of the agent
+program; its engines are processes all the same.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import logging
 import os
 import random
 import secrets
@@ -27,6 +33,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
@@ -34,7 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmgw_policy import default_policy, launch_args
+from llmgw_agent.cards import discover_cards
+from llmgw_agent.config import load_config
+from llmgw_agent.server import AgentServer
+from llmgw_agent.supervisor import Supervisor
+from llmgw_policy import default_policy, launch_args, load_policy
 
 AGENT_DIR = Path(__file__).resolve().parent
 REPO_ROOT = AGENT_DIR.parent
@@ -171,20 +182,25 @@ def ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
+def worker_share(low: int, high: int) -> tuple[int, int]:
+    """This pytest-xdist worker's own slice of the ports ``low`` to ``high`` (its
+    PYTEST_XDIST_WORKER "gwN" of PYTEST_XDIST_WORKER_COUNT), so that tests running at once in
+    other workers never pick a port between its check and its bind; all of them otherwise."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1):
+        return low, high
+    share = (high - low) // int(count)
+    start = low + (int(worker[2:]) % int(count)) * share
+    return start, start + share
+
+
 def free_port() -> int:
     """A TCP port nothing listens on right now, below the kernel's ephemeral range: a port from
     that range may be taken between this check and the listener's bind by any outgoing
     connection (the tests' own HTTP clients, the worker's), and was, now and then. From 10000 to
-    20000: restart_support.port_block keeps the replicas' ports above that."""
-    low, high = 10000, min(20000, ephemeral_ports()[0])
-    worker, count = (
-        os.environ.get("PYTEST_XDIST_WORKER", ""),
-        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")),
-    )
-    if worker.startswith("gw") and count > 1:  # pytest-xdist's workers each take a share of the range
-        share = (high - low) // count
-        low += int(worker[2:]) * share
-        high = low + share
+    20000 (this pytest-xdist worker's share of them): tests/support/restart.port_block keeps the
+    replicas' ports above that."""
+    low, high = worker_share(10000, min(20000, ephemeral_ports()[0]))
     for _ in range(200):
         port = random.randrange(low, high)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -281,16 +297,17 @@ def toml_config(values: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass
-class RunningAgent:
+@dataclass(kw_only=True)
+class Agent:
+    """An agent on 127.0.0.1, however it runs: what a test asks of it."""
+
     base_url: str
     token: str
     node: str
     directory: Path
     config_path: Path
-    output_path: Path  # the agent's own stdout and stderr
+    output_path: Path  # the agent's own log
     log_dir: Path  # replica logs
-    process: subprocess.Popen[bytes]
     known_pids: set[int] = field(default_factory=set)
     verify: ssl.SSLContext | None = None  # trusts the CA of an https agent
 
@@ -333,6 +350,33 @@ class RunningAgent:
         return self.output_path.read_text(encoding="utf-8", errors="replace")
 
     def stop(self, *, timeout: float = 30.0) -> int:
+        """Stop the agent, and the replicas it runs, as SIGTERM does; returns its exit code."""
+        raise NotImplementedError
+
+    def remember_replicas(self) -> None:
+        """Note the pid of every replica the agent reports, for ``kill_known_replicas``."""
+        with contextlib.suppress(Exception):
+            for state in request(
+                "GET", f"{self.base_url}/v1/replicas", headers=self.headers(), timeout=5, verify=self.verify
+            ).json():
+                if state.get("pid"):
+                    self.known_pids.add(state["pid"])
+
+    def kill_known_replicas(self) -> None:
+        """SIGKILL the process group of every replica this helper has seen."""
+        for pid in self.known_pids:
+            if not process_gone(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+@dataclass(kw_only=True)
+class RunningAgent(Agent):
+    """``python -m llmgw_agent`` as a process of its own."""
+
+    process: subprocess.Popen[bytes]
+
+    def stop(self, *, timeout: float = 30.0) -> int:
         """SIGTERM the agent and wait for it; returns its exit code."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -343,12 +387,24 @@ class RunningAgent:
                 self.process.wait(timeout=10)
         return self.process.returncode
 
-    def kill_known_replicas(self) -> None:
-        """SIGKILL the process group of every replica this helper has seen."""
-        for pid in self.known_pids:
-            if not process_gone(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+
+@dataclass(kw_only=True)
+class AgentInThread(Agent):
+    """The agent's server and supervisor serving from a thread of this process."""
+
+    server: AgentServer
+    supervisor: Supervisor
+    thread: threading.Thread
+
+    def stop(self, *, timeout: float = 30.0) -> int:
+        """What the agent does on SIGTERM with --stop-children-on-exit: stop serving, stop every
+        replica, close the port."""
+        if self.thread.is_alive():
+            self.server.shutdown()
+            self.thread.join(timeout)
+            self.supervisor.shutdown(stop_children=True)
+            self.server.server_close()
+        return 0
 
 
 def agent_config(
@@ -447,19 +503,92 @@ def running_agent(
         _wait_for_healthz(agent, startup_timeout)
         yield agent
     finally:
-        with contextlib.suppress(Exception):
-            if process.poll() is None:
-                for state in request(
-                    "GET",
-                    f"{agent.base_url}/v1/replicas",
-                    headers=agent.headers(),
-                    timeout=5,
-                    verify=agent.verify,
-                ).json():
-                    if state.get("pid"):
-                        agent.known_pids.add(state["pid"])
+        if process.poll() is None:
+            agent.remember_replicas()
         agent.stop()
         agent.kill_known_replicas()
+
+
+@contextlib.contextmanager
+def agent_in_thread(directory: Path, *, token: str | None = None, **config: Any) -> Iterator[AgentInThread]:
+    """``running_agent`` without the process: the configuration written and read as the agent
+    reads it, its supervisor and HTTP server made as ``python -m llmgw_agent`` makes them, serving
+    from a thread of this process until the block ends; then stopped as on SIGTERM with
+    ``--stop-children-on-exit``, and every replica it reported killed if still there.
+
+    The agent's own code over HTTP on 127.0.0.1, a third of a second sooner than a process and
+    without one: for tests of what talks to an agent. Its engines are processes, started by its
+    supervisor with this process's environment (less ``LLMGW_*``, as the agent strips them); the
+    configuration is read without the environment's overrides, as a process started by
+    ``running_agent`` is given none. What tests the agent program itself (its environment, PATH,
+    signals, TLS, restarts) uses ``running_agent``. Its log lines go to ``output_path``, with those
+    of any other agent in this process (they share the "llmgw_agent" logger)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    token = token or secrets.token_urlsafe(24)
+    values = agent_config(directory, **config)
+    if "tls_cert_file" in values:
+        raise ValueError("an agent with TLS is tested as a process: use running_agent")
+    token_file = directory / "token"
+    token_file.write_text(token + "\n", encoding="utf-8")
+    token_file.chmod(0o600)
+    values["token_file"] = str(token_file)
+    config_path = directory / "agent.toml"
+    config_path.write_text(toml_config(values), encoding="utf-8")
+    loaded = load_config(config_path, environ={})
+    policy = load_policy(loaded.policy_file) if loaded.policy_file else default_policy()
+    cards, cards_source = discover_cards(loaded.cards)
+    supervisor = Supervisor(loaded, cards, policy=policy)
+    server = AgentServer(loaded, supervisor, cards_source)
+    supervisor.adopt()
+    output_path = directory / "agent-output.log"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_agent_log_to(output_path))
+        thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"agent-{loaded.node}",
+            daemon=True,
+        )
+        thread.start()
+        agent = AgentInThread(
+            base_url=f"http://{values['listen']}",
+            token=token,
+            node=loaded.node,
+            directory=directory,
+            config_path=config_path,
+            output_path=output_path,
+            log_dir=loaded.log_dir,
+            server=server,
+            supervisor=supervisor,
+            thread=thread,
+        )
+        try:
+            yield agent
+        finally:
+            if thread.is_alive():
+                agent.remember_replicas()
+            agent.stop()
+            agent.kill_known_replicas()
+
+
+@contextlib.contextmanager
+def _agent_log_to(path: Path) -> Iterator[None]:
+    """The "llmgw_agent" logger's lines, from INFO up as the agent program logs them, into ``path``."""
+    logger = logging.getLogger("llmgw_agent")
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(threadName)s]: %(message)s")
+    )
+    level = logger.level
+    if not logger.isEnabledFor(logging.INFO):
+        logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        handler.close()
 
 
 def _wait_for_healthz(agent: RunningAgent, timeout: float) -> None:

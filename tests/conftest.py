@@ -14,7 +14,7 @@ from django.db import connection
 from hypothesis import HealthCheck, settings
 
 from base.actor import Actor, acting_as
-from tests.support import db_roles
+from tests.support import db_flush, db_roles
 from tests.support.restart import port_block
 
 # Hypothesis's timing checks (a 200 ms deadline per example, "input generation is slow") judge the
@@ -26,9 +26,31 @@ settings.register_profile(
 settings.load_profile("llmgw")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--database-tests-only",
+        action="store_true",
+        help="run only the tests that use the database (pytest-django's db, transactional_db or "
+        "django_db): CI's second run, on SQLite, after the whole suite ran on PostgreSQL. The others "
+        "cannot reach the database (pytest-django refuses them), so they would run the same code twice.",
+    )
+
+
+def uses_the_database(item: pytest.Item) -> bool:
+    """Whether pytest-django lets ``item`` reach the database: a django_db mark, or a fixture that
+    asks for it (db, transactional_db, live_server, ... all go through _django_db_helper)."""
+    return item.get_closest_marker("django_db") is not None or "_django_db_helper" in getattr(
+        item, "fixturenames", ()
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from django.conf import settings
 
+    if config.getoption("database_tests_only"):
+        kept = [item for item in items if uses_the_database(item)]
+        config.hook.pytest_deselected(items=[item for item in items if not uses_the_database(item)])
+        items[:] = kept
     if not settings.configured or connection.vendor == "postgresql":
         return
     skip = pytest.mark.skip(
@@ -76,8 +98,15 @@ def _audit_checkpoint_of_the_tests_own(_audit_checkpoints_of_the_sessions_own: A
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     """pytest-django's test database, created and migrated by the owner (``DATABASE_URL``'s user); then, on
-    PostgreSQL, every connection logs in as the application's role, which owns nothing (tests/support/db_roles.py),
-    and the flush after a transactional test runs as the owner on its own connection."""
+    PostgreSQL, every connection logs in as the application's role, which owns nothing
+    (tests/support/db_roles.py), and the flush after a transactional test runs as the owner on its own
+    connection. On both, that flush puts back what post_migrate wrote rather than emitting it again
+    (tests/support/db_flush.py)."""
+    with db_flush.cheap_flushes():
+        yield from _logged_in_as_the_app_role(django_db_blocker)
+
+
+def _logged_in_as_the_app_role(django_db_blocker: Any) -> Iterator[None]:
     if connection.vendor != "postgresql":
         yield
         return
@@ -91,6 +120,37 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     DatabaseOperations.execute_sql_flush = original  # type: ignore[method-assign]
     with django_db_blocker.unblock():
         db_roles.switch_back_to_the_owner()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _static_files_found_when_asked() -> None:
+    """Each test client loads the middleware anew, and whitenoise, serving from the finders when
+    collectstatic has not run (settings.py), then indexed every static file, headers and all: 37 ms a
+    client, most of a request's time in the access matrix. In its development mode (autorefresh) it
+    finds a file when one is asked for, the same file with the same headers; no test asks for one."""
+    from django.conf import settings as django_settings
+
+    django_settings.WHITENOISE_AUTOREFRESH = True
+
+
+FAST_HASHER = "django.contrib.auth.hashers.MD5PasswordHasher"
+
+
+@pytest.fixture(autouse=True)
+def _passwords_hashed_fast(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Django's PBKDF2 takes a quarter second of CPU for each password it hashes or checks: for
+    each user the suite makes with one (hundreds) and each sign-in try (the lockout tests make about
+    90). A fast hasher comes first, which signs in the same way; the browser tests, which sign in as
+    an operator does, keep the deployed one (``@pytest.mark.deployed_hasher``)."""
+    from django.conf import settings as django_settings
+
+    if request.node.get_closest_marker("deployed_hasher") or not django_settings.configured:
+        yield
+        return
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=[FAST_HASHER, *django_settings.PASSWORD_HASHERS]):
+        yield
 
 
 @pytest.fixture(autouse=True)

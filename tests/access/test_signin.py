@@ -13,6 +13,9 @@ from rest_framework.test import APIClient
 
 from tests.support import builders as b
 
+# What is counted and refused does not depend on the hasher: these sign in with the tests' fast one
+# (tests/conftest.py), as PBKDF2's quarter second a try made them the suite's longest, with about 90
+# tries between them, on each database.
 pytestmark = pytest.mark.django_db
 
 PASSWORD = "pw-for-tests-only-123"

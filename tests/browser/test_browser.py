@@ -30,6 +30,7 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.deployed_hasher,  # an operator signs in through the form
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("audit_flushable"),
 ]
@@ -306,7 +307,9 @@ def test_a_replica_started_on_the_standin_shows_planned_and_measured_memory(
     # The stand-in prints vLLM's start-up memory lines with these figures; the
     # agent reads them from its log, the worker keeps them on the replica.
     memory = "weights=14.96,non_torch=0.30,activation=1.26,kv_cache=53.29,cuda_graph=0.64,total=79.65,fraction=0.9,context=8192,sequences=13.3"
-    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, env={"STANDIN_MEMORY": memory}) as fleet:
+    with fleet_of(
+        tmp_path, nodes=("gpu-a",), cards=2, env={"STANDIN_MEMORY": memory}, processes=True
+    ) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         fleet.change_profile(args=["--max-num-seqs", "64"])  # any allowed change makes it stale
         with acting_as(Actor(via="cli", name="pytest")):
@@ -344,7 +347,7 @@ def test_the_replicas_table_changes_with_the_restart_card(page, tmp_path, fast_r
     from operations.services.runner import run_operation
     from tests.support.restart import MODEL, fleet_of
 
-    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2) as fleet:
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, processes=True) as fleet:
         fleet.start(f"{MODEL}-1", "gpu-a", [0])
         fleet.change_profile(args=["--max-num-seqs", "64"])  # revision 2: the replica is stale
         operator()
@@ -427,7 +430,7 @@ def test_the_nodes_grid_shows_each_cards_memory_used_beside_the_plan_and_marks_a
     from telemetry.services import fleet_sample
     from tests.support.restart import fleet_of
 
-    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4, gpus=True) as fleet:
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4, gpus=True, processes=True) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         fleet.start("llama-2", "gpu-b", [1])
         with foreign_process(fleet.gpu_dirs["gpu-b"], [3], used_mib=20480):
@@ -458,7 +461,7 @@ def test_draining_a_node_moves_its_replicas_and_leaves_it_empty_and_cordoned(
     from operations.services.runner import run_operation
     from tests.support.restart import fleet_of
 
-    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4) as fleet:
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4, processes=True) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         fleet.start("llama-2", "gpu-a", [1])
         operator()
@@ -498,7 +501,9 @@ def test_a_replicas_page_shows_its_engine_log_live_while_it_starts_with_secrets_
     from tests.support.restart import fleet_of
 
     secret = "hf_" + "t" * 32  # the stand-in logs its Hub token, as a careless engine would
-    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, env={"HF_TOKEN": secret}, load_seconds=4) as fleet:
+    with fleet_of(
+        tmp_path, nodes=("gpu-a",), cards=2, env={"HF_TOKEN": secret}, load_seconds=4, processes=True
+    ) as fleet:
         replica = b.replica(
             fleet.profile,
             fleet.nodes["gpu-a"],
@@ -536,7 +541,7 @@ def test_a_resize_whose_restart_failed_is_rolled_back_from_its_page(page, tmp_pa
     from operations.services.runner import run_operation
     from tests.support.restart import MODEL, fleet_of
 
-    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2) as fleet:
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, processes=True) as fleet:
         fleet.start(f"{MODEL}-1", "gpu-a", [0])
         # The node's record lists two cards more than its agent has: a replica placed on them fails to start.
         node = Node.objects.get(name="gpu-a")
@@ -643,7 +648,7 @@ def test_an_operator_moves_a_replica_from_its_page_to_another_node(page, tmp_pat
     from operations.services.runner import run_operation
     from tests.support.restart import fleet_of
 
-    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4) as fleet:
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), cards=4, processes=True) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         operator()
         sign_in(page, "operator")

@@ -78,7 +78,7 @@ def test_an_engine_the_catalog_does_not_hold_is_listed_as_an_orphan_and_audited(
 def test_a_node_whose_agent_does_not_answer_is_unreachable_with_its_last_seen_time_and_replicas_unknown(
     tmp_path, actor
 ):
-    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b")) as fleet:
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b"), processes=True) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         fleet.start("llama-2", "gpu-b", [0])
         mark = RowChange.objects.aggregate(top=Max("id"))["top"] or 0

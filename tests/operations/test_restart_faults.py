@@ -59,7 +59,7 @@ def in_line(fleet, timeout: float = 30) -> None:
 def test_an_agent_killed_while_a_replacement_loads_and_back_6_s_later_leaves_nothing_unheld(
     tmp_path, actor, settings
 ):
-    with fleet_of(tmp_path) as fleet:
+    with fleet_of(tmp_path, processes=True) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         fleet.start("llama-2", "gpu-b", [0])
         fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "4"})
@@ -96,7 +96,7 @@ def test_an_engine_killed_behind_the_agent_is_failed_in_the_catalog_within_two_r
     tmp_path, actor, settings
 ):
     period = 3.0
-    with fleet_of(tmp_path, nodes=("gpu-a",)) as fleet:
+    with fleet_of(tmp_path, nodes=("gpu-a",), processes=True) as fleet:
         replica = fleet.start("llama-1", "gpu-a", [0])
         keep = fleet.start("llama-2", "gpu-a", [1])
         pid = fleet.agents["gpu-a"].replica("llama-1")["pid"]
@@ -131,7 +131,7 @@ def test_an_engine_killed_behind_the_agent_is_failed_in_the_catalog_within_two_r
 def test_a_replacement_that_exits_a_second_after_ready_fails_its_step_and_the_old_one_serves(
     tmp_path, actor, settings
 ):
-    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2) as fleet:
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, processes=True) as fleet:
         old = fleet.start("llama-1", "gpu-a", [0])
         fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "0.5", "STANDIN_CRASH_AFTER": "1.5"})
         with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE) as worker:
@@ -163,7 +163,7 @@ SHORTEST = {
 def test_a_hanging_agent_with_the_shortest_settings_has_one_worker_write_each_step_and_nothing_after_the_end(
     tmp_path, actor, settings
 ):
-    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2) as fleet:
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, processes=True) as fleet:
         old = fleet.start("llama-1", "gpu-a", [0])
         fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "5"})
         agent = fleet.agents["gpu-a"]
@@ -218,7 +218,7 @@ def test_a_hanging_agent_with_the_shortest_settings_has_one_worker_write_each_st
 def test_with_one_agent_down_among_three_its_replicas_go_elsewhere_and_the_healthy_ones_are_restarted(
     tmp_path, actor, settings
 ):
-    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b", "gpu-c"), cards=2) as fleet:
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b", "gpu-c"), cards=2, processes=True) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         fleet.start("llama-2", "gpu-b", [0])
         fleet.start("llama-3", "gpu-c", [0])
@@ -257,7 +257,7 @@ def test_with_one_agent_down_among_three_its_replicas_go_elsewhere_and_the_healt
 def test_in_place_with_both_specs_failing_says_the_model_has_no_replica(tmp_path, actor, settings, client):
     from tests.support import builders as b
 
-    with fleet_of(tmp_path, nodes=("gpu-a",), cards=1, load_seconds=3) as fleet:
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=1, load_seconds=3, processes=True) as fleet:
         old = fleet.start("llama-1", "gpu-a", [0])
         # The new spec exits at once; the old one loads for 3 s, longer than the 1.5 s it is given.
         fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "3", "STANDIN_EXIT_AT_START": "3"})
@@ -296,7 +296,7 @@ def test_a_profile_save_during_a_running_restart_is_refused_busy_and_every_repli
     from catalog.models import Profile
     from tests.support import builders as b
 
-    with fleet_of(tmp_path) as fleet:
+    with fleet_of(tmp_path, processes=True) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         fleet.start("llama-2", "gpu-b", [0])
         profile = fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "3"})

@@ -201,7 +201,7 @@ def test_cancelling_a_queued_restart_ends_it_at_once_and_is_audited(actor):
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_killed_mid_restart_is_taken_over_and_the_restart_completes(tmp_path, actor, settings):
-    with fleet_of(tmp_path, load_seconds=0.5) as fleet:
+    with fleet_of(tmp_path, load_seconds=0.5, processes=True) as fleet:
         old = [
             fleet.start("llama-1", "gpu-a", [0]),
             fleet.start("llama-2", "gpu-b", [0]),
@@ -240,7 +240,7 @@ def test_a_worker_killed_mid_restart_is_taken_over_and_the_restart_completes(tmp
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_never_run_the_same_operation(tmp_path, actor, settings):
-    with fleet_of(tmp_path) as fleet:
+    with fleet_of(tmp_path, processes=True) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         fleet.start("llama-2", "gpu-b", [0])
         fleet.change_profile(args=["--max-num-seqs", "8"])
@@ -278,7 +278,7 @@ def test_two_workers_never_run_the_same_operation(tmp_path, actor, settings):
 def test_the_restart_command_waits_for_the_worker_and_its_exit_code_follows_the_outcome(
     tmp_path, actor, settings
 ):
-    with fleet_of(tmp_path) as fleet:
+    with fleet_of(tmp_path, processes=True) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         fleet.change_profile(args=["--max-num-seqs", "8"])
         with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE):
@@ -305,7 +305,7 @@ def test_the_restart_command_waits_for_the_worker_and_its_exit_code_follows_the_
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_gpus_and_context_commands_follow_the_restart_they_start(tmp_path, actor, settings):
-    with fleet_of(tmp_path) as fleet:
+    with fleet_of(tmp_path, processes=True) as fleet:
         fleet.start("llama-1", "gpu-a", [0])
         with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE):
             out = StringIO()

@@ -126,10 +126,22 @@ def flush_as_the_owner(self: Any, sql_list: Iterable[str]) -> None:
     """pytest-django empties the tables after a transactional test with one ``TRUNCATE``: the application's
     role may not (no TRUNCATE privilege), and the audit log's statement trigger refuses it even to the
     owner, as it must. So the owner runs the flush on its own connection, the triggers lifted for that
-    transaction alone; never a test's own SQL."""
+    transaction alone; never a test's own SQL.
+
+    It ``DELETE``s the rows of the tables the ``TRUNCATE`` names rather than run it: the same empty
+    tables (the sequences go on, as ``TRUNCATE`` without ``RESTART IDENTITY`` leaves them), in
+    milliseconds instead of the second a ``TRUNCATE`` of every table takes to make them anew on disk
+    (tests/support/db_flush.py)."""
+    statements = list(sql_list)
+    plain = all(sql.startswith("TRUNCATE ") and "RESTART IDENTITY" not in sql for sql in statements)
+    tables = self.connection.introspection.django_table_names(only_existing=True, include_views=False)
     with owner_transaction(triggers_off=True) as cursor:
-        for sql in sql_list:
-            cursor.execute(sql)
+        if not plain:  # not the flush after a test: as asked
+            for sql in statements:
+                cursor.execute(sql)
+            return
+        for table in tables if statements else ():
+            cursor.execute(f"DELETE FROM {self.quote_name(table)}")
 
 
 @contextlib.contextmanager

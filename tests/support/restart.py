@@ -23,13 +23,16 @@ import httpx
 from agent_testing import (
     AGENT_DIR,
     REPO_ROOT,
+    Agent,
     RunningAgent,
     TransportError,
+    agent_in_thread,
     request,
     running_agent,
     standin_command,
     standin_gpus,
     wait_until,
+    worker_share,
 )
 from django.conf import settings
 from django.db import connection
@@ -44,22 +47,11 @@ from tests.support import builders as b
 MODEL = "llama"
 
 
-def _port_range() -> tuple[int, int]:
-    """The ports 20000 to 32700, shared out among pytest-xdist's workers (``gw0``, ``gw1``, ...) so that
-    two workers' blocks never overlap; the whole range when the tests run in one process."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if not worker.startswith("gw") or count <= 1:
-        return 20000, 32700
-    share = (32700 - 20000) // count
-    low = 20000 + int(worker[2:]) * share
-    return low, low + share
-
-
 def port_block(size: int = 80) -> int:
     """The middle of ``size`` consecutive free ports below Linux's ephemeral range (32768 up), where
-    no outgoing connection takes one by chance: old replicas go below it, replacements from it."""
-    low, high = _port_range()
+    no outgoing connection takes one by chance: old replicas go below it, replacements from it.
+    Within this pytest-xdist worker's share of them, so that workers' blocks never overlap."""
+    low, high = worker_share(20000, 32700)
     for _ in range(200):
         start = random.randrange(low, high - size)
         try:
@@ -75,14 +67,14 @@ def port_block(size: int = 80) -> int:
 
 @dataclass
 class Fleet:
-    agents: dict[str, RunningAgent]
+    agents: dict[str, Agent]
     nodes: dict[str, Node]
     model: ServedModel
     profile: Profile
     replicas: list[Replica] = field(default_factory=list)
     gpu_dirs: dict[str, Path] = field(default_factory=dict)  # each node's stand-in nvidia-smi state
 
-    def agent_of(self, replica: Replica) -> RunningAgent:
+    def agent_of(self, replica: Replica) -> Agent:
         shard = Shard.objects.select_related("card__node").filter(replica=replica).first()
         assert shard is not None, f"{replica.name} holds no cards"
         return self.agents[shard.card.node.name]
@@ -148,26 +140,32 @@ def fleet_of(
     load_seconds: float = 0.5,
     policy_file: Path | None = None,
     gpus: bool = False,
+    processes: bool = False,
 ) -> Iterator[Fleet]:
     """Real agents, one per node, each with ``cards`` cards and the stand-in for vLLM;
     the nodes, a model and its one-card vLLM profile in the catalog. With ``gpus``, each agent
-    reads its cards' telemetry from the stand-in nvidia-smi (``Fleet.gpu_dirs``)."""
+    reads its cards' telemetry from the stand-in nvidia-smi (``Fleet.gpu_dirs``).
+
+    Each agent's own code serves from a thread of this process (``agent_in_thread``), unless
+    ``processes`` (or ``gpus``, whose stand-in nvidia-smi is on the agent's own PATH): then each is
+    ``python -m llmgw_agent``, for the end-to-end paths, which kill, hang or restart an agent, or
+    run the worker as a process of its own. Their engines are processes either way."""
     card_list = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(cards)]
     gpu_dirs = {name: tmp_path / f"{name}-gpus" for name in nodes} if gpus else {}
     agent_env = {name: standin_gpus(gpu_dirs[name], card_list) for name in gpu_dirs}
+    common: dict[str, Any] = {
+        "cards": card_list,
+        "engines": {"vllm": standin_command()},
+        "stop_grace_seconds": 2,
+        "ready_poll_seconds": 0.1,
+        "policy_file": policy_file,
+    }
     with contextlib.ExitStack() as stack:
-        agents = {
+        agents: dict[str, Agent] = {
             name: stack.enter_context(
-                running_agent(
-                    tmp_path / name,
-                    node=name,
-                    cards=card_list,
-                    engines={"vllm": standin_command()},
-                    stop_grace_seconds=2,
-                    ready_poll_seconds=0.1,
-                    policy_file=policy_file,
-                    env=agent_env.get(name),
-                )
+                running_agent(tmp_path / name, node=name, env=agent_env.get(name), **common)
+                if processes or gpus
+                else agent_in_thread(tmp_path / name, node=name, **common)
             )
             for name in nodes
         }
@@ -265,7 +263,7 @@ def respawn_agent(agent: RunningAgent) -> None:
     wait_until(healthy, timeout=30, what=f"agent {agent.node} to answer again")
 
 
-def engines_on(agent: RunningAgent) -> dict[str, dict[str, Any]]:
+def engines_on(agent: Agent) -> dict[str, dict[str, Any]]:
     """What the agent runs: its live replicas (starting, loading, ready) by id."""
     with agent.client(timeout=10) as http:
         listed = http.get("/v1/replicas").json()
