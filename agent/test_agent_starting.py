@@ -12,13 +12,8 @@ import unittest
 from concurrent.futures import ThreadPoolExecutor
 
 from agent_cases import InATemporaryDirectory, WithAnAgent, environ_of, started_replicas
-from agent_testing import (
-    free_port,
-    request,
-    running_standin,
-    standin_spec,
-    wait_until,
-)
+from agent_fakes import running_standin
+from agent_testing import free_port, request, standin_spec, wait_until
 
 
 class TheAgent(WithAnAgent):

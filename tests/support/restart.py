@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from agent_fakes import standin_gpus
 from agent_testing import (
     AGENT_DIR,
     REPO_ROOT,
@@ -30,7 +31,6 @@ from agent_testing import (
     request,
     running_agent,
     standin_command,
-    standin_gpus,
     wait_until,
     worker_share,
 )
