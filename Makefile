@@ -52,7 +52,7 @@ test-agent: install
 
 # The README's screenshots, taken by the browser tests at a laptop's width (1366 px).
 screenshots: install browser-deps
-	SCREENSHOTS_DIR=docs/screenshots $(PY) -m pytest -q -m browser tests/browser/test_browser.py
+	SCREENSHOTS_DIR=docs/screenshots $(PY) -m pytest -q -m browser tests/browser/
 
 # What the style guide promises, checked: ruff (lint and format), types (mypy with the Django and DRF
 # stubs), no import cycle, no import against docs/design.md's layers, no model change without its migration, and an OpenAPI schema without a warning.
