@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import httpcore
 import httpx
 from django.conf import settings
 
+from base.errors import DomainError
+from catalog.agent_address import AgentAddress, checked_address
 from catalog.models import Node
 
 # DELETE answers only once the process is gone: SIGTERM, ``grace`` seconds,
@@ -26,8 +29,9 @@ STOP_MARGIN_SECONDS = 15.0
 
 
 class AgentCallFailed(Exception):
-    """The agent could not be used, or refused. ``code``: agent_down,
-    agent_slow, agent_token, agent_failed, agent_refused, not_found, agent_bad_answer."""
+    """The agent could not be used, or refused. ``code``: agent_address (its URL names an address
+    outside LLMGW_AGENT_NETWORKS), agent_down, agent_slow, agent_token, agent_failed, agent_refused,
+    not_found, agent_bad_answer."""
 
     def __init__(self, code: str, message: str, *, status: int | None = None, agent_code: str = ""):
         super().__init__(message)
@@ -143,12 +147,21 @@ class AgentClient:
         timeout = self.timeout if timeout is None else timeout
         who = f"The agent of node {self.node} ({self.url})"
         try:
+            # Resolved and checked once: the connection goes to this address, not to a second lookup's.
+            target = checked_address(self.url)
+        except DomainError as exc:
+            raise AgentCallFailed(
+                "agent_address", f"{who} was not called while {what}: {exc.message}"
+            ) from None
+        try:
             # trust_env=False: an agent is reached directly, never through a proxy from the environment.
             # https agents are checked against LLMGW_AGENT_CA_BUNDLE when it is set.
+            context = _verify()
             with httpx.Client(
                 timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
                 trust_env=False,
-                verify=_verify(),
+                verify=context,
+                transport=PinnedTransport(target, ssl_context=context),
             ) as http:
                 response = http.request(
                     method,
@@ -229,6 +242,43 @@ class AgentClient:
                 status=response.status_code,
             )
         return body
+
+
+class _PinnedBackend(httpcore.NetworkBackend):
+    """Connects to the checked address whatever host the URL names: the URL, and with it the Host
+    header and the TLS server name (SNI and the certificate's check), stay the agent URL's."""
+
+    def __init__(self, target: AgentAddress):
+        self.target = target
+        self.backend = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.NetworkStream:
+        if host.strip("[]").lower() != self.target.host.strip("[]"):
+            raise httpcore.ConnectError(f"{host} is not the host whose address was checked")
+        return self.backend.connect_tcp(
+            str(self.target.address), port, timeout, local_address, socket_options
+        )
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
+        raise httpcore.ConnectError("an agent is reached over TCP only")
+
+    def sleep(self, seconds: float) -> None:
+        self.backend.sleep(seconds)
+
+
+class PinnedTransport(httpx.HTTPTransport):
+    """httpx's transport with its connections pinned to one checked address (``_PinnedBackend``)."""
+
+    def __init__(self, target: AgentAddress, *, ssl_context: ssl.SSLContext):
+        super().__init__(verify=ssl_context, trust_env=False)
+        self._pool = httpcore.ConnectionPool(ssl_context=ssl_context, network_backend=_PinnedBackend(target))
 
 
 def _verify() -> ssl.SSLContext:

@@ -29,6 +29,8 @@ def scratch_database(url: str) -> dict[str, str]:
         "DJANGO_SECRET_KEY": SECRET,
         "DJANGO_SETTINGS_MODULE": "llmgw_web.settings",
         "LLMGW_REPLICA_PORT_BASE": str(PORT_BASE),
+        # The benchmark's agents listen on 127.0.0.1: loopback named beside the private ranges.
+        "LLMGW_AGENT_NETWORKS": "private,127.0.0.0/8",
     }
     os.environ.update(env)
     sys.path.insert(0, str(ROOT))

@@ -4,6 +4,7 @@ operation's, and a restart refuses what the launch policy refuses now."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 from django.test import Client
@@ -171,8 +172,19 @@ def test_an_agent_url_to_a_link_local_or_metadata_address_is_refused(url):
     assert (Node.objects.count(), AuditEntry.objects.count()) == before
 
 
-def test_agent_hosts_limit_the_hosts_an_agent_url_may_name(settings):
+def test_agent_hosts_limit_the_hosts_an_agent_url_may_name(settings, monkeypatch):
     settings.LLMGW_AGENT_HOSTS = ["10.0.0.0/8", "*.gpu.example"]
+    real = socket.getaddrinfo
+    # The one name resolves, here, to an address inside the fleet's networks (catalog/agent_address.py).
+    monkeypatch.setattr(
+        socket,
+        "getaddrinfo",
+        lambda host, port, *a, **k: (
+            [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.9.9.9", port))]
+            if host == "n1.gpu.example"
+            else real(host, port, *a, **k)
+        ),
+    )
     client = _api("catalog.add_node")
     for n, (url, status) in enumerate(
         [
