@@ -210,6 +210,15 @@ class AgentClient:
         """The agent's response, from the address its URL was checked to resolve to."""
         timeout = self.timeout if timeout is None else timeout
         who = f"The agent of node {self.node} ({self.url})"
+        if not (self.token.isascii() and self.token.isprintable()) or " " in self.token:
+            # A row written before tokens were checked (catalog.models.fleet.agent_token_validator):
+            # it cannot go in a header, and is not sent.
+            raise AgentCallFailed(
+                "agent_token",
+                f"{who} was not called while {what}: the node's agent token in the catalog is not "
+                "printable ASCII without spaces; set the node's token again (the admin, PATCH "
+                f"/api/nodes/{self.node}/ with agent_token) to the one its agent expects.",
+            )
         try:
             # Resolved and checked once: the connection goes to this address, not to a second lookup's.
             target = checked_address(self.url)

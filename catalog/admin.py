@@ -194,7 +194,8 @@ class NodeAdminForm(CheckedForm):
 
     class Meta:
         model = Node
-        fields = ["name", "agent_url", "agent_token", "state"]
+        # The state is cordon's, uncordon's and drain's: shown read-only (NodeAdmin.readonly_fields).
+        fields = ["name", "agent_url", "agent_token"]
 
     def clean(self) -> dict[str, Any]:
         super().clean()
@@ -282,8 +283,9 @@ class NodeAdmin(WriteOnlySecrets, ServiceAdmin):
     secrets_shown_as = {"agent_token": "agent_token_shown"}
     inlines = [CardInline]
     list_display = ["name", "state", "reachable", "last_seen_at", "agent_url", "cards_total", "free_cards"]
-    # What the reconciler learnt from the agent (operations/services/reconcile.py): shown, never edited.
-    readonly_fields = ["reachable", "last_seen_at", "unreachable_reason", "orphans"]
+    # The state (changed by cordon, uncordon and drain) and what the reconciler learnt from the agent
+    # (operations/services/reconcile.py): shown, never edited.
+    readonly_fields = ["state", "reachable", "last_seen_at", "unreachable_reason", "orphans"]
 
     @admin.display(description="last seen")
     def last_seen_at(self, node: Node) -> Any:

@@ -146,11 +146,27 @@ def gpu_class_delete(*, instance: GPUClass, actor: Actor | None = None) -> None:
     _delete(instance, actor=actor)
 
 
+def node_state_refusal(name: str) -> str:
+    """Where a node's state is changed instead of an edit."""
+    where = name or "NAME"
+    return (
+        f"A node's state is changed by cordon, uncordon and drain only, not by an edit: POST "
+        f"/api/nodes/{where}/cordon/ (no new placements), /uncordon/ (placements again) or /drain/ (its "
+        f"replicas moved off, then cordoned), the node page's buttons, or manage.py cordon, uncordon or "
+        f"drain {where}. Leave state out of the change."
+    )
+
+
 def node_save(*, instance: Node, actor: Actor | None = None) -> Node:
     """Save a node; its agent URL is checked (``catalog.agent_address``: its host resolved, inside
-    the fleet's networks), and the audit log keeps only the token's fingerprint."""
+    the fleet's networks), its token by the model (printable ASCII, 32 characters or more), and the
+    audit log keeps only the token's fingerprint. Its state is cordon's, uncordon's and drain's
+    (``operations.services.drain``): a new node is ready, and a save never changes it."""
 
     def guard(obj: Node, before: dict[str, Any] | None) -> None:
+        was = before["state"] if before is not None else Node.State.READY
+        if obj.state != was:
+            raise DomainError("state_by_operation", node_state_refusal(obj.name))
         validate_agent_url(obj.agent_url)
 
     return _save(instance, actor=actor, before_save=guard)

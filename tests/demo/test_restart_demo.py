@@ -20,7 +20,10 @@ pytestmark = pytest.mark.django_db
 
 def test_the_demo_agent_has_the_nodes_cards_and_runs_every_engine_as_the_stand_in(tmp_path):
     node = b.node(
-        "gpu-l1", cards=2, agent_url=f"http://127.0.0.1:{free_port()}", agent_token="demo-token-gpu-l1"
+        "gpu-l1",
+        cards=2,
+        agent_url=f"http://127.0.0.1:{free_port()}",
+        agent_token="demo-agent-token-for-gpu-l1-not-secret",
     )
     config = tmp_path / "agent.toml"
     config.write_text(agent_config(node, tmp_path))
@@ -34,7 +37,7 @@ def test_the_demo_agent_has_the_nodes_cards_and_runs_every_engine_as_the_stand_i
     try:
         http = httpx.Client(
             base_url=node.agent_url,
-            headers={"Authorization": "Bearer demo-token-gpu-l1"},
+            headers={"Authorization": f"Bearer {node.agent_token}"},
             timeout=10,
             trust_env=False,
         )
