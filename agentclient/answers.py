@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from base.secrets import redact
+from base.secrets import redact, redact_lines
 
 STATES = ("starting", "loading", "ready", "failed", "stopped")
 # The codes of docs/agent-api.md's "Errors" table: an agent's sentence with another is not shown.
@@ -60,14 +60,27 @@ class NotTheAPI(Exception):
     """The answer lacks a field the agent API defines (its name is the message)."""
 
 
-def text(value: Any, limit: int = SENTENCE_LIMIT, *, secrets: Iterable[str] = ()) -> str:
-    """``value`` as text shown to an operator: a string only, control and direction-changing
-    characters replaced, line breaks made spaces, cut at ``limit``, ``secrets`` redacted."""
+def _clean(value: Any) -> str:
+    """A string only; control and direction-changing characters replaced, line breaks made spaces."""
     if not isinstance(value, str):
         return ""
-    cleaned = _CONTROL.sub(" ", value.replace("\r\n", " ").replace("\n", " ").replace("\t", " "))
-    cleaned = redact(cleaned, secrets)
-    return cleaned if len(cleaned) <= limit else cleaned[: limit - 1] + "…"
+    return _CONTROL.sub(" ", value.replace("\r\n", " ").replace("\n", " ").replace("\t", " "))
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def text(value: Any, limit: int = SENTENCE_LIMIT, *, secrets: Iterable[str] = ()) -> str:
+    """``value`` as text shown to an operator: cleaned (``_clean``), ``secrets`` redacted (with
+    their encoded and split copies, ``base.secrets.redact``), then cut at ``limit``."""
+    return _cut(redact(_clean(value), secrets), limit)
+
+
+def lines(values: Iterable[Any], *, secrets: Iterable[str] = ()) -> list[str]:
+    """Log lines: each cleaned, redacted together (a secret split across two lines is caught),
+    each cut at ``LINE_LIMIT``."""
+    return [_cut(line, LINE_LIMIT) for line in redact_lines([_clean(v) for v in values], secrets)]
 
 
 def _int(value: Any) -> int | None:
@@ -130,9 +143,7 @@ def replica_state(body: Any, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
         "ready_at": text(raw.get("ready_at"), 40) or None,
         "finished_at": text(raw.get("finished_at"), 40) or None,
         "exit_code": _int(raw.get("exit_code")),
-        "log_tail": [
-            text(line, LINE_LIMIT, secrets=secrets) for line in _items(raw.get("log_tail"))[-MAX_LINES:]
-        ],
+        "log_tail": lines(_items(raw.get("log_tail"))[-MAX_LINES:], secrets=secrets),
         "reason": text(raw.get("reason"), secrets=secrets),
         "args": [text(a, LINE_LIMIT, secrets=secrets) for a in _items(raw.get("args"))],
         "adopted": raw.get("adopted") is True,
@@ -174,11 +185,9 @@ def log_tail(body: Any, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
     return {
         "id": _name(raw.get("id")),
         "state": raw.get("state") if raw.get("state") in STATES else None,
-        "lines": [
-            text(line, LINE_LIMIT, secrets=secrets)
-            for line in raw["lines"][-MAX_LINES:]
-            if isinstance(line, str)
-        ],
+        "lines": lines(
+            [line for line in raw["lines"][-MAX_LINES:] if isinstance(line, str)], secrets=secrets
+        ),
     }
 
 

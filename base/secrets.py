@@ -3,18 +3,31 @@ launch policy marks secret, and the agent token.
 
 They are write-only: the API and the admin show a placeholder carrying a
 fingerprint, and a placeholder sent back keeps the stored value. The audit
-log records the fingerprint; step reasons and log lines the control plane
-shows have the values replaced by ``***``.
+log records the fingerprint; step reasons, log lines and agents' errors the
+control plane shows have the values, and their encoded and split copies,
+replaced by ``***`` (``llmgw_policy.redaction``, which the agent uses too).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-from llmgw_policy import default_policy
+from llmgw_policy import REDACTED, default_policy, redact, redact_lines, secret_forms
 
-REDACTED = "***"
+__all__ = [
+    "REDACTED",
+    "fingerprint",
+    "fingerprinted_env",
+    "masked_env",
+    "placeholder",
+    "profile_secrets",
+    "redact",
+    "redact_lines",
+    "secret_forms",
+    "secret_names",
+    "unmasked_env",
+]
 
 
 def fingerprint(secret: str) -> str:
@@ -52,13 +65,6 @@ def unmasked_env(new: Mapping[str, str], old: Mapping[str, str]) -> dict[str, st
         if isinstance(stored, str) and value == placeholder(stored):
             out[key] = stored
     return out
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every one of ``secrets`` (at least 4 characters) replaced by ``***``."""
-    for secret in sorted({s for s in secrets if isinstance(s, str) and len(s) >= 4}, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
 
 
 def profile_secrets(engine: str, env: Mapping[str, str]) -> list[str]:

@@ -125,3 +125,53 @@ def test_the_fields_the_api_defines_are_kept_each_of_its_type(junk_agent, replic
     assert answer["log_tail"] == ["ok", "", "", "last"]
     assert answer["memory"] == {"weights": 10}
     assert answer["reason"] == "exited  with ***"
+
+
+def test_the_profiles_secret_is_redacted_from_the_log_page_in_every_form_the_agent_sends_it(junk_agent):
+    """The control plane redacts again whatever the agent did: the key as it is, base64'd in a
+    header, upper-cased, and wrapped over two lines with their prefixes."""
+    import base64
+
+    key = "vllm-key-of-the-answers-test-0123456789"
+    port, handler = junk_agent
+    node = b.node("gpu-k", agent_url=f"http://127.0.0.1:{port}", agent_token=TOKEN)
+    profile = b.profile(b.llama_8b("llama"), env={"VLLM_API_KEY": key})
+    b.replica(profile, node, [0], name="llama-1", state="ready")
+    header = base64.b64encode(f"Authorization: Bearer {key}".encode()).decode()
+    lines = [
+        f"engine[1]: api key {key}",
+        f"engine[1]: headers {header}",
+        f"engine[1]: KEY {key.upper()}",
+        f"engine[1]: wrapped {key[:12]}",
+        f"engine[1]: {key[12:]} and on",
+    ]
+    handler.answer = (
+        200,
+        "application/json",
+        json.dumps({"id": "llama-1", "state": "ready", "lines": lines}).encode(),
+    )
+    client = Client()
+    client.force_login(b.user("viewer"))
+    page = client.get("/replicas/llama-1/log/").content.decode()
+    assert "engine[1]: api key ***" in page and "and on" in page
+    for copy in (key, key.upper(), header, key[:12], key[12:]):
+        assert copy not in page
+
+
+def test_a_failure_the_agent_describes_is_redacted_before_it_becomes_a_steps_reason(junk_agent, replica_on):
+    from agentclient.client import describe_failure
+
+    key = "hf_failure-reason-token-0123456789"
+    _, handler = junk_agent
+    state = {
+        "id": "llama-1",
+        "state": "failed",
+        "exit_code": 1,
+        "reason": f"exited: bad token {key.upper()}",
+        "log_tail": [f"engine: token {key[:20]}", f"engine: {key[20:]}", "engine: giving up"],
+    }
+    handler.answer = (200, "application/json", json.dumps(state).encode())
+    node = replica_on.shards.get().card.node
+    said = describe_failure(AgentClient.for_node(node, secrets=[key]).get("llama-1"))
+    assert "giving up" in said and "bad token ***" in said
+    assert key[:20] not in said and key[20:] not in said and key.upper() not in said
