@@ -74,6 +74,11 @@ AN_ENVIRONMENT_VARIABLE_THAT_IS_REFUSED_STARTS_NOTHING_CASES = [
     ("vllm", {"NVIDIA_VISIBLE_DEVICES": "all"}, "NVIDIA_VISIBLE_DEVICES is set by the node agent"),
     ("vllm", {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, "CUDA_DEVICE_ORDER is set by the node agent"),
     ("vllm", {"LLMGW_REPLICA_PORT": "1"}, "LLMGW_REPLICA_PORT is refused for vllm: LLMGW_ variables"),
+    # The stand-in's own variables (never ready, crash, ignore SIGTERM) on a real engine.
+    ("vllm", {"STANDIN_NEVER_READY": "1"}, "STANDIN_NEVER_READY is refused for vllm: STANDIN_ variables"),
+    ("sglang", {"STANDIN_IGNORE_SIGTERM": "1"}, "STANDIN_IGNORE_SIGTERM is refused for sglang"),
+    ("standin", {"STANDIN_MEMORY": "weights=1,path=2"}, "names the figure 'path', which is not one of"),
+    ("standin", {"STANDIN_MEMORY": "weights=99999999"}, "has weights=99999999, above 16777216"),
 ]
 
 
@@ -82,7 +87,7 @@ def launch(engine: str, *, source: str, port: int, model: str) -> list[str]:
     return launch_args(default_policy(), engine, source=source, port=port, model=model, tp=1, args=[])
 
 
-ENGINES_OF_THE_POLICY = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken")
+ENGINES_OF_THE_POLICY = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken", "standin")
 
 
 # --- failures -------------------------------------------------------------------------
@@ -467,7 +472,10 @@ class TheAgent(WithAnAgent):
     def test_an_engine_that_exits_at_start_is_failed_with_its_exit_code_and_log(self) -> None:
         agent = self.agent
         http = self.http
-        http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), env={"STANDIN_EXIT_AT_START": "3"}))
+        http.put(
+            "/v1/replicas/r1",
+            json=standin_spec(port=free_port(), engine="standin", env={"STANDIN_EXIT_AT_START": "3"}),
+        )
 
         state = agent.wait_for_state("r1", "failed")
 
@@ -481,7 +489,10 @@ class TheAgent(WithAnAgent):
     def test_a_ready_replica_that_crashes_is_failed(self) -> None:
         agent = self.agent
         http = self.http
-        http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), env={"STANDIN_CRASH_AFTER": "1.2"}))
+        http.put(
+            "/v1/replicas/r1",
+            json=standin_spec(port=free_port(), engine="standin", env={"STANDIN_CRASH_AFTER": "1.2"}),
+        )
         agent.wait_for_state("r1", "ready")
 
         state = agent.wait_for_state("r1", "failed")
@@ -493,7 +504,10 @@ class TheAgent(WithAnAgent):
     def test_a_replica_that_never_gets_ready_stays_loading(self) -> None:
         agent = self.agent
         http = self.http
-        http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), env={"STANDIN_NEVER_READY": "1"}))
+        http.put(
+            "/v1/replicas/r1",
+            json=standin_spec(port=free_port(), engine="standin", env={"STANDIN_NEVER_READY": "1"}),
+        )
         agent.wait_for_state("r1", "loading")
 
         time.sleep(1.0)
@@ -508,7 +522,9 @@ class TheAgent(WithAnAgent):
         http = self.http
         http.put(
             "/v1/replicas/r1",
-            json=standin_spec(port=free_port(), env={"STANDIN_NEVER_READY": "1"}, ready_timeout=1),
+            json=standin_spec(
+                port=free_port(), engine="standin", env={"STANDIN_NEVER_READY": "1"}, ready_timeout=1
+            ),
         )
 
         state = agent.wait_for_state("r1", "failed", timeout=10)
@@ -519,7 +535,7 @@ class TheAgent(WithAnAgent):
     def test_delete_kills_an_engine_that_ignores_sigterm_after_the_grace_period(self) -> None:
         agent = self.agent
         http = self.http
-        spec = standin_spec(port=free_port(), env={"STANDIN_IGNORE_SIGTERM": "1"})
+        spec = standin_spec(port=free_port(), engine="standin", env={"STANDIN_IGNORE_SIGTERM": "1"})
         http.put("/v1/replicas/r1", json=spec)
         pid = agent.wait_for_state("r1", "ready")["pid"]
 
@@ -594,7 +610,7 @@ class TheAgent(WithAnAgent):
 
     def test_a_wait_with_no_change_answers_after_the_wait_with_the_state_then(self) -> None:
         agent, http = self.agent, self.http
-        spec = standin_spec(port=free_port(), env={"STANDIN_NEVER_READY": "1"})
+        spec = standin_spec(port=free_port(), engine="standin", env={"STANDIN_NEVER_READY": "1"})
         assert http.put("/v1/replicas/r1", json=spec).status_code == 201
         agent.wait_for_state("r1", "loading")
         began = time.monotonic()

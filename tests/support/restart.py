@@ -136,8 +136,9 @@ def fleet_of(
     policy_file: Path | None = None,
     gpus: bool = False,
 ) -> Iterator[Fleet]:
-    """Real agents, one per node, each with ``cards`` cards and the stand-in for vLLM;
-    the nodes, a model and its one-card vLLM profile in the catalog. With ``gpus``, each agent
+    """Real agents, one per node, each with ``cards`` cards and the stand-in engine (``standin``:
+    planned as vLLM, and the one engine whose profiles may set its STANDIN_* variables); the
+    nodes, a model and its one-card profile of it in the catalog. With ``gpus``, each agent
     reads its cards' telemetry from the stand-in nvidia-smi (``Fleet.gpu_dirs``)."""
     card_list = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(cards)]
     gpu_dirs = {name: tmp_path / f"{name}-gpus" for name in nodes} if gpus else {}
@@ -149,7 +150,7 @@ def fleet_of(
                     tmp_path / name,
                     node=name,
                     cards=card_list,
-                    engines={"vllm": standin_command()},
+                    engines={"standin": standin_command()},
                     stop_grace_seconds=2,
                     ready_poll_seconds=0.1,
                     policy_file=policy_file,
@@ -168,7 +169,7 @@ def fleet_of(
                 instance=Profile(
                     model=model,
                     name="h100",
-                    engine="vllm",
+                    engine="standin",
                     gpu_class=gpu_class(),
                     gpus_per_node=1,
                     tp=1,
