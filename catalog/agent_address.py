@@ -112,8 +112,18 @@ def address_refusal(address: IPAddress, networks: tuple[IPNetwork, ...]) -> str 
         return None
     return (
         f"{address} is {_kind(address)} outside the networks {SETTING} allows ({names}): a node's agent "
-        f"is reached on the fleet's own network; if {address} is on it, add its network to {SETTING}"
+        f"is reached on the fleet's own network; if {address} is on it, add its network "
+        f"(e.g. {_network_of(address)}) to {SETTING}"
     )
+
+
+def _network_of(address: IPAddress) -> str:
+    """The network an operator would name for ``address``: loopback's, link-local's, or itself."""
+    if address.is_loopback:
+        return "127.0.0.0/8" if address.version == 4 else "::1/128"
+    if address.is_link_local:
+        return "169.254.0.0/16" if address.version == 4 else "fe80::/10"
+    return f"{address}/{address.max_prefixlen}"
 
 
 @dataclass(frozen=True)
