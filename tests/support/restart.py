@@ -323,6 +323,8 @@ WORKER_ENV = {
     "LLMGW_AGENT_ABSENT_SECONDS": "12",
     "LLMGW_RESTART_SETTLE_SECONDS": "0.3",
     "LLMGW_RECONCILE_SECONDS": "2",
+    # The test agents listen on 127.0.0.1, which the tests' settings name (pyproject.toml's pytest env).
+    "LLMGW_AGENT_NETWORKS": "private,127.0.0.0/8",
 }
 
 
