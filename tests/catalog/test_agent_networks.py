@@ -210,3 +210,36 @@ def test_the_call_goes_to_the_address_checked_with_the_agent_urls_host_and_no_se
     assert AgentClient.for_node(node).node_info()["node"] == "gpu-x"
     assert asked == ["agent.fleet.test"]
     assert seen == [{"path": "/v1/node", "host": f"agent.fleet.test:{port}"}]
+
+
+def test_a_name_that_resolves_elsewhere_after_it_was_saved_is_checked_again_at_each_call(
+    settings, monkeypatch
+):
+    """Saved while it resolved inside the networks, the name later resolves outside them (to another
+    loopback address, where a server of the test's own listens): the call is refused, and nothing
+    reaches that server."""
+    seen: list[dict[str, str]] = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), type("Agent", (_Agent,), {"seen": seen}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        settings.LLMGW_AGENT_NETWORKS = ["127.0.0.1/32"]
+        answers = iter(["127.0.0.1"])
+        real = socket.getaddrinfo
+
+        def moving(host: Any, *args: Any, **kwargs: Any) -> Any:
+            if host == "agent.fleet.test":
+                address = next(answers, "127.0.0.2")
+                return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, args[0]))]
+            return real(host, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", moving)
+        assert _create(f"http://agent.fleet.test:{port}").status_code == 201
+        node = Node.objects.get(name="gpu-new")
+        with pytest.raises(AgentCallFailed) as caught:
+            AgentClient.for_node(node).node_info()
+        assert caught.value.code == "agent_address" and "127.0.0.2" in caught.value.message
+        assert seen == []
+    finally:
+        server.shutdown()
+        server.server_close()
