@@ -50,7 +50,12 @@ AGENT_DIR = Path(__file__).resolve().parent
 REPO_ROOT = AGENT_DIR.parent
 STANDIN = AGENT_DIR / "standin_engine.py"
 
-ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken")
+# Every engine of the catalog's registry, each played by the stand-in; "standin" is the stand-in under
+# its own name, the one engine whose profiles may set its STANDIN_* variables (the launch policy).
+ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken", "standin")
+# How long a stand-in playing another engine loads (the agent's environment, which its engines
+# inherit: a real engine's spec may not set STANDIN_ variables).
+AGENT_STANDIN_LOAD_SECONDS = "0.3"
 H100 = "NVIDIA H100 80GB HBM3"
 DEFAULT_CARDS: tuple[Mapping[str, Any], ...] = tuple(
     {"index": i, "name": H100, "memory_mib": 81559} for i in range(4)
@@ -128,7 +133,11 @@ def standin_spec(
         "engine": engine,
         "model": model,
         "args": list(args),
-        "env": {"STANDIN_LOAD_SECONDS": str(load_seconds), **(env or {})},
+        # The stand-in's own variables only on its own engine: another engine's spec with them is refused.
+        "env": {
+            **({"STANDIN_LOAD_SECONDS": str(load_seconds)} if engine == "standin" else {}),
+            **(env or {}),
+        },
         "cards": list(cards),
         "port": port,
         "ready_timeout": ready_timeout,
@@ -347,6 +356,7 @@ def running_agent(
     values = agent_config(directory, **config)
     process_env = {key: value for key, value in os.environ.items() if not key.startswith("LLMGW_")}
     process_env["PYTHONPATH"] = str(AGENT_DIR)
+    process_env.setdefault("STANDIN_LOAD_SECONDS", AGENT_STANDIN_LOAD_SECONDS)
     process_env.update(env or {})
     if token_in_env:
         process_env["LLMGW_AGENT_TOKEN"] = token

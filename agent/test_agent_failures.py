@@ -25,7 +25,10 @@ class TheAgent(WithAnAgent):
     def test_an_engine_that_exits_at_start_is_failed_with_its_exit_code_and_log(self) -> None:
         agent = self.agent
         http = self.http
-        http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), env={"STANDIN_EXIT_AT_START": "3"}))
+        http.put(
+            "/v1/replicas/r1",
+            json=standin_spec(port=free_port(), engine="standin", env={"STANDIN_EXIT_AT_START": "3"}),
+        )
 
         state = agent.wait_for_state("r1", "failed")
 
@@ -39,7 +42,10 @@ class TheAgent(WithAnAgent):
     def test_a_ready_replica_that_crashes_is_failed(self) -> None:
         agent = self.agent
         http = self.http
-        http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), env={"STANDIN_CRASH_AFTER": "1.2"}))
+        http.put(
+            "/v1/replicas/r1",
+            json=standin_spec(port=free_port(), engine="standin", env={"STANDIN_CRASH_AFTER": "1.2"}),
+        )
         agent.wait_for_state("r1", "ready")
 
         state = agent.wait_for_state("r1", "failed")
@@ -51,7 +57,10 @@ class TheAgent(WithAnAgent):
     def test_a_replica_that_never_gets_ready_stays_loading(self) -> None:
         agent = self.agent
         http = self.http
-        http.put("/v1/replicas/r1", json=standin_spec(port=free_port(), env={"STANDIN_NEVER_READY": "1"}))
+        http.put(
+            "/v1/replicas/r1",
+            json=standin_spec(port=free_port(), engine="standin", env={"STANDIN_NEVER_READY": "1"}),
+        )
         agent.wait_for_state("r1", "loading")
 
         time.sleep(1.0)
@@ -66,7 +75,9 @@ class TheAgent(WithAnAgent):
         http = self.http
         http.put(
             "/v1/replicas/r1",
-            json=standin_spec(port=free_port(), env={"STANDIN_NEVER_READY": "1"}, ready_timeout=1),
+            json=standin_spec(
+                port=free_port(), engine="standin", env={"STANDIN_NEVER_READY": "1"}, ready_timeout=1
+            ),
         )
 
         state = agent.wait_for_state("r1", "failed", timeout=10)

@@ -39,10 +39,15 @@ AN_ENVIRONMENT_VARIABLE_THAT_IS_REFUSED_STARTS_NOTHING_CASES = [
     ("vllm", {"NVIDIA_VISIBLE_DEVICES": "all"}, "NVIDIA_VISIBLE_DEVICES is set by the node agent"),
     ("vllm", {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, "CUDA_DEVICE_ORDER is set by the node agent"),
     ("vllm", {"LLMGW_REPLICA_PORT": "1"}, "LLMGW_REPLICA_PORT is refused for vllm: LLMGW_ variables"),
+    # The stand-in's own variables (never ready, crash, ignore SIGTERM) on a real engine.
+    ("vllm", {"STANDIN_NEVER_READY": "1"}, "STANDIN_NEVER_READY is refused for vllm: STANDIN_ variables"),
+    ("sglang", {"STANDIN_IGNORE_SIGTERM": "1"}, "STANDIN_IGNORE_SIGTERM is refused for sglang"),
+    ("standin", {"STANDIN_MEMORY": "weights=1,path=2"}, "names the figure 'path', which is not one of"),
+    ("standin", {"STANDIN_MEMORY": "weights=99999999"}, "has weights=99999999, above 16777216"),
 ]
 
 
-ENGINES_OF_THE_POLICY = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken")
+ENGINES_OF_THE_POLICY = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken", "standin")
 
 
 class TheAgent(WithAnAgent):

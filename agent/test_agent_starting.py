@@ -187,7 +187,7 @@ class TheAgent(WithAnAgent):
 
     def test_a_wait_with_no_change_answers_after_the_wait_with_the_state_then(self) -> None:
         agent, http = self.agent, self.http
-        spec = standin_spec(port=free_port(), env={"STANDIN_NEVER_READY": "1"})
+        spec = standin_spec(port=free_port(), engine="standin", env={"STANDIN_NEVER_READY": "1"})
         assert http.put("/v1/replicas/r1", json=spec).status_code == 201
         agent.wait_for_state("r1", "loading")
         began = time.monotonic()

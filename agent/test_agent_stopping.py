@@ -41,7 +41,7 @@ class TheAgent(WithAnAgent):
     def test_delete_kills_an_engine_that_ignores_sigterm_after_the_grace_period(self) -> None:
         agent = self.agent
         http = self.http
-        spec = standin_spec(port=free_port(), env={"STANDIN_IGNORE_SIGTERM": "1"})
+        spec = standin_spec(port=free_port(), engine="standin", env={"STANDIN_IGNORE_SIGTERM": "1"})
         http.put("/v1/replicas/r1", json=spec)
         pid = agent.wait_for_state("r1", "ready")["pid"]
 

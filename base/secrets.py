@@ -3,8 +3,9 @@ launch policy marks secret, and the agent token.
 
 They are write-only: the API and the admin show a placeholder carrying a
 fingerprint, and a placeholder sent back keeps the stored value. The audit
-log records the fingerprint; step reasons and log lines the control plane
-shows have the values replaced by ``***``.
+log records the fingerprint; step reasons, log lines and agents' errors the
+control plane shows have the values, and their encoded and split copies,
+replaced by ``***`` (``llmgw_policy.redaction``, which the agent uses too).
 
 A fingerprint is keyed (an HMAC with the audit log's key, which the
 database never holds): a reader of the log or of a page cannot
@@ -18,13 +19,32 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from django.conf import settings
-from llmgw_policy import default_policy
+from llmgw_policy import REDACTED, default_policy, redact, redact_lines, secret_forms
 
-REDACTED = "***"
 KEYED, PLAIN = "hmac:", "sha256:"  # the fingerprints' prefixes: keyed, and from before it was
+
+__all__ = [
+    "KEYED",
+    "PLAIN",
+    "REDACTED",
+    "audit_key",
+    "fingerprint",
+    "fingerprint_matches",
+    "fingerprinted_env",
+    "is_fingerprint",
+    "masked_env",
+    "placeholder",
+    "plain_fingerprint",
+    "profile_secrets",
+    "redact",
+    "redact_lines",
+    "secret_forms",
+    "secret_names",
+    "unmasked_env",
+]
 
 
 def audit_key() -> bytes:
@@ -94,13 +114,6 @@ def unmasked_env(new: Mapping[str, str], old: Mapping[str, str]) -> dict[str, st
         ):
             out[key] = stored
     return out
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every one of ``secrets`` (at least 4 characters) replaced by ``***``."""
-    for secret in sorted({s for s in secrets if isinstance(s, str) and len(s) >= 4}, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
 
 
 def profile_secrets(engine: str, env: Mapping[str, str]) -> list[str]:

@@ -15,6 +15,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from llmgw_policy import parse_roots
 
+from catalog.agent_address import parse_networks
 from llmgw_web.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -324,8 +325,17 @@ if LLMGW_OPERATION_STALE_SECONDS <= _LONGEST_AGENT_CALL:
 # Directories a model's source may be a path under (comma- or colon-separated); empty: Hugging
 # Face repo ids only. The agents' model_roots should say the same.
 # Hosts a node's agent URL may name: names, "*.suffix" or networks (10.0.0.0/8), comma-separated;
-# empty: any host but link-local, metadata and unspecified addresses (always refused).
+# empty: any host whose addresses LLMGW_AGENT_NETWORKS allows.
 LLMGW_AGENT_HOSTS = env_list("LLMGW_AGENT_HOSTS", [])
+# The networks an agent URL's host, once resolved, must be inside (catalog/agent_address.py): CIDRs,
+# comma-separated, or "private" (10/8, 172.16/12, 192.168/16, fc00::/7), the default. Loopback and
+# link-local only when named (the demo and the tests name 127.0.0.0/8); a cloud metadata address
+# only when named alone (a /32 or /128).
+LLMGW_AGENT_NETWORKS = env_list("LLMGW_AGENT_NETWORKS", ["private"])
+try:
+    parse_networks(LLMGW_AGENT_NETWORKS)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"LLMGW_AGENT_NETWORKS: {exc}.") from None
 # A CA bundle (PEM) to trust for https agent URLs; empty: the system's.
 LLMGW_AGENT_CA_BUNDLE = env_str("LLMGW_AGENT_CA_BUNDLE") or ""
 if LLMGW_AGENT_CA_BUNDLE and not Path(LLMGW_AGENT_CA_BUNDLE).is_file():

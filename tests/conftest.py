@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import itertools
 import os
+import socket
 from collections.abc import Iterator
 from importlib import import_module
 from typing import Any
@@ -161,6 +163,29 @@ def _no_answers_kept_from_another_test() -> Iterator[None]:
 
     caches["answers"].clear()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_name_looked_up_off_this_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' traffic stays on this host, and a DNS query would leave it: an agent URL's host is
+    resolved on every save and call (catalog/agent_address.py), and the schema fuzzer writes any
+    name there. So only addresses and localhost are looked up; a test that needs a name to resolve
+    replaces ``socket.getaddrinfo`` itself (tests/catalog/test_agent_networks.py)."""
+    real = socket.getaddrinfo
+
+    def local_only(host: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else host
+        if name is None or str(name).lower() in ("localhost", "localhost.", "ip6-localhost"):
+            return real(host, *args, **kwargs)
+        try:
+            ipaddress.ip_address(str(name).split("%")[0])
+        except ValueError:
+            raise socket.gaierror(
+                socket.EAI_NONAME, f"{name}: the tests look up no name off this host"
+            ) from None
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", local_only)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from base.secrets import masked_env, unmasked_env
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel
+from catalog.services.catalog import node_state_refusal
 from planning.types import SHAPE_FIELDS
 
 
@@ -62,8 +63,9 @@ class NodeSerializer(serializers.ModelSerializer):
             "orphans",
             "cards",
         ]
-        # What the reconciler learnt from the node's agent: read here, written by it alone.
-        read_only_fields = ["reachable", "unreachable_reason", "orphans"]
+        # What the reconciler learnt from the node's agent: read here, written by it alone. The state:
+        # cordon's, uncordon's and drain's (their own endpoints), never an edit's.
+        read_only_fields = ["state", "reachable", "unreachable_reason", "orphans"]
 
     @extend_schema_field(CardSerializer(many=True, read_only=True))
     def get_cards(self, node: Node) -> list[dict[str, Any]]:
@@ -81,6 +83,14 @@ class NodeSerializer(serializers.ModelSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         node = self.instance
+        given = self.initial_data.get("state") if isinstance(self.initial_data, dict) else None
+        now = node.state if isinstance(node, Node) else Node.State.READY
+        if given is not None and given != now:
+            # Read-only, so DRF would drop it and answer 200: refused instead, saying where it is changed.
+            raise serializers.ValidationError(
+                {"state": node_state_refusal(node.name if isinstance(node, Node) else "")},
+                code="state_by_operation",
+            )
         moved = isinstance(node, Node) and "agent_url" in attrs and attrs["agent_url"] != node.agent_url
         if moved and "agent_token" not in attrs:
             raise serializers.ValidationError(

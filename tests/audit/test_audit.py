@@ -90,9 +90,11 @@ def test_no_actor_means_no_change():
 
 def test_node_tokens_are_never_written_to_the_log(actor):
     node = services.node_save(
-        instance=Node(name="gpu-1", agent_url="http://127.0.0.1:9", agent_token="s3cret")
+        instance=Node(
+            name="gpu-1", agent_url="http://127.0.0.1:9", agent_token="s3cret-agent-token-0123456789abcdef"
+        )
     )
-    node.agent_token = "n3w-s3cret"
+    node.agent_token = "n3w-s3cret-agent-token-0123456789abc"
     services.node_save(instance=node)
     entries = list(AuditEntry.objects.order_by("id"))
     assert len(entries) == 2  # the rotation is recorded...
