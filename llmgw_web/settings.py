@@ -6,6 +6,7 @@ DATABASE_URL. With DJANGO_DEBUG off, a SECRET_KEY must be given.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import warnings
 from datetime import timedelta
@@ -82,7 +83,32 @@ CACHES = {
         "TIMEOUT": 600,
         "OPTIONS": {"MAX_ENTRIES": 500},
     },
+    # "throttle": the API's rate counts (access/throttles.py), which every process must share or each
+    # would allow the whole rate. In the database (the table access/migrations/0003 makes), or in
+    # Redis when LLMGW_REDIS_URL names one. An entry lives a minute, the rates' period; past
+    # MAX_ENTRIES callers at once a third of the entries are dropped (each set counts the table).
+    "throttle": {
+        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+        "LOCATION": "access_throttle_cache",
+        "OPTIONS": {"MAX_ENTRIES": 20000, "CULL_FREQUENCY": 3},
+    },
 }
+LLMGW_REDIS_URL = env_str("LLMGW_REDIS_URL") or ""
+if LLMGW_REDIS_URL:
+    if not LLMGW_REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(
+            f"LLMGW_REDIS_URL={LLMGW_REDIS_URL!r} is not a Redis URL: give redis://host:6379/0 "
+            "(rediss:// for TLS, unix:// for a socket)."
+        )
+    if importlib.util.find_spec("redis") is None:
+        raise ImproperlyConfigured(
+            "LLMGW_REDIS_URL is set but the redis package is not installed: `uv add redis`, or unset "
+            "LLMGW_REDIS_URL to keep the API's rate counts in the database."
+        )
+    CACHES["throttle"] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": LLMGW_REDIS_URL,
+    }
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -200,7 +226,10 @@ if not DEBUG:
 LLMGW_BEHIND_PROXY = env_bool("LLMGW_BEHIND_PROXY", False)
 if LLMGW_BEHIND_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
+# How many proxies in front each append to X-Forwarded-For: the client's address, for the sign-in
+# waits and the API's anonymous rate, is that many entries from the right (access/client.py). Read
+# only with LLMGW_BEHIND_PROXY.
+LLMGW_TRUSTED_PROXIES = env_int("LLMGW_TRUSTED_PROXIES", 1, minimum=1)
 
 # Content Security Policy (django-csp): scripts only from this site's own files, so an injected
 # <script> or on*= attribute does not run; htmx and Swagger UI are served from here and start from
@@ -230,6 +259,13 @@ REST_FRAMEWORK = {
     # Every endpoint declares its required_permission; one without is refused (base/rules.py).
     "DEFAULT_PERMISSION_CLASSES": ["base.rules.RequiredPermission"],
     "DEFAULT_FILTER_BACKENDS": ["base.api.filters.StrictFilterBackend"],
+    # JSON nested past a bound is a 400 in the error shape, not a RecursionError (base/api/parsers.py);
+    # a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a 413 in it (base/api/errors.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "base.api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "base.api.pagination.Pages",
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "llmgw_web.schema.AutoSchema",
