@@ -7,9 +7,9 @@ DATABASE_URL. With DJANGO_DEBUG off, a SECRET_KEY must be given.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import warnings
-from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -128,20 +128,33 @@ MIDDLEWARE = [
     "csp.middleware.CSPMiddleware",
 ]
 
-# Failed sign-ins are counted per user name and address (django-axes): the twentieth failure within
-# AXES_COOLOFF_TIME locks that pair out until it has passed, whatever password comes next; a
-# success resets the count. access/lockout.py says when it ends.
+# Failed sign-ins are counted per user name and address (django-axes, the address from
+# access/client.py) and make further tries wait, doubling, never lock (access/signin.py says how): a
+# stranger's failures from elsewhere leave the user's own sign-in alone.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-AXES_FAILURE_LIMIT = env_int("LLMGW_SIGNIN_FAILURES", 20, minimum=1)
-AXES_COOLOFF_TIME = timedelta(minutes=env_int("LLMGW_SIGNIN_LOCKOUT_MINUTES", 15, minimum=1))
+if "LLMGW_SIGNIN_LOCKOUT_MINUTES" in os.environ:
+    raise ImproperlyConfigured(
+        "LLMGW_SIGNIN_LOCKOUT_MINUTES is gone: failed sign-ins no longer lock a user out but make the next "
+        "try wait, doubling; set LLMGW_SIGNIN_LONGEST_WAIT_MINUTES for the longest wait instead."
+    )
+LLMGW_SIGNIN_FAILURES = env_int("LLMGW_SIGNIN_FAILURES", 5, minimum=1)
+LLMGW_SIGNIN_ACCOUNT_FAILURES = env_int("LLMGW_SIGNIN_ACCOUNT_FAILURES", 50, minimum=1)
+LLMGW_SIGNIN_LONGEST_WAIT_MINUTES = env_int("LLMGW_SIGNIN_LONGEST_WAIT_MINUTES", 15, minimum=1)
+AXES_HANDLER = "access.signin.SigninHandler"
+AXES_CLIENT_IP_CALLABLE = "access.client.client_address"
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# No lock at a count: the handler refuses a try only while its wait runs.
+AXES_LOCK_OUT_AT_FAILURE = False
+AXES_FAILURE_LIMIT = LLMGW_SIGNIN_FAILURES  # what axes' admin shows as the limit
+# A try refused during a wait is not counted: the wait does not grow while the user waits.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+# How long a count is kept after its last failure (an hour, or twice the longest wait if longer).
+AXES_COOLOFF_TIME = "access.signin.forget_time"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "access.lockout.locked_out"
-# Behind a proxy that sets X-Forwarded-For (LLMGW_BEHIND_PROXY), the client's address is its first hop.
-AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
 
 ROOT_URLCONF = "llmgw_web.urls"
 WSGI_APPLICATION = "llmgw_web.wsgi.application"
@@ -181,7 +194,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    # 12: OWASP ASVS 4.0.3 V2.1.1 (docs/design.md, "Sign-in limits, and the OWASP ASVS").
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
