@@ -273,13 +273,13 @@ REST_FRAMEWORK = {
     # Every endpoint declares its required_permission; one without is refused (base/rules.py).
     "DEFAULT_PERMISSION_CLASSES": ["base.rules.RequiredPermission"],
     "DEFAULT_FILTER_BACKENDS": ["base.api.filters.StrictFilterBackend"],
-    # JSON nested past a bound is a 400 in the error shape, not a RecursionError (base/api/parsers.py);
-    # a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a 413 in it (base/api/errors.py).
-    "DEFAULT_PARSER_CLASSES": [
-        "base.api.parsers.JSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
+    # The API takes JSON alone (a form's fields are all strings, and the inputs want JSON numbers and
+    # lists; another type is a 415). JSON nested past a bound is a 400 in the error shape, not a
+    # RecursionError (base/api/parsers.py); a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a 413 in it
+    # (base/api/errors.py).
+    "DEFAULT_PARSER_CLASSES": ["base.api.parsers.JSONParser"],
+    # The tests' APIClient sends JSON, as the API takes.
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_PAGINATION_CLASS": "base.api.pagination.Pages",
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "llmgw_web.schema.AutoSchema",
@@ -309,6 +309,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "llmgw_web.schema.inputs_as_the_server_reads_them",
+    ],
     # Swagger UI served from our own static files: operators' networks often reach no CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
