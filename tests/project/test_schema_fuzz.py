@@ -160,3 +160,23 @@ def test_the_schema_documents_write_bodies_nullable_replicas_and_the_errors():
         assert {"400", "401", "403", "404"} <= set(responses), (path, method)
     step = doc["components"]["schemas"]["RestartStep"]["properties"]
     assert step["old_replica"]["nullable"] and step["new_replica"]["nullable"]
+
+
+def test_what_the_fuzz_found_stays_fixed(db):
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(b.user("root", roles=("admin",)))
+    b.node("gpu-1")
+    # Invalid by the schema, accepted before: a yes/no filter read "null" as no filter at all.
+    refused = api.get("/api/models/?declared=null")
+    assert refused.status_code == 400
+    assert (
+        refused.json()["detail"]
+        == "declared is a yes/no filter: give declared=true or declared=false, not 'null'."
+    )
+    # Valid by the schema, refused before: a profile id no profile has. And a form body, where only JSON
+    # is taken now (the schema names no other type), is a 415, not read as strings.
+    assert api.get("/api/replicas/?profile=999").json()["results"] == []
+    form = api.post("/api/nodes/gpu-1/drain/", {"max_parallel": "2"}, format="multipart")
+    assert form.status_code == 415 and form.json()["code"] == "unsupported_media_type"
