@@ -18,10 +18,36 @@ class ErrorSerializer(serializers.Serializer):
     code = serializers.CharField(help_text="A stable machine-readable code.")
 
 
+# The bounds the models' check constraints hold (catalog/models), said where a client reads them: the
+# schema (a number at least 1), not only in the database's refusal.
+_AT_LEAST_ONE = {"min_value": 1}
+
+
 class GPUClassSerializer(serializers.ModelSerializer):
     class Meta:
         model = GPUClass
         fields = ["id", "name", "memory_mib", "usable_mib", "compute_capability"]
+        extra_kwargs = {
+            "memory_mib": _AT_LEAST_ONE,
+            "usable_mib": {
+                **_AT_LEAST_ONE,
+                "help_text": "What an engine may fill on one card, in MiB: from 1 to memory_mib.",
+            },
+        }
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # Two fields together, which no schema can say: refused under a code of its own.
+        current = self.instance if isinstance(self.instance, GPUClass) else None
+        memory = attrs.get("memory_mib", getattr(current, "memory_mib", None))
+        usable = attrs.get("usable_mib", getattr(current, "usable_mib", None))
+        if memory is not None and usable is not None and usable > memory:
+            raise serializers.ValidationError(
+                {
+                    "usable_mib": f"usable_mib ({usable}) is above memory_mib ({memory}): give at most the card's memory."
+                },
+                code="usable_above_memory",
+            )
+        return attrs
 
 
 class CardSerializer(serializers.ModelSerializer):
@@ -127,6 +153,21 @@ class ProfileSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["revision"]
         validators: list[Any] = []  # uniqueness is the service's and the database's to say
+        extra_kwargs = {"gpus_per_node": _AT_LEAST_ONE, "tp": _AT_LEAST_ONE, "nodes": _AT_LEAST_ONE}
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        # The engines the registry knows, named in the schema (planning/engines.py; loaded once).
+        from planning import engines
+
+        known = sorted(engines.registry())
+        fields["engine"] = serializers.ChoiceField(
+            choices=known,
+            error_messages={
+                "invalid_choice": f"There is no engine {{input!r}}; the registry knows {', '.join(known)}."
+            },
+        )
+        return fields
 
     def to_representation(self, instance: Profile) -> dict[str, Any]:
         data = super().to_representation(instance)
@@ -162,6 +203,18 @@ class ServedModelSerializer(serializers.ModelSerializer):
             "profiles",
         ]
         read_only_fields = ["declared", "declared_in"]
+        extra_kwargs = {
+            field: _AT_LEAST_ONE
+            for field in (
+                "context_length",
+                "layers",
+                "attention_heads",
+                "kv_heads",
+                "head_dim",
+                "weight_bytes",
+                "sliding_window",
+            )
+        }
 
 
 class ShardSerializer(serializers.Serializer):
@@ -179,6 +232,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
         model = Replica
         fields = ["id", "name", "model", "profile", "port", "state", "revision", "stale", "shards"]
         read_only_fields = ["state", "revision"]
+        extra_kwargs = {"port": {"min_value": 1, "max_value": 65535}}
 
     def get_stale(self, replica: Replica) -> bool:
         return replica.is_stale

@@ -29,6 +29,7 @@ class RestartInput(StrictInput):
         child=serializers.CharField(),
         required=False,
         allow_empty=False,
+        min_length=1,  # what allow_empty=False holds, said in the schema (minItems)
         help_text="Live replicas of the model to restart. Default: the ones running an older profile revision.",
     )
     in_place = serializers.BooleanField(
