@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from base.secrets import masked_env, unmasked_env
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel
+from catalog.models.fleet import AGENT_TOKEN_MIN, agent_token_validator
 from catalog.services.catalog import node_state_refusal
 from planning.types import SHAPE_FIELDS
 
@@ -70,7 +71,13 @@ class NodeSerializer(serializers.ModelSerializer):
     # CardSerializer's shape, written directly: a page of 100 nodes is 800 cards, and a serializer
     # per card was most of the answer's time.
     cards = serializers.SerializerMethodField()
-    agent_token = serializers.CharField(write_only=True, help_text="Never shown again once set.")
+    agent_token = serializers.CharField(
+        write_only=True,
+        min_length=AGENT_TOKEN_MIN,
+        max_length=200,
+        validators=[agent_token_validator],
+        help_text="Never shown again once set: 32 to 200 printable ASCII characters without spaces.",
+    )
     last_seen_at = serializers.DateTimeField(
         read_only=True, allow_null=True, help_text="When its agent last answered the reconciler."
     )

@@ -40,6 +40,8 @@ RULES = {
     "heads": "tensor-parallel width must divide the model's heads (planning/rules.py)",
     "declared": "a model declared in the cluster's settings file is read-only",
     "dates_swapped": "the audit log's since no later than its until (audit/forms.py)",
+    "refused_agent_url": "an agent URL's host must resolve into LLMGW_AGENT_NETWORKS (catalog/agent_address.py)",
+    "state_by_operation": "a node's state changes by cordon, uncordon and drain only (catalog/services/catalog.py)",
 }
 
 
