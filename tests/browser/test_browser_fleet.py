@@ -152,7 +152,7 @@ def test_the_nodes_grid_shows_each_cards_memory_used_beside_the_plan_and_marks_a
 ):
     """Real agents read the stand-in nvidia-smi (as they read nvidia-smi on a GPU node); the
     control plane samples them; the grid draws used against planned and marks the foreign card."""
-    from agent_testing import foreign_process
+    from agent_fakes import foreign_process
 
     from telemetry.services import fleet_sample
     from tests.support.restart import fleet_of
