@@ -20,6 +20,11 @@ install: .venv/.synced
 # The demo's GGUF model is written under the demo directory, a path source: the launch policy takes
 # a path only under LLMGW_MODEL_ROOTS, so the demo's runs name it (unless the environment does).
 demo-db run: export LLMGW_MODEL_ROOTS := $(or $(LLMGW_MODEL_ROOTS),$(or $(LLMGW_DEMO_DIR),/tmp/llmgw-demo))
+# The demo's agents listen on 127.0.0.1, which an agent URL may name only when LLMGW_AGENT_NETWORKS
+# names loopback (by default: the private ranges alone): the demo's runs name it (unless the
+# environment sets the networks).
+DEMO_AGENT_NETWORKS := private,127.0.0.0/8
+demo-db run: export LLMGW_AGENT_NETWORKS := $(or $(LLMGW_AGENT_NETWORKS),$(DEMO_AGENT_NETWORKS))
 
 demo-db: install
 	mkdir -p var
@@ -52,7 +57,7 @@ test-agent: install
 
 # The README's screenshots, taken by the browser tests at a laptop's width (1366 px).
 screenshots: install browser-deps
-	SCREENSHOTS_DIR=docs/screenshots $(PY) -m pytest -q -m browser tests/browser/test_browser.py
+	SCREENSHOTS_DIR=docs/screenshots $(PY) -m pytest -q -m browser tests/browser/
 
 # What the style guide promises, checked: ruff (lint and format), types (mypy with the Django and DRF
 # stubs), no import cycle, no import against docs/design.md's layers, no model change without its migration, and an OpenAPI schema without a warning.

@@ -68,3 +68,26 @@ def token_revoke(*, token: Token) -> None:
             before=before,
             message="revoked",
         )
+
+
+def password_change(*, user: Any, new: str) -> None:
+    """``user``'s password made ``new``, which must pass AUTH_PASSWORD_VALIDATORS (12 characters or
+    more, not a common one, not like the user's name); audited, without the password. The caller has
+    checked the current one (access/views.py, through the sign-in's limits). Every other session of
+    the user ends: Django's session hash changes with the password."""
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+
+    try:
+        validate_password(new, user)
+    except ValidationError as exc:
+        raise DomainError("weak_password", " ".join(exc.messages)) from None
+    with transaction.atomic():
+        user.set_password(new)
+        user.save(update_fields=["password"])
+        audit_record(
+            action="update",
+            object_type="user",
+            object_key=user.get_username(),
+            message="changed their password",
+        )

@@ -14,5 +14,6 @@ urlpatterns = [
     ),
     path("accounts/logout/", requires(PUBLIC)(auth_views.LogoutView.as_view()), name="logout"),
     path("account/tokens/", views.token_list, name="token-list"),
+    path("account/password/", views.password_view, name="password-change"),
     path("account/tokens/<str:key>/revoke/", views.token_revoke_view, name="token-revoke"),
 ]

@@ -22,7 +22,6 @@ program; its engines are processes all the same.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import logging
 import os
@@ -35,12 +34,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_http import Client, TransportError, request
 from llmgw_agent.cards import discover_cards
 from llmgw_agent.config import load_config
 from llmgw_agent.server import AgentServer
@@ -51,126 +50,16 @@ AGENT_DIR = Path(__file__).resolve().parent
 REPO_ROOT = AGENT_DIR.parent
 STANDIN = AGENT_DIR / "standin_engine.py"
 
-ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken")
+# Every engine of the catalog's registry, each played by the stand-in; "standin" is the stand-in under
+# its own name, the one engine whose profiles may set its STANDIN_* variables (the launch policy).
+ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken", "standin")
+# How long a stand-in playing another engine loads (the agent's environment, which its engines
+# inherit: a real engine's spec may not set STANDIN_ variables).
+AGENT_STANDIN_LOAD_SECONDS = "0.3"
 H100 = "NVIDIA H100 80GB HBM3"
 DEFAULT_CARDS: tuple[Mapping[str, Any], ...] = tuple(
     {"index": i, "name": H100, "memory_mib": 81559} for i in range(4)
 )
-
-
-class TransportError(OSError):
-    """Nothing answered: refused, reset, timed out."""
-
-
-@dataclass
-class Answer:
-    """An HTTP answer: its status, headers and body."""
-
-    status_code: int
-    headers: Mapping[str, str]
-    content: bytes
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", "replace")
-
-    def json(self) -> Any:
-        return json.loads(self.content)
-
-    def raise_for_status(self) -> None:
-        if self.status_code >= 400:
-            raise RuntimeError(f"HTTP {self.status_code}: {self.text[:500]}")
-
-
-def request(
-    method: str,
-    url: str,
-    *,
-    json_body: Any = None,
-    params: Mapping[str, Any] | None = None,
-    headers: Mapping[str, str] | None = None,
-    timeout: float = 30.0,
-    verify: ssl.SSLContext | None = None,
-) -> Answer:
-    """One request, straight to the host (never through a proxy from the
-    environment); an answer whatever its status, TransportError when nothing answers.
-
-    ``verify`` is the TLS context an https URL is checked with (default: the system's CAs)."""
-    parts = urllib.parse.urlsplit(url)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    if params:
-        target += ("&" if parts.query else "?") + urllib.parse.urlencode(params)
-    host, port = parts.hostname or "127.0.0.1", parts.port
-    connection = (
-        http.client.HTTPSConnection(host, port, timeout=timeout, context=verify)
-        if parts.scheme == "https"
-        else http.client.HTTPConnection(host, port, timeout=timeout)
-    )
-    data = None if json_body is None else json.dumps(json_body).encode()
-    sent = dict(headers or {})
-    if data is not None:
-        sent["Content-Type"] = "application/json"
-    try:
-        # A server may answer before reading the whole body (413: too large) and
-        # close; its answer is there to read.
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            connection.request(method, target, body=data, headers=sent)
-        response = connection.getresponse()
-        return Answer(response.status, dict(response.headers), response.read())
-    except (OSError, http.client.HTTPException) as exc:
-        raise TransportError(f"{method} {url}: {exc}") from exc
-    finally:
-        connection.close()
-
-
-class Client:
-    """Requests to one base URL with fixed headers (a token), in the shape the tests use."""
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        headers: Mapping[str, str] | None = None,
-        timeout: float = 30.0,
-        verify: ssl.SSLContext | None = None,
-    ):
-        self.base_url = base_url.rstrip("/")
-        self.verify = verify
-        self.default_headers = dict(headers or {})
-        self.timeout = timeout
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Nothing is kept open between requests: each has its own connection."""
-
-    def request(self, method: str, path: str, **kw: Any) -> Answer:
-        headers = {**self.default_headers, **(kw.pop("headers", None) or {})}
-        return request(
-            method,
-            f"{self.base_url}{path}",
-            json_body=kw.pop("json", None),
-            params=kw.pop("params", None),
-            headers=headers,
-            timeout=kw.pop("timeout", self.timeout),
-            verify=self.verify,
-        )
-
-    def get(self, path: str, **kw: Any) -> Answer:
-        return self.request("GET", path, **kw)
-
-    def put(self, path: str, **kw: Any) -> Answer:
-        return self.request("PUT", path, **kw)
-
-    def post(self, path: str, **kw: Any) -> Answer:
-        return self.request("POST", path, **kw)
-
-    def delete(self, path: str, **kw: Any) -> Answer:
-        return self.request("DELETE", path, **kw)
 
 
 def ephemeral_ports() -> tuple[int, int]:
@@ -244,7 +133,11 @@ def standin_spec(
         "engine": engine,
         "model": model,
         "args": list(args),
-        "env": {"STANDIN_LOAD_SECONDS": str(load_seconds), **(env or {})},
+        # The stand-in's own variables only on its own engine: another engine's spec with them is refused.
+        "env": {
+            **({"STANDIN_LOAD_SECONDS": str(load_seconds)} if engine == "standin" else {}),
+            **(env or {}),
+        },
         "cards": list(cards),
         "port": port,
         "ready_timeout": ready_timeout,
@@ -463,6 +356,7 @@ def running_agent(
     values = agent_config(directory, **config)
     process_env = {key: value for key, value in os.environ.items() if not key.startswith("LLMGW_")}
     process_env["PYTHONPATH"] = str(AGENT_DIR)
+    process_env.setdefault("STANDIN_LOAD_SECONDS", AGENT_STANDIN_LOAD_SECONDS)
     process_env.update(env or {})
     if token_in_env:
         process_env["LLMGW_AGENT_TOKEN"] = token
@@ -606,171 +500,3 @@ def _wait_for_healthz(agent: RunningAgent, timeout: float) -> None:
         wait_until(healthy, timeout=timeout, what="the agent's /healthz")
     except TimeoutError as exc:
         raise TimeoutError(f"{exc}; its output:\n{agent.output()}") from None
-
-
-@dataclass
-class RunningStandin:
-    base_url: str
-    port: int
-    model: str
-    process: subprocess.Popen[bytes]
-    output_path: Path
-
-    def output(self) -> str:
-        return self.output_path.read_text(encoding="utf-8", errors="replace")
-
-
-@contextlib.contextmanager
-def running_standin(
-    directory: Path,
-    *,
-    model: str = "standin-model",
-    port: int | None = None,
-    args: Iterable[str] = (),
-    env: Mapping[str, str] | None = None,
-    load_seconds: float = 0.0,
-    wait_ready: bool = True,
-) -> Iterator[RunningStandin]:
-    """Run the stand-in engine on its own (no agent), e.g. as a gateway backend."""
-    directory.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    process_env = {**os.environ, "STANDIN_LOAD_SECONDS": str(load_seconds), **(env or {})}
-    output_path = directory / f"standin-{port}.log"
-    with output_path.open("ab") as output:
-        process = subprocess.Popen(
-            [*standin_command(), "--port", str(port), "--served-model-name", model, *args],
-            env=process_env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    standin = RunningStandin(f"http://127.0.0.1:{port}", port, model, process, output_path)
-
-    def ready() -> bool:
-        if process.poll() is not None:
-            return True
-        try:
-            data = request("GET", f"{standin.base_url}/v1/models", timeout=1).json()
-        except (TransportError, ValueError):
-            return False
-        return not wait_ready or any(entry.get("id") == model for entry in data.get("data", []))
-
-    try:
-        wait_until(ready, timeout=15, what=f"the stand-in on port {port}")
-        yield standin
-    finally:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-
-
-# --- a misbehaving agent -------------------------------------------------------------------------
-
-_FAKE_AGENT = r"""
-import json, sys, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-status, delay = int(sys.argv[2]), float(sys.argv[3])
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def answer(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        print(self.command, self.path, flush=True)
-        if self.path == "/healthz":
-            body, code = {"status": "ok"}, 200
-        else:
-            time.sleep(delay)
-            if status >= 400:
-                body, code = {"detail": "Something broke inside the agent.", "code": "internal"}, status
-            else:
-                body, code = {"state": "starting", "reason": "pretending"}, status
-        payload = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    do_GET = do_PUT = do_DELETE = answer
-
-    def log_message(self, *args):
-        pass
-
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
-"""
-
-
-@dataclass
-class FakeAgent:
-    base_url: str
-    process: subprocess.Popen[bytes]
-    output_path: Path
-
-    def requests(self) -> list[str]:
-        """The requests it received, as "METHOD /path" lines."""
-        return self.output_path.read_text(encoding="utf-8", errors="replace").splitlines()
-
-
-@contextlib.contextmanager
-def running_fake_agent(directory: Path, *, status: int = 500, delay: float = 0.0) -> Iterator[FakeAgent]:
-    """An HTTP server standing where an agent should be, as its own process: every
-    /v1 request waits ``delay`` seconds, then answers ``status`` (an error body
-    for 4xx/5xx, a replica "starting" otherwise). /healthz answers at once."""
-    directory.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    output_path = directory / f"fake-agent-{port}.log"
-    with output_path.open("ab") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-c", _FAKE_AGENT, str(port), str(status), str(delay)],
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    fake = FakeAgent(f"http://127.0.0.1:{port}", process, output_path)
-
-    def healthy() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"the fake agent exited with {process.returncode}")
-        try:
-            return request("GET", f"{fake.base_url}/healthz", timeout=1).status_code == 200
-        except TransportError:
-            return False
-
-    try:
-        wait_until(healthy, timeout=15, what="the fake agent")
-        yield fake
-    finally:
-        process.kill()
-        process.wait(timeout=10)
-
-
-def standin_gpus(directory: Path, cards: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """The stand-in nvidia-smi for an agent (standin_nvidia_smi.install): the environment to give it."""
-    import standin_nvidia_smi
-
-    return standin_nvidia_smi.install(directory, [dict(c) for c in cards])
-
-
-@contextlib.contextmanager
-def foreign_process(gpu_dir: Path, cards: Iterable[int], used_mib: int) -> Iterator[int]:
-    """A process the agent did not start, holding ``used_mib`` on ``cards`` as the stand-in
-    nvidia-smi reports it (a sleeping child of this process); its pid while the block runs."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.DEVNULL)
-    path = gpu_dir / f"proc-{child.pid}.json"
-    path.write_text(
-        json.dumps(
-            {"pid": child.pid, "cards": list(cards), "used_mib": used_mib, "name": "python3 foreign.py"}
-        )
-    )
-    try:
-        yield child.pid
-    finally:
-        child.kill()
-        child.wait(timeout=10)
-        path.unlink(missing_ok=True)

@@ -35,6 +35,7 @@ from variables (a flag wins):
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -346,8 +347,16 @@ def main(argv: list[str] | None = None) -> int:
         timer.start()
 
     if os.environ.get("HF_TOKEN"):
-        # As an engine that logs its settings, secrets and all, would: what the agent must redact.
-        log(f"logging in to the Hugging Face Hub with token {os.environ['HF_TOKEN']}")
+        # As an engine that logs its settings, secrets and all, would: what the agent must redact,
+        # as it is and as an engine may print it (a header base64'd, upper-cased, wrapped).
+        token = os.environ["HF_TOKEN"]
+        log(f"logging in to the Hugging Face Hub with token {token}")
+        header = base64.b64encode(f"Authorization: Bearer {token}".encode()).decode()
+        log(f"request headers (base64): {header}")
+        log(f"TOKEN IN CAPITALS: {token.upper()}")
+        half = len(token) // 2
+        log(f"a wrapped line: {token[:half]}")
+        log(f"{token[half:]} (its end)")
     memory = os.environ.get("STANDIN_MEMORY", "").strip()
     if memory:
         log_memory(memory_figures(memory))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import tempfile
 import time
 import unittest
@@ -30,6 +31,13 @@ class TheLogTail(unittest.TestCase):
         self.assertIn("logging in to the Hugging Face Hub with token ***", text)
         self.assertIn("listening on", text)
         self.assertNotIn(secret, text)
+        # Its encoded and split copies too: base64'd in a header, upper-cased, wrapped over two lines.
+        encoded = base64.b64encode(f"Authorization: Bearer {secret}".encode()).decode()
+        self.assertIn(encoded, raw)
+        for copy in (encoded[len(encoded) // 2 :], secret.upper(), secret[: len(secret) // 2]):
+            self.assertNotIn(copy, text)
+        self.assertIn("TOKEN IN CAPITALS: ***", text)
+        self.assertIn("(its end)", text)
 
     def test_size_and_rate_are_bounded(self) -> None:
         self.assertEqual(

@@ -7,7 +7,8 @@ import time
 import unittest
 from pathlib import Path
 
-from agent_testing import foreign_process, free_port, running_agent, standin_gpus, standin_spec
+from agent_fakes import foreign_process, standin_gpus
+from agent_testing import free_port, running_agent, standin_spec
 from llmgw_agent.telemetry import parse_apps, parse_gpus
 
 H100 = 81559

@@ -1,16 +1,16 @@
 """The control plane's side of the node agent API (docs/agent-api.md).
 
-Every failure becomes an ``AgentCallFailed`` whose message is a plain sentence an
-operator can act on (the agent is down, refused the token, failed, was too
-slow, refused the spec), naming the node; a restart step records it as its
-reason. Nothing here touches the database.
+Every failure becomes an ``AgentCallFailed`` whose message is a plain sentence in the project's
+words an operator can act on (the agent is down, refused the token, failed, was too slow, refused
+the spec), naming the node; a restart step records it as its reason. An agent's answer is read
+into the fields the API defines (``agentclient.answers``): none is shown as it came, an agent's
+own sentence only when its answer has the API's error shape, cleaned, and the node's token and
+the secrets the caller names are redacted from every text. Nothing here touches the database.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-import ssl
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -18,6 +18,11 @@ from urllib.parse import quote
 import httpx
 from django.conf import settings
 
+from agentclient import answers
+from agentclient.transport import PinnedTransport, tls_context
+from base.errors import DomainError
+from base.secrets import redact
+from catalog.agent_address import checked_address
 from catalog.models import Node
 
 # DELETE answers only once the process is gone: SIGTERM, ``grace`` seconds,
@@ -26,8 +31,9 @@ STOP_MARGIN_SECONDS = 15.0
 
 
 class AgentCallFailed(Exception):
-    """The agent could not be used, or refused. ``code``: agent_down,
-    agent_slow, agent_token, agent_failed, agent_refused, not_found, agent_bad_answer."""
+    """The agent could not be used, or refused. ``code``: agent_address (its URL names an address
+    outside LLMGW_AGENT_NETWORKS), agent_down, agent_slow, agent_untrusted, agent_token,
+    agent_failed, agent_refused, not_found, agent_bad_answer."""
 
     def __init__(self, code: str, message: str, *, status: int | None = None, agent_code: str = ""):
         super().__init__(message)
@@ -39,26 +45,31 @@ class AgentCallFailed(Exception):
 
 @dataclass(frozen=True)
 class AgentClient:
-    """One node's agent: its URL, its token, and a timeout for each request."""
+    """One node's agent: its URL, its token, a timeout for each request, and the secrets (besides
+    the token) to redact from whatever it says: the profile's, for a replica's answers."""
 
     node: str
     url: str
     token: str
     timeout: float
+    secrets: tuple[str, ...] = ()
 
     @classmethod
-    def for_node(cls, node: Node, *, timeout: float | None = None) -> AgentClient:
+    def for_node(
+        cls, node: Node, *, timeout: float | None = None, secrets: Iterable[str] = ()
+    ) -> AgentClient:
         return cls(
             node=node.name,
             url=node.agent_url.rstrip("/"),
             token=node.agent_token,
             timeout=settings.LLMGW_AGENT_TIMEOUT_SECONDS if timeout is None else timeout,
+            secrets=tuple(secrets),
         )
 
     # -- the endpoints ------------------------------------------------------------------------
 
     def node_info(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/node", what="reading its cards")
+        return self._call("GET", "/v1/node", what="reading its cards", shape=answers.node_info)
 
     def rotate_token(self, new_token: str, *, grace_seconds: float) -> dict[str, Any]:
         """POST /v1/token: the agent takes ``new_token`` and accepts the old one
@@ -68,6 +79,8 @@ class AgentClient:
             "/v1/token",
             json={"token": new_token, "grace_seconds": grace_seconds},
             what="taking a new token",
+            shape=answers.rotated,
+            secrets=(new_token,),
         )
 
     def log(self, replica_id: str, *, lines: int = 200) -> dict[str, Any]:
@@ -77,18 +90,27 @@ class AgentClient:
             self._path(replica_id) + "/log",
             params={"lines": str(lines)},
             what=f"reading replica {replica_id}'s log",
+            shape=answers.log_tail,
         )
 
     def telemetry(self) -> dict[str, Any]:
         """GET /v1/telemetry: each card's memory, utilisation, temperature and processes."""
-        return self._call("GET", "/v1/telemetry", what="reading its cards' telemetry")
+        return self._call(
+            "GET", "/v1/telemetry", what="reading its cards' telemetry", shape=answers.telemetry
+        )
 
     def replicas(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/replicas", what="listing its replicas")
+        return self._call("GET", "/v1/replicas", what="listing its replicas", shape=answers.replica_list)
 
     def start(self, replica_id: str, spec: dict[str, Any]) -> dict[str, Any]:
         """PUT the spec: 201 started, 200 already live with the same spec (harmless)."""
-        return self._call("PUT", self._path(replica_id), json=spec, what=f"starting replica {replica_id}")
+        return self._call(
+            "PUT",
+            self._path(replica_id),
+            json=spec,
+            what=f"starting replica {replica_id}",
+            shape=answers.replica_state,
+        )
 
     def get(self, replica_id: str, *, wait: float = 0.0, unless: str | None = None) -> dict[str, Any]:
         """The replica's state; with ``unless`` (the state last seen) and ``wait`` seconds, a long
@@ -96,13 +118,14 @@ class AgentClient:
         The request's timeout is the agent's plus the wait."""
         what = f"reading the state of replica {replica_id}"
         if unless is None or wait <= 0:
-            return self._call("GET", self._path(replica_id), what=what)
+            return self._call("GET", self._path(replica_id), what=what, shape=answers.replica_state)
         return self._call(
             "GET",
             self._path(replica_id),
             params={"wait": f"{wait:.3f}", "state": unless},
             what=what,
             timeout=self.timeout + wait,
+            shape=answers.replica_state,
         )
 
     def stop(self, replica_id: str, *, grace: float | None = None) -> dict[str, Any]:
@@ -118,6 +141,7 @@ class AgentClient:
                 params=params,
                 what=f"stopping replica {replica_id}",
                 timeout=max(self.timeout, wait),
+                shape=answers.replica_state,
             )
         except AgentCallFailed as exc:
             if exc.code == "not_found":
@@ -136,21 +160,83 @@ class AgentClient:
         path: str,
         *,
         what: str,
+        shape: Callable[..., Any],
         json: Any = None,
         params: dict[str, str] | None = None,
         timeout: float | None = None,
+        secrets: tuple[str, ...] = (),
     ) -> Any:
+        """The answer, read by ``shape`` into the API's fields; AgentCallFailed otherwise."""
+        secrets = (self.token, *self.secrets, *secrets)
+        response = self._send(
+            method, path, what=what, json=json, params=params, timeout=timeout, secrets=secrets
+        )
+        who = f"The agent of node {self.node} ({self.url})"
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = None
+        status = response.status_code
+        if status >= 400:
+            raise _refusal(who, what, status, body, secrets)
+        if body is None:
+            raise AgentCallFailed(
+                "agent_bad_answer",
+                f"{who} answered {what} with something that is not JSON "
+                f"(HTTP {status}): is that URL really a node agent?",
+                status=status,
+            )
+        try:
+            return shape(body, secrets=secrets)
+        except answers.NotTheAPI as missing:
+            raise AgentCallFailed(
+                "agent_bad_answer",
+                f"{who} answered {what} without the agent API's {missing} (HTTP {status}): is that URL "
+                "really a node agent of this version (docs/agent-api.md)?",
+                status=status,
+            ) from None
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        json: Any,
+        params: dict[str, str] | None,
+        timeout: float | None,
+        secrets: tuple[str, ...],
+    ) -> httpx.Response:
+        """The agent's response, from the address its URL was checked to resolve to."""
         timeout = self.timeout if timeout is None else timeout
         who = f"The agent of node {self.node} ({self.url})"
+        if not (self.token.isascii() and self.token.isprintable()) or " " in self.token:
+            # A row written before tokens were checked (catalog.models.fleet.agent_token_validator):
+            # it cannot go in a header, and is not sent.
+            raise AgentCallFailed(
+                "agent_token",
+                f"{who} was not called while {what}: the node's agent token in the catalog is not "
+                "printable ASCII without spaces; set the node's token again (the admin, PATCH "
+                f"/api/nodes/{self.node}/ with agent_token) to the one its agent expects.",
+            )
+        try:
+            # Resolved and checked once: the connection goes to this address, not to a second lookup's.
+            target = checked_address(self.url)
+        except DomainError as exc:
+            raise AgentCallFailed(
+                "agent_address", f"{who} was not called while {what}: {exc.message}"
+            ) from None
         try:
             # trust_env=False: an agent is reached directly, never through a proxy from the environment.
             # https agents are checked against LLMGW_AGENT_CA_BUNDLE when it is set.
+            context = tls_context()
             with httpx.Client(
                 timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
                 trust_env=False,
-                verify=_verify(),
+                verify=context,
+                transport=PinnedTransport(target, ssl_context=context),
             ) as http:
-                response = http.request(
+                return http.request(
                     method,
                     self.url + path,
                     json=json,
@@ -178,88 +264,60 @@ class AgentClient:
                 "agent_down",
                 f"{who} refused the connection while {what}: is the agent running?"
                 if refused
-                else f"{who} could not be reached while {what}: {exc}.",
+                else f"{who} could not be reached while {what}: {_said(exc, secrets)}.",
             ) from None
         except httpx.TransportError as exc:
             raise AgentCallFailed(
-                "agent_down", f"{who} broke off the connection while {what}: {exc}."
+                "agent_down", f"{who} broke off the connection while {what}: {_said(exc, secrets)}."
             ) from None
 
-        body: Any
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        detail, code = "", ""
-        if isinstance(body, dict):
-            detail, code = str(body.get("detail", "")), str(body.get("code", ""))
-        if response.status_code == 401:
-            raise AgentCallFailed(
-                "agent_token",
-                f"{who} refused the token while {what}: the node's agent token in the "
-                "catalog is not the one the agent expects.",
-                status=401,
-                agent_code=code,
-            )
-        if response.status_code == 404 and code == "not_found":
-            raise AgentCallFailed(
-                "not_found", f"{who} does not know it ({what}): {detail}", status=404, agent_code=code
-            )
-        if response.status_code >= 500:
-            said = detail or response.text.strip()[:200] or "no explanation"
-            raise AgentCallFailed(
-                "agent_failed",
-                f"{who} failed while {what} (HTTP {response.status_code}): {said}",
-                status=response.status_code,
-                agent_code=code,
-            )
-        if response.status_code >= 400:
-            said = detail or response.text.strip()[:200] or "no explanation"
-            raise AgentCallFailed(
-                "agent_refused",
-                f"{who} refused {what} (HTTP {response.status_code}{', ' + code if code else ''}): {said}",
-                status=response.status_code,
-                agent_code=code,
-            )
-        if body is None:
-            raise AgentCallFailed(
-                "agent_bad_answer",
-                f"{who} answered {what} with something that is not JSON "
-                f"(HTTP {response.status_code}): is that URL really a node agent?",
-                status=response.status_code,
-            )
-        return body
+
+def _said(exc: Exception, secrets: Iterable[str]) -> str:
+    """A transport error's own text (the network's words, not the agent's), cleaned and redacted."""
+    return answers.text(str(exc), 200, secrets=secrets) or type(exc).__name__
 
 
-def _verify() -> ssl.SSLContext:
-    """The TLS context agent calls use: made once per CA bundle (as the file is), not per call.
-    httpx builds a context for every client it is handed ``True``, reading the whole CA store
-    each time: some 18 ms of CPU per agent call, a tenth of a restart step's own work."""
-    bundle = settings.LLMGW_AGENT_CA_BUNDLE
-    if not bundle:
-        return _context("", 0, 0)
-    try:
-        stat = os.stat(bundle)
-    except OSError:
-        return ssl.create_default_context(cafile=bundle)  # says what is wrong with it
-    return _context(bundle, stat.st_mtime_ns, stat.st_size)
+def _refusal(who: str, what: str, status: int, body: Any, secrets: tuple[str, ...]) -> AgentCallFailed:
+    """An answer of ``status`` 400 or more, in the project's words: the agent's sentence only when
+    the body has the API's error shape with one of its codes, cleaned and redacted."""
+    code, detail = answers.error(body, secrets=secrets)
+    if status == 401:
+        return AgentCallFailed(
+            "agent_token",
+            f"{who} refused the token while {what}: the node's agent token in the "
+            "catalog is not the one the agent expects.",
+            status=401,
+            agent_code=code,
+        )
+    if status == 404 and code == "not_found":
+        return AgentCallFailed(
+            "not_found", f"{who} does not know it ({what}): {detail}", status=404, agent_code=code
+        )
+    said = detail or "no explanation in the agent API's error shape"
+    if status >= 500:
+        return AgentCallFailed(
+            "agent_failed",
+            f"{who} failed while {what} (HTTP {status}): {said}",
+            status=status,
+            agent_code=code,
+        )
+    return AgentCallFailed(
+        "agent_refused",
+        f"{who} refused {what} (HTTP {status}{', ' + code if code else ''}): {said}",
+        status=status,
+        agent_code=code,
+    )
 
 
-@functools.lru_cache(maxsize=8)
-def _context(bundle: str, mtime_ns: int, size: int) -> ssl.SSLContext:
-    # An SSLContext may be shared by threads; the bundle's time and size key it, so a new one is read.
-    # Without a bundle, httpx's own default (certifi's store), as ``verify=True`` gave.
-    return ssl.create_default_context(cafile=bundle) if bundle else httpx.create_ssl_context(trust_env=False)
-
-
-def describe_failure(state: dict[str, Any], *, lines: int = 8) -> str:
-    """A failed replica in a sentence: the agent's reason, exit code, last log lines."""
+def describe_failure(state: dict[str, Any], *, lines: int = 8, secrets: Iterable[str] = ()) -> str:
+    """A failed replica in a sentence: the agent's reason, exit code, last log lines (its texts
+    cleaned by ``answers``; ``secrets`` redacted again)."""
     parts = [str(state.get("reason") or "failed")]
     code = state.get("exit_code")
     if code is not None and "exit code" not in parts[0] and "killed by" not in parts[0]:
         parts.append(f"exit code {code}")
-    tail = [line for line in state.get("log_tail") or [] if line.strip()][-lines:]
+    tail = [str(line) for line in state.get("log_tail") or [] if str(line).strip()][-lines:]
     text = "; ".join(parts)
     if tail:
         text += ". Last lines of its log:\n" + "\n".join(tail)
-    return text
+    return redact(text, secrets)

@@ -1,4 +1,4 @@
-"""The chain's key, its check, and its checkpoints: the tamper evidence of docs/design.md, "The audit log".
+"""The chain's key and its checkpoints: the tamper evidence of docs/design.md, "The audit log".
 
 Each entry's hash is an HMAC-SHA256 with a key the database never holds
 (``LLMGW_AUDIT_KEY``), over its content and the hash of the entry before it:
@@ -7,8 +7,9 @@ the chain check. What the chain alone cannot show is its end: removing the
 newest entries leaves a shorter chain that checks. A *checkpoint* anchors the
 end outside the database: the count, the last id and its hash, signed with
 the same key, appended to a file (or printed for the operator's log
-shipping) by ``audit_checkpoint``, which the worker runs on a schedule.
-``verify_chain`` checks the chain against the latest checkpoint.
+shipping) by ``audit_checkpoint``, which the worker runs on a schedule;
+``migrate`` writes the first (``write_first_checkpoint``). The walks that
+check the log against them are ``audit/verify.py``'s.
 """
 
 from __future__ import annotations
@@ -21,23 +22,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from audit.models import AuditEntry
 from base.db import hold_lock
+from base.secrets import audit_key
+
+__all__ = [
+    "CHAIN_LOCK_KEY",
+    "GENESIS_HASH",
+    "Checkpoint",
+    "CheckpointRefused",
+    "audit_key",
+    "checkpoint_append",
+    "checkpoint_now",
+    "latest_checkpoint",
+    "write_first_checkpoint",
+]
 
 GENESIS_HASH = "0" * 64
 # One lock for the chain: each entry must see the hash of the one committed before it.
 CHAIN_LOCK_KEY = 0x6C6C6D67  # "llmg"
-
-
-def audit_key() -> bytes:
-    """The chain's key: LLMGW_AUDIT_KEY, or one derived from DJANGO_SECRET_KEY when it is unset."""
-    if settings.LLMGW_AUDIT_KEY:
-        return settings.LLMGW_AUDIT_KEY.encode()
-    return hmac.new(settings.SECRET_KEY.encode(), b"llmgw-audit-key", hashlib.sha256).digest()
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
@@ -53,8 +59,8 @@ def _signature(body: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """The chain's end as it was: ``count`` entries up to ``last_id`` (0: none), ``plain`` of them from
-    before keyed hashes."""
+    """The chain's end as it was: ``count`` entries up to ``last_id`` (0: none), the first ``plain`` of
+    them from before keyed hashes (the only entries a plain SHA-256 hash is accepted on)."""
 
     at: str
     count: int
@@ -119,11 +125,15 @@ def checkpoint_append(path: str | Path, checkpoint: Checkpoint) -> None:
 
 def latest_checkpoint(path: str | Path) -> Checkpoint | None:
     """The last checkpoint of ``path`` (None: no file, or no line yet). Every line's signature is
-    checked: one that does not match (forged, edited, or signed with another key) refuses the file."""
+    checked: one that does not match (forged, edited, or signed with another key) refuses the file.
+    So does a line counting another number of entries from before keyed hashes than the first line
+    did: the application never writes one, so more of them means entries rewritten without the key
+    between the two checkpoints (and a checkpoint written after the rewrite does not bless it)."""
     target = Path(path)
     if not target.exists():
         return None
-    latest = None
+    latest: Checkpoint | None = None
+    first: tuple[int, Checkpoint] | None = None
     for number, text in enumerate(target.read_text(encoding="utf-8").splitlines(), start=1):
         if not text.strip():
             continue
@@ -143,86 +153,32 @@ def latest_checkpoint(path: str | Path) -> Checkpoint | None:
                 f"{target} line {number}: its signature does not match: the line was edited or forged, or "
                 "signed with another LLMGW_AUDIT_KEY."
             )
+        if first is None:
+            first = (number, checkpoint)
+        elif checkpoint.plain != first[1].plain:
+            raise CheckpointRefused(
+                f"{target} line {number}, the checkpoint of {checkpoint.at}, counts {checkpoint.plain} entries "
+                f"with a plain hash (from before keyed hashes) where line {first[0]}, of {first[1].at}, counted "
+                f"{first[1].plain}: the log's first entries were rewritten without the key between the two."
+            )
         latest = checkpoint
     return latest
 
 
-@dataclass(frozen=True)
-class Problem:
-    entry: int
-    sentence: str
-
-    def __str__(self) -> str:
-        return f"entry #{self.entry}: {self.sentence}"
-
-
-def chain_problems(checkpoint: Checkpoint | None = None) -> list[Problem]:
-    """Every entry that does not match, first the lowest id; empty when the chain is intact and,
-    given a checkpoint, ends at least where it did then. Reads the log once, in constant memory."""
-    key = audit_key()
-    problems: list[Problem] = []
-    prev, prev_id = GENESIS_HASH, 0
-    plain = 0
-    keyed_seen = False
-    reached = checkpoint is None or checkpoint.last_id == 0
-    for count, entry in enumerate(AuditEntry.objects.order_by("id").iterator(chunk_size=2000), start=1):
-        if entry.prev_hash != prev:
-            problems.append(
-                Problem(
-                    entry.pk,
-                    f"it does not follow #{prev_id or 'the start'}: an entry before it was removed, "
-                    "inserted or moved, or this one was",
-                )
-            )
-        if hmac.compare_digest(entry.compute_hash(key), entry.hash):
-            keyed_seen = True
-        elif entry.compute_hash() == entry.hash:
-            # Plain SHA-256: written before keyed hashes, or by someone without the key.
-            plain += 1
-            if keyed_seen:
-                problems.append(
-                    Problem(entry.pk, "a plain hash after keyed ones: written or rewritten without the key")
-                )
-            elif checkpoint is not None and plain > checkpoint.plain:
-                problems.append(
-                    Problem(
-                        entry.pk,
-                        f"a plain hash, where the checkpoint of {checkpoint.at} recorded {checkpoint.plain} "
-                        "plain-hash entries in all: rewritten without the key",
-                    )
-                )
-        else:
-            problems.append(
-                Problem(entry.pk, "its content does not match its keyed hash: altered, or not written by us")
-            )
-        if checkpoint is not None and entry.pk == checkpoint.last_id:
-            reached = True
-            if entry.hash != checkpoint.last_hash:
-                problems.append(
-                    Problem(entry.pk, f"its hash is not the one the checkpoint of {checkpoint.at} recorded")
-                )
-            if count != checkpoint.count:
-                problems.append(
-                    Problem(
-                        entry.pk,
-                        f"the checkpoint of {checkpoint.at} counted {checkpoint.count} entries up to it, "
-                        f"the log has {count}: entries before it were removed or inserted",
-                    )
-                )
-        if checkpoint is not None and not reached and entry.pk > checkpoint.last_id:
-            reached = True
-            problems.append(_tail_removed(checkpoint, prev_id))
-        prev, prev_id = entry.hash, entry.pk
-    if not reached and checkpoint is not None:
-        problems.append(_tail_removed(checkpoint, prev_id))
-    return sorted(problems, key=lambda p: p.entry)
+def has_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` holds a line (trusted or not: ``latest_checkpoint`` judges it)."""
+    target = Path(path)
+    if not target.exists():
+        return False
+    with target.open(encoding="utf-8") as lines:
+        return any(line.strip() for line in lines)
 
 
-def _tail_removed(checkpoint: Checkpoint, last_present: int) -> Problem:
-    first_missing = last_present + 1
-    return Problem(
-        first_missing,
-        f"missing: the checkpoint of {checkpoint.at} recorded {checkpoint.count} entries up to "
-        f"#{checkpoint.last_id}, and the log has none after #{last_present or 'the start'} up to it: "
-        "its tail was removed",
-    )
+def write_first_checkpoint(path: str | Path) -> Checkpoint | None:
+    """Append a checkpoint of the log as it is to ``path`` when it holds none yet, and answer it; None
+    (nothing written) when it holds one. Run at migrate time, so a log is anchored from its start."""
+    if has_checkpoint(path):
+        return None
+    checkpoint = checkpoint_now()
+    checkpoint_append(path, checkpoint)
+    return checkpoint

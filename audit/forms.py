@@ -21,13 +21,13 @@ class AuditFilterForm(forms.Form):
     since = forms.DateField(required=False, label="From", widget=forms.DateInput(attrs={"type": "date"}))
     until = forms.DateField(required=False, label="To", widget=forms.DateInput(attrs={"type": "date"}))
     request_id = forms.CharField(required=False, max_length=64, label="Request id")
-    operation = forms.IntegerField(required=False, min_value=1, label="Operation")
+    operation = forms.IntegerField(required=False, min_value=1, max_value=2**63 - 1, label="Operation")
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         since, until = data.get("since"), data.get("until")
         if since and until and since > until:
-            raise forms.ValidationError("“From” is after “To”: swap the dates.")
+            raise forms.ValidationError("“From” is after “To”: swap the dates.", code="dates_swapped")
         return data
 
     def errors_sentence(self) -> str:

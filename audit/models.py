@@ -123,7 +123,7 @@ class AuditEntry(models.Model):
 class RowChange(models.Model):
     """A row of a catalog table inserted, updated or deleted, as the database's own trigger saw it
     (PostgreSQL only: audit/migrations/0005). Append-only like the log. A change whose transaction
-    wrote no audit entry was made outside the application."""
+    wrote no audit entry was made outside the application (``OutsideChange``)."""
 
     at = models.DateTimeField()
     txid = models.BigIntegerField()
@@ -148,3 +148,30 @@ class RowChange(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise AuditLogIsAppendOnly("row changes are never deleted")
+
+
+class OutsideChange(models.Model):
+    """A row change whose transaction, as it committed, had written no audit entry: made outside the
+    application. Written by the database alone (PostgreSQL: a trigger deferred to the commit on each row
+    change, audit/migrations/0007), so that reading them is a scan of these few rows, never an anti-join of
+    every row change against the whole log. Append-only like the log."""
+
+    change = models.OneToOneField(
+        RowChange, primary_key=True, on_delete=models.DO_NOTHING, related_name="outside"
+    )
+
+    objects = AuditQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-change"]
+
+    def __str__(self) -> str:
+        return f"row change #{self.pk}, made outside the application"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        raise AuditLogIsAppendOnly(
+            "changes outside the application are recorded by the database's triggers only"
+        )
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AuditLogIsAppendOnly("changes outside the application are never deleted")

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from django.db import connection
 
-from audit.models import AuditEntry, RowChange
+from audit.models import AuditEntry, OutsideChange, RowChange
 from versions.models import Version
 
 
-def append_only_tables() -> tuple[str, str]:
-    """The tables the application may only read and append to: the audit log, and the catalog's row
-    history. Their models' tables, read when asked (never written out: they were renamed once)."""
-    return AuditEntry._meta.db_table, RowChange._meta.db_table
+def append_only_tables() -> tuple[str, str, str]:
+    """The tables the application may only read and append to: the audit log, the catalog's row
+    history and which of its changes were made outside the application (the last two written by the
+    database's triggers alone). Their models' tables, read when asked (never written out: they were
+    renamed once)."""
+    return AuditEntry._meta.db_table, RowChange._meta.db_table, OutsideChange._meta.db_table
 
 
 def version_tables() -> tuple[str, str]:
@@ -30,7 +32,7 @@ def grant_app_role(role: str) -> None:
     """Grant ``role`` the application's privileges on the current schema; refuses a role that owns the
     audit table, or is a superuser, since for it append-only would not hold."""
     q = connection.ops.quote_name
-    log, row_changes = append_only_tables()
+    log, row_changes, outside = append_only_tables()
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT r.rolsuper, pg_has_role(r.rolname, t.tableowner, 'MEMBER'), current_schema() "
@@ -58,10 +60,18 @@ def grant_app_role(role: str) -> None:
             f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {r}",
             f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {r}",
         ]
-        for table in (log, row_changes):
-            statements.append(f"REVOKE UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER ON {q(table)} FROM {r}")
-        # Only the database's triggers write the row changes (their function runs as the owner).
-        statements.append(f"REVOKE INSERT ON {q(row_changes)} FROM {r}")
+        # A table a later migration makes is not there on a database migrated to before it.
+        present = set(connection.introspection.table_names(cursor))
+        for table in (log, row_changes, outside):
+            if table in present:
+                statements.append(
+                    f"REVOKE UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER ON {q(table)} FROM {r}"
+                )
+        # Only the database's triggers write the row changes and which were made outside (their functions
+        # run as the owner).
+        for table in (row_changes, outside):
+            if table in present:
+                statements.append(f"REVOKE INSERT ON {q(table)} FROM {r}")
         # Nor the fleet's versions (versions/triggers.py): a counter set back would give old answers.
         for table in version_tables():
             statements.append(f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {q(table)} FROM {r}")

@@ -16,7 +16,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from audit.models import AuditEntry, RowChange
+from audit.models import AuditEntry, OutsideChange, RowChange
 
 FILTERS = ("who", "object_type", "object", "action", "via", "since", "until", "request_id", "operation")
 
@@ -83,20 +83,21 @@ def keyset_page(
     qs: QuerySet[Any], *, before: int | None = None, after: int | None = None, size: int = 50
 ) -> KeysetPage:
     """The page of ``size`` entries older than ``before``, or newer than ``after`` (``after=0``: the
-    oldest page), or the newest page. Each is one range scan on the id, whatever the page's depth."""
+    oldest page), or the newest page. Each is one range scan on the primary key, whatever the page's
+    depth."""
     base = qs.order_by()
     if after is not None:
-        entries = list(base.filter(id__gt=after).order_by("id")[:size])
+        entries = list(base.filter(pk__gt=after).order_by("pk")[:size])
         entries.reverse()
     elif before is not None:
-        entries = list(base.filter(id__lt=before).order_by("-id")[:size])
+        entries = list(base.filter(pk__lt=before).order_by("-pk")[:size])
     else:
-        entries = list(base.order_by("-id")[:size])
+        entries = list(base.order_by("-pk")[:size])
     if not entries:
         return KeysetPage([], None, None)
     newest, oldest = entries[0].pk, entries[-1].pk
-    has_newer = base.filter(id__gt=newest).exists()
-    has_older = base.filter(id__lt=oldest).exists()
+    has_newer = base.filter(pk__gt=newest).exists()
+    has_older = base.filter(pk__lt=oldest).exists()
     return KeysetPage(entries, newest if has_newer else None, oldest if has_older else None)
 
 
@@ -122,7 +123,21 @@ def node_history_q(name: str) -> Q:
 
 
 def changed_outside() -> QuerySet[RowChange]:
-    """Catalog row changes whose transaction wrote no audit entry: made outside the application
-    (PostgreSQL's triggers record them; elsewhere nothing is recorded and this is empty), newest first."""
-    audited = AuditEntry.objects.filter(txid__isnull=False).values("txid")
-    return RowChange.objects.exclude(txid__in=audited).order_by("-id")
+    """Catalog row changes whose transaction wrote no audit entry: made outside the application, newest
+    first. PostgreSQL's triggers record them as each transaction commits (``OutsideChange``,
+    audit/migrations/0007); elsewhere nothing is recorded and this is empty. To list a page of them, or
+    count them, ``outside_page`` and ``outside_count`` read only the recorded ids."""
+    return RowChange.objects.filter(pk__in=OutsideChange.objects.values("change_id")).order_by("-id")
+
+
+def outside_count() -> int:
+    return OutsideChange.objects.count()
+
+
+def outside_page(*, before: int | None = None, after: int | None = None, size: int = 50) -> KeysetPage:
+    """A keyset page of ``changed_outside()``, newest first: the page's ids are a range scan of the
+    recorded ids alone, then those row changes are read by their ids. (Joined in one query, the planner
+    walks the million row changes from the newest down to the first recorded one.)"""
+    ids = keyset_page(OutsideChange.objects.all(), before=before, after=after, size=size)
+    changes = RowChange.objects.in_bulk([o.pk for o in ids.entries])
+    return KeysetPage([changes[o.pk] for o in ids.entries], ids.newer, ids.older)

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 from django.db import connection, models
 from django.utils import timezone
 
-from audit.chain import CHAIN_LOCK_KEY, GENESIS_HASH, Checkpoint, audit_key, chain_problems
+from audit.chain import CHAIN_LOCK_KEY, GENESIS_HASH, Checkpoint, audit_key
 from audit.models import AuditEntry
+from audit.verify import chain_problems
 from base.actor import Actor, current_actor
 from base.db import hold_lock
-from base.secrets import fingerprinted_env
+from base.secrets import fingerprint, fingerprinted_env
 
 __all__ = ["GENESIS_HASH", "audit_record", "changed_fields", "snapshot", "verify_chain"]
 
@@ -32,9 +32,9 @@ def snapshot(instance: models.Model) -> dict[str, Any]:
         if field.primary_key:
             continue
         if field.name in SECRET_FIELDS:
-            # A fingerprint, so a rotation shows as a change without the secret in the log.
-            secret = getattr(instance, field.attname)
-            out[field.name] = f"sha256:{hashlib.sha256(secret.encode()).hexdigest()[:8]}" if secret else ""
+            # A keyed fingerprint, so a rotation shows as a change without the secret in the log, and a
+            # reader of the log cannot confirm a guess offline.
+            out[field.name] = fingerprint(getattr(instance, field.attname) or "")
         elif field.is_relation:
             related = getattr(instance, field.name)
             out[field.name] = None if related is None else str(related)

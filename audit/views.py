@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET
 from audit.export import KINDS, export_response
 from audit.forms import AuditFilterForm
 from audit.models import AuditEntry
-from audit.selectors import changed_outside, entries_matching, entries_of_request, keyset_page
+from audit.selectors import entries_matching, entries_of_request, keyset_page, outside_page
 from audit.summary import diff_rows, summarize
 from base.rules import requires
 from versions.cache import remembered
@@ -98,11 +98,8 @@ def entry_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 def outside_list(request: HttpRequest) -> HttpResponse:
     """Catalog rows changed with no audit entry in their transaction: by SQL, behind the application."""
-    page = keyset_page(
-        changed_outside(),
-        before=_int(request.GET.get("before")),
-        after=_int(request.GET.get("after")),
-        size=PAGE_SIZE,
+    page = outside_page(
+        before=_int(request.GET.get("before")), after=_int(request.GET.get("after")), size=PAGE_SIZE
     )
     rows = [(change, diff_rows(change.before, change.after)) for change in page.entries]
     return render(

@@ -29,6 +29,8 @@ def scratch_database(url: str) -> dict[str, str]:
         "DJANGO_SECRET_KEY": SECRET,
         "DJANGO_SETTINGS_MODULE": "llmgw_web.settings",
         "LLMGW_REPLICA_PORT_BASE": str(PORT_BASE),
+        # The benchmark's agents listen on 127.0.0.1: loopback named beside the private ranges.
+        "LLMGW_AGENT_NETWORKS": "private,127.0.0.0/8",
     }
     os.environ.update(env)
     sys.path.insert(0, str(ROOT))
@@ -76,8 +78,8 @@ def made_stale(profile: Any, run: int) -> Any:
 def local_fleet(
     tmp: Path, *, nodes: int, cards: int, models: dict[str, int], load_seconds: float, actor: Any
 ) -> Iterator[LocalFleet]:
-    """``nodes`` agents of ``cards`` cards; each model of ``models`` with a one-card vLLM profile
-    (the stand-in, loading in ``load_seconds``) and that many ready replicas, spread over the
+    """``nodes`` agents of ``cards`` cards; each model of ``models`` with a one-card profile of the
+    stand-in engine (planned as vLLM, loading in ``load_seconds``) and that many ready replicas, spread over the
     nodes on their first cards, so that as many cards stay free for the replacements."""
     from agent_testing import free_port, running_agent, standin_command
 
@@ -98,7 +100,7 @@ def local_fleet(
                     node=name,
                     port=free_port(),
                     cards=spec_cards,
-                    engines={"vllm": standin_command()},
+                    engines={"standin": standin_command()},
                     stop_grace_seconds=2,
                     ready_poll_seconds=0.1,
                 )
@@ -117,7 +119,7 @@ def local_fleet(
                     instance=Profile(
                         model=b.llama_8b(model_name),
                         name="h100",
-                        engine="vllm",
+                        engine="standin",
                         gpu_class=cls,
                         gpus_per_node=1,
                         tp=1,

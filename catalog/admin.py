@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ from django.urls import path, reverse
 
 from audit.services import snapshot
 from base.errors import DomainError
-from base.secrets import masked_env, unmasked_env
+from base.secrets import masked_env, placeholder, unmasked_env
 from catalog.models import (
     Card,
     GPUClass,
@@ -97,6 +98,42 @@ class ServiceAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(request.get_full_path())
 
 
+class WriteOnlySecrets:
+    """Secrets are write-only in the admin: where a form shows its fields read-only (a lead, who may
+    only view; a declared model's profiles, for everyone), each secret field is shown by a display
+    that gives its placeholder (``base/secrets.py``), never the value. The edit forms mask them
+    themselves (a token's field is never rendered back, an environment's secret values are
+    placeholders that keep the stored value when sent back)."""
+
+    # A secret field -> the display (a method of the admin) shown in its place when read-only.
+    secrets_shown_as: dict[str, str] = {}
+
+    def _shows_read_only(self, request: HttpRequest, obj: Any) -> bool:
+        # An inline is asked about its parent: a declared model's, or a lead's view of any.
+        return obj is not None and not self.has_change_permission(request, obj)  # type: ignore[attr-defined]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)  # type: ignore[misc]
+        if not self._shows_read_only(request, obj):
+            return fields
+        shown = [self.secrets_shown_as.get(name, name) for name in fields]
+        return list(dict.fromkeys(shown))  # a display the read-only fields already named, once
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_readonly_fields(request, obj))  # type: ignore[misc]
+        if self._shows_read_only(request, obj):
+            fields += [name for name in self.secrets_shown_as.values() if name not in fields]
+        return fields
+
+    @admin.display(description="agent token")
+    def agent_token_shown(self, node: Node) -> str:
+        return placeholder(node.agent_token)
+
+    @admin.display(description="env")
+    def env_shown(self, profile: Profile) -> str:
+        return json.dumps(masked_env(profile.engine, profile.env or {}), ensure_ascii=False)
+
+
 @admin.register(GPUClass)
 class GPUClassAdmin(ServiceAdmin):
     list_display = ["name", "memory_mib", "usable_mib", "compute_capability", "card_count"]
@@ -157,7 +194,8 @@ class NodeAdminForm(CheckedForm):
 
     class Meta:
         model = Node
-        fields = ["name", "agent_url", "agent_token", "state"]
+        # The state is cordon's, uncordon's and drain's: shown read-only (NodeAdmin.readonly_fields).
+        fields = ["name", "agent_url", "agent_token"]
 
     def clean(self) -> dict[str, Any]:
         super().clean()
@@ -240,12 +278,14 @@ class ServedModelAdminForm(CheckedForm):
 
 
 @admin.register(Node)
-class NodeAdmin(ServiceAdmin):
+class NodeAdmin(WriteOnlySecrets, ServiceAdmin):
     form = NodeAdminForm
+    secrets_shown_as = {"agent_token": "agent_token_shown"}
     inlines = [CardInline]
     list_display = ["name", "state", "reachable", "last_seen_at", "agent_url", "cards_total", "free_cards"]
-    # What the reconciler learnt from the agent (operations/services/reconcile.py): shown, never edited.
-    readonly_fields = ["reachable", "last_seen_at", "unreachable_reason", "orphans"]
+    # The state (changed by cordon, uncordon and drain) and what the reconciler learnt from the agent
+    # (operations/services/reconcile.py): shown, never edited.
+    readonly_fields = ["state", "reachable", "last_seen_at", "unreachable_reason", "orphans"]
 
     @admin.display(description="last seen")
     def last_seen_at(self, node: Node) -> Any:
@@ -272,9 +312,10 @@ class NodeAdmin(ServiceAdmin):
         return ", ".join(f"{name}: {f}/{t} free" for name, (f, t) in sorted(free.items())) or "no cards"
 
 
-class ProfileInline(admin.StackedInline):
+class ProfileInline(WriteOnlySecrets, admin.StackedInline):
     model = Profile
     form = ProfileAdminForm
+    secrets_shown_as = {"env": "env_shown"}
     extra = 0
     fields = ["name", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env", "revision"]
     readonly_fields = ["revision"]
@@ -423,8 +464,9 @@ class ServedModelAdmin(ServiceAdmin):
 
 
 @admin.register(Profile)
-class ProfileAdmin(ServiceAdmin):
+class ProfileAdmin(WriteOnlySecrets, ServiceAdmin):
     form = ProfileAdminForm
+    secrets_shown_as = {"env": "env_shown"}
     list_display = ["__str__", "engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "revision"]
     list_filter = ["engine", "gpu_class"]
     search_fields = ["name", "model__name"]

@@ -6,15 +6,17 @@ DATABASE_URL. With DJANGO_DEBUG off, a SECRET_KEY must be given.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 import warnings
-from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from llmgw_policy import parse_roots
 
+from catalog.agent_address import parse_networks
 from llmgw_web.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -82,7 +84,32 @@ CACHES = {
         "TIMEOUT": 600,
         "OPTIONS": {"MAX_ENTRIES": 500},
     },
+    # "throttle": the API's rate counts (access/throttles.py), which every process must share or each
+    # would allow the whole rate. In the database (the table access/migrations/0003 makes), or in
+    # Redis when LLMGW_REDIS_URL names one. An entry lives a minute, the rates' period; past
+    # MAX_ENTRIES callers at once a third of the entries are dropped (each set counts the table).
+    "throttle": {
+        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+        "LOCATION": "access_throttle_cache",
+        "OPTIONS": {"MAX_ENTRIES": 20000, "CULL_FREQUENCY": 3},
+    },
 }
+LLMGW_REDIS_URL = env_str("LLMGW_REDIS_URL") or ""
+if LLMGW_REDIS_URL:
+    if not LLMGW_REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(
+            f"LLMGW_REDIS_URL={LLMGW_REDIS_URL!r} is not a Redis URL: give redis://host:6379/0 "
+            "(rediss:// for TLS, unix:// for a socket)."
+        )
+    if importlib.util.find_spec("redis") is None:
+        raise ImproperlyConfigured(
+            "LLMGW_REDIS_URL is set but the redis package is not installed: `uv add redis`, or unset "
+            "LLMGW_REDIS_URL to keep the API's rate counts in the database."
+        )
+    CACHES["throttle"] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": LLMGW_REDIS_URL,
+    }
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -102,20 +129,33 @@ MIDDLEWARE = [
     "csp.middleware.CSPMiddleware",
 ]
 
-# Failed sign-ins are counted per user name and address (django-axes): the twentieth failure within
-# AXES_COOLOFF_TIME locks that pair out until it has passed, whatever password comes next; a
-# success resets the count. access/lockout.py says when it ends.
+# Failed sign-ins are counted per user name and address (django-axes, the address from
+# access/client.py) and make further tries wait, doubling, never lock (access/signin.py says how): a
+# stranger's failures from elsewhere leave the user's own sign-in alone.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-AXES_FAILURE_LIMIT = env_int("LLMGW_SIGNIN_FAILURES", 20, minimum=1)
-AXES_COOLOFF_TIME = timedelta(minutes=env_int("LLMGW_SIGNIN_LOCKOUT_MINUTES", 15, minimum=1))
+if "LLMGW_SIGNIN_LOCKOUT_MINUTES" in os.environ:
+    raise ImproperlyConfigured(
+        "LLMGW_SIGNIN_LOCKOUT_MINUTES is gone: failed sign-ins no longer lock a user out but make the next "
+        "try wait, doubling; set LLMGW_SIGNIN_LONGEST_WAIT_MINUTES for the longest wait instead."
+    )
+LLMGW_SIGNIN_FAILURES = env_int("LLMGW_SIGNIN_FAILURES", 5, minimum=1)
+LLMGW_SIGNIN_ACCOUNT_FAILURES = env_int("LLMGW_SIGNIN_ACCOUNT_FAILURES", 50, minimum=1)
+LLMGW_SIGNIN_LONGEST_WAIT_MINUTES = env_int("LLMGW_SIGNIN_LONGEST_WAIT_MINUTES", 15, minimum=1)
+AXES_HANDLER = "access.signin.SigninHandler"
+AXES_CLIENT_IP_CALLABLE = "access.client.client_address"
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# No lock at a count: the handler refuses a try only while its wait runs.
+AXES_LOCK_OUT_AT_FAILURE = False
+AXES_FAILURE_LIMIT = LLMGW_SIGNIN_FAILURES  # what axes' admin shows as the limit
+# A try refused during a wait is not counted: the wait does not grow while the user waits.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+# How long a count is kept after its last failure (an hour, or twice the longest wait if longer).
+AXES_COOLOFF_TIME = "access.signin.forget_time"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "access.lockout.locked_out"
-# Behind a proxy that sets X-Forwarded-For (LLMGW_BEHIND_PROXY), the client's address is its first hop.
-AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
 
 ROOT_URLCONF = "llmgw_web.urls"
 WSGI_APPLICATION = "llmgw_web.wsgi.application"
@@ -155,7 +195,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    # 12: OWASP ASVS 4.0.3 V2.1.1 (docs/design.md, "Sign-in limits, and the OWASP ASVS").
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
@@ -200,7 +241,10 @@ if not DEBUG:
 LLMGW_BEHIND_PROXY = env_bool("LLMGW_BEHIND_PROXY", False)
 if LLMGW_BEHIND_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
+# How many proxies in front each append to X-Forwarded-For: the client's address, for the sign-in
+# waits and the API's anonymous rate, is that many entries from the right (access/client.py). Read
+# only with LLMGW_BEHIND_PROXY.
+LLMGW_TRUSTED_PROXIES = env_int("LLMGW_TRUSTED_PROXIES", 1, minimum=1)
 
 # Content Security Policy (django-csp): scripts only from this site's own files, so an injected
 # <script> or on*= attribute does not run; htmx and Swagger UI are served from here and start from
@@ -230,6 +274,13 @@ REST_FRAMEWORK = {
     # Every endpoint declares its required_permission; one without is refused (base/rules.py).
     "DEFAULT_PERMISSION_CLASSES": ["base.rules.RequiredPermission"],
     "DEFAULT_FILTER_BACKENDS": ["base.api.filters.StrictFilterBackend"],
+    # The API takes JSON alone (a form's fields are all strings, and the inputs want JSON numbers and
+    # lists; another type is a 415). JSON nested past a bound is a 400 in the error shape, not a
+    # RecursionError (base/api/parsers.py); a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a 413 in it
+    # (base/api/errors.py).
+    "DEFAULT_PARSER_CLASSES": ["base.api.parsers.JSONParser"],
+    # The tests' APIClient sends JSON, as the API takes.
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_PAGINATION_CLASS": "base.api.pagination.Pages",
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "llmgw_web.schema.AutoSchema",
@@ -259,6 +310,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "llmgw_web.schema.inputs_as_the_server_reads_them",
+    ],
     # Swagger UI served from our own static files: operators' networks often reach no CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
@@ -324,8 +379,17 @@ if LLMGW_OPERATION_STALE_SECONDS <= _LONGEST_AGENT_CALL:
 # Directories a model's source may be a path under (comma- or colon-separated); empty: Hugging
 # Face repo ids only. The agents' model_roots should say the same.
 # Hosts a node's agent URL may name: names, "*.suffix" or networks (10.0.0.0/8), comma-separated;
-# empty: any host but link-local, metadata and unspecified addresses (always refused).
+# empty: any host whose addresses LLMGW_AGENT_NETWORKS allows.
 LLMGW_AGENT_HOSTS = env_list("LLMGW_AGENT_HOSTS", [])
+# The networks an agent URL's host, once resolved, must be inside (catalog/agent_address.py): CIDRs,
+# comma-separated, or "private" (10/8, 172.16/12, 192.168/16, fc00::/7), the default. Loopback and
+# link-local only when named (the demo and the tests name 127.0.0.0/8); a cloud metadata address
+# only when named alone (a /32 or /128).
+LLMGW_AGENT_NETWORKS = env_list("LLMGW_AGENT_NETWORKS", ["private"])
+try:
+    parse_networks(LLMGW_AGENT_NETWORKS)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"LLMGW_AGENT_NETWORKS: {exc}.") from None
 # A CA bundle (PEM) to trust for https agent URLs; empty: the system's.
 LLMGW_AGENT_CA_BUNDLE = env_str("LLMGW_AGENT_CA_BUNDLE") or ""
 if LLMGW_AGENT_CA_BUNDLE and not Path(LLMGW_AGENT_CA_BUNDLE).is_file():

@@ -59,7 +59,8 @@ class Engine:
 # -- loading -----------------------------------------------------------------
 
 _REQUIRED = {"spread", "min_capability", "memory", "experts_on_card"}
-_OPTIONAL: set[str] = set()
+# memory_of: another engine whose memory model this one has (the stand-in plans as vLLM), in place of memory.
+_OPTIONAL: set[str] = {"memory_of"}
 
 
 def load_registry(path: Path | None = None, policy: Policy | None = None) -> dict[str, Engine]:
@@ -88,7 +89,15 @@ def load_registry(path: Path | None = None, policy: Policy | None = None) -> dic
 
     engines = {}
     for name, table in tables.items():
-        engines[name] = _engine(name, table, policy, fail=functools.partial(fail, f"engine {name!r}"))
+        where = functools.partial(fail, f"engine {name!r}")
+        if "memory_of" in table and "memory" not in table:
+            other = tables.get(table["memory_of"]) if isinstance(table["memory_of"], str) else None
+            if other is None or "memory" not in other:
+                raise where(
+                    "memory_of", f"must name another engine with its own memory, not {table['memory_of']!r}"
+                )
+            table = {**{k: v for k, v in table.items() if k != "memory_of"}, "memory": other["memory"]}
+        engines[name] = _engine(name, table, policy, fail=where)
     return engines
 
 

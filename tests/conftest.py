@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import itertools
+import os
+import socket
 from collections.abc import Iterator
 from importlib import import_module
 from typing import Any
@@ -57,6 +61,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "postgres" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _audit_checkpoints_of_the_sessions_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """LLMGW_AUDIT_CHECKPOINT_FILE under the session's temporary directory, never the worktree's var/ (whose
+    checkpoints are of another database): ``migrate`` writes the first checkpoint there as the test database
+    is made. Each test then has a file of its own (``_audit_checkpoint_of_the_tests_own``)."""
+    from django.conf import settings as django_settings
+
+    folder = tmp_path_factory.mktemp("audit-checkpoints")
+    before = django_settings.LLMGW_AUDIT_CHECKPOINT_FILE
+    django_settings.LLMGW_AUDIT_CHECKPOINT_FILE = str(folder / "session.jsonl")
+    yield folder
+    django_settings.LLMGW_AUDIT_CHECKPOINT_FILE = before
+
+
+_test_number = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def _audit_checkpoint_of_the_tests_own(_audit_checkpoints_of_the_sessions_own: Any) -> Iterator[None]:
+    """Each test starts with no checkpoint (a file not yet written, its own), in the settings and in the
+    environment of the processes it starts: one test's checkpoint never judges another's log."""
+    from django.conf import settings as django_settings
+
+    path = str(_audit_checkpoints_of_the_sessions_own / f"test-{next(_test_number)}.jsonl")
+    before = django_settings.LLMGW_AUDIT_CHECKPOINT_FILE, os.environ.get("LLMGW_AUDIT_CHECKPOINT_FILE")
+    django_settings.LLMGW_AUDIT_CHECKPOINT_FILE = os.environ["LLMGW_AUDIT_CHECKPOINT_FILE"] = path
+    yield
+    django_settings.LLMGW_AUDIT_CHECKPOINT_FILE = before[0]
+    if before[1] is None:
+        os.environ.pop("LLMGW_AUDIT_CHECKPOINT_FILE", None)
+    else:
+        os.environ["LLMGW_AUDIT_CHECKPOINT_FILE"] = before[1]
 
 
 @pytest.fixture(scope="session")
@@ -125,6 +163,29 @@ def _no_answers_kept_from_another_test() -> Iterator[None]:
 
     caches["answers"].clear()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_name_looked_up_off_this_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' traffic stays on this host, and a DNS query would leave it: an agent URL's host is
+    resolved on every save and call (catalog/agent_address.py), and the schema fuzzer writes any
+    name there. So only addresses and localhost are looked up; a test that needs a name to resolve
+    replaces ``socket.getaddrinfo`` itself (tests/catalog/test_agent_networks.py)."""
+    real = socket.getaddrinfo
+
+    def local_only(host: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else host
+        if name is None or str(name).lower() in ("localhost", "localhost.", "ip6-localhost"):
+            return real(host, *args, **kwargs)
+        try:
+            ipaddress.ip_address(str(name).split("%")[0])
+        except ValueError:
+            raise socket.gaierror(
+                socket.EAI_NONAME, f"{name}: the tests look up no name off this host"
+            ) from None
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", local_only)
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from llmgw_policy import redact, redact_lines
+
 from .memory_lines import memory_report
 from .process import ProcessHandle, redacted
 from .spec import Spec
@@ -69,7 +71,7 @@ class Replica:
             "ready_at": self.ready_at,
             "finished_at": self.finished_at,
             "exit_code": self.exit_code,
-            "log_tail": [self.redact(line) for line in self.log_tail()] if self.state == FAILED else [],
+            "log_tail": self.redact_lines(self.log_tail()) if self.state == FAILED else [],
             "reason": self.redact(self.reason),
             "args": redacted(list(self.spec.args)),
             "adopted": self.adopted,
@@ -82,10 +84,13 @@ class Replica:
         }
 
     def redact(self, text: str) -> str:
-        """``text`` without the values of the spec's secret variables (API keys)."""
-        for value in self.secrets:
-            text = text.replace(value, "***")
-        return text
+        """``text`` without the values of the spec's secret variables (API keys), nor their encoded
+        or split copies (``llmgw_policy.redact``)."""
+        return redact(text, self.secrets)
+
+    def redact_lines(self, lines: list[str]) -> list[str]:
+        """Log lines redacted together: a secret split across two of them is caught too."""
+        return redact_lines(lines, self.secrets)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> list[str]:
         """The last ``lines`` lines this run wrote to its log."""

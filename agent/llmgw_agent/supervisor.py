@@ -112,7 +112,7 @@ class Supervisor:
         if cached is not None and now - cached[0] < LOG_MIN_INTERVAL and cached[1] >= lines:
             tail = cached[2][-lines:]
         else:
-            tail = [record.redact(line) for line in record.log_tail(lines)]
+            tail = record.redact_lines(record.log_tail(lines))
             self._log_cache[replica_id] = (now, lines, tail)
         return {"id": replica_id, "state": state, "lines": tail}
 

@@ -25,18 +25,21 @@ The modules, each about one thing:
 - ``arguments`` and ``environment``: a profile's arguments and variables checked;
 - ``profile``: ``check_profile``, the entry point, with the size limits;
 - ``source``: a model's source (repo id or a path under the model roots);
-- ``spec``: the launcher's own arguments, ``launch_args`` and ``check_spec``.
+- ``spec``: the launcher's own arguments, ``launch_args`` and ``check_spec``;
+- ``redaction``: secret values (and their encoded and split copies) taken out of text.
 """
 
 from .loading import POLICY_PATH, default_policy, load_policy
 from .model import EnginePolicy, Limits, Policy, PolicyError, Refusal, ValueRule
 from .profile import check_profile
+from .redaction import REDACTED, redact, redact_lines, secret_forms
 from .source import parse_roots, source_refusal, split_source
 from .spec import check_spec, launch_args
 from .tokens import is_flag, parse_int
 
 __all__ = [
     "POLICY_PATH",
+    "REDACTED",
     "EnginePolicy",
     "Limits",
     "Policy",
@@ -51,6 +54,9 @@ __all__ = [
     "load_policy",
     "parse_int",
     "parse_roots",
+    "redact",
+    "redact_lines",
+    "secret_forms",
     "source_refusal",
     "split_source",
 ]

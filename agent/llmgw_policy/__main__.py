@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .kinds import plain_number
 from .loading import load_policy
 from .model import Policy, ValueRule
 
@@ -16,12 +17,18 @@ def _value(rule: ValueRule) -> str:
         return "one of " + ", ".join(f"`{c}`" for c in rule.choices)
     if rule.kind in ("int", "float"):
         bounds = [
-            f"≥ {rule.minimum:g}" if rule.minimum is not None else "",
-            f"≤ {rule.maximum:g}" if rule.maximum is not None else "",
+            f"≥ {plain_number(rule.minimum)}" if rule.minimum is not None else "",
+            f"≤ {plain_number(rule.maximum)}" if rule.maximum is not None else "",
         ]
         return (
             f"{'whole number' if rule.kind == 'int' else 'number'} {' '.join(b for b in bounds if b)}".strip()
         )
+    if rule.kind == "figures":
+        low, high = plain_number(rule.minimum or 0), plain_number(rule.maximum or 0)
+        names = ", ".join(
+            f"`{k}` ({'whole number' if v == 'int' else 'number'})" for k, v in rule.keys.items()
+        )
+        return f"name=number pairs, each number ≥ {low} ≤ {high}, each name once, only {names}"
     if rule.kind == "json":
         return "JSON object with only " + ", ".join(
             f"`{k}` ({v.replace('_', ' ')})" for k, v in rule.keys.items()
@@ -31,7 +38,6 @@ def _value(rule: ValueRule) -> str:
         "name": "a plain name",
         "bool": "1/0, true/false",
         "token": "a token",
-        "figures": "name=number pairs",
     }[rule.kind]
     return text + (" — **secret**: write-only, fingerprinted, redacted" if rule.secret else "")
 

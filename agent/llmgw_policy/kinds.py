@@ -12,12 +12,15 @@ from .tokens import WHOLE_NUMBER
 
 KINDS = ("switch", "int", "float", "choice", "name", "bool", "token", "figures", "json")
 JSON_KINDS = ("int", "float", "bool", "name", "int_list")
+FIGURE_KINDS = ("int", "float")
+FIGURE_NAME = re.compile(r"[a-z_]{1,32}")
+MAX_FIGURES = 32
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 _TOKEN = re.compile(r"[A-Za-z0-9_.~+/=:-]{1,512}")
-# name=number pairs, comma-separated: figures only, so nothing a path, host or code could hide in.
-_FIGURES = re.compile(r"[a-z_]{1,32}=\d{1,9}(\.\d{1,6})?(,[a-z_]{1,32}=\d{1,9}(\.\d{1,6})?){0,31}")
+# One name=number pair: figures only, so nothing a path, host or code could hide in.
+_FIGURE = re.compile(r"([a-z_]{1,32})=(\d{1,9}(?:\.\d{1,6})?)")
 _BOOLS = {"1", "0", "true", "false", "yes", "no", "on", "off"}
 
 
@@ -36,7 +39,7 @@ def value_problem(rule: ValueRule, value: str) -> str | None:
             None if _TOKEN.fullmatch(value) else "must be a token of letters, digits and _.~+/=:- (no spaces)"
         )
     if rule.kind == "figures":
-        return None if _FIGURES.fullmatch(value) else "must be name=number pairs separated by commas"
+        return _figures_problem(rule, value)
     if rule.kind == "json":
         return _json_problem(rule, value)
     return None
@@ -53,6 +56,39 @@ def _number_problem(rule: ValueRule, value: str) -> str | None:
         return f"must be at least {rule.minimum:g}"
     if rule.maximum is not None and number > rule.maximum:
         return f"must be at most {rule.maximum:g}"
+    return None
+
+
+def plain_number(number: float) -> str:
+    """A bound as an operator writes it: 16777216, 0.5 (not 1.67772e+07)."""
+    return str(int(number)) if float(number).is_integer() else repr(float(number))
+
+
+def _figures_problem(rule: ValueRule, value: str) -> str | None:
+    """name=number pairs, comma-separated: each name one of the rule's keys, once, each number of
+    its key's kind and within the rule's bounds."""
+    names = ", ".join(sorted(rule.keys))
+    pairs = value.split(",")
+    if not value or len(pairs) > MAX_FIGURES:
+        return f"must be 1 to {MAX_FIGURES} name=number pairs separated by commas, the names among {names}"
+    seen: set[str] = set()
+    for pair in pairs:
+        match = _FIGURE.fullmatch(pair.strip())
+        if match is None:
+            return f"must be name=number pairs separated by commas (names among {names}), not {pair.strip()[:40]!r}"
+        name, number = match[1], match[2]
+        if name not in rule.keys:
+            return f"names the figure {name!r}, which is not one of {names}"
+        if name in seen:
+            return f"names the figure {name!r} twice"
+        seen.add(name)
+        if rule.keys[name] == "int" and "." in number:
+            return f"has {name}={number}, which must be a whole number"
+        figure = float(number)
+        if rule.minimum is not None and figure < rule.minimum:
+            return f"has {name}={number}, below {plain_number(rule.minimum)}"
+        if rule.maximum is not None and figure > rule.maximum:
+            return f"has {name}={number}, above {plain_number(rule.maximum)}"
     return None
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .kinds import JSON_KINDS, KINDS
+from .kinds import FIGURE_KINDS, FIGURE_NAME, JSON_KINDS, KINDS
 from .model import PLACEHOLDERS, EnginePolicy, Limits, Policy, PolicyError, ValueRule
 from .tokens import ENV_NAME, is_flag
 
@@ -91,11 +91,21 @@ def _rule(entry: Any, where: str, sources: Mapping[str, str]) -> ValueRule:
             raise PolicyError(f"{where}, keys.{key}: must be one of {', '.join(JSON_KINDS)}")
     if kind == "json" and not keys:
         raise PolicyError(f"{where}: a json value needs the keys it may hold")
+    if kind == "figures":
+        if not keys:
+            raise PolicyError(f"{where}: a figures value needs the names it may hold, in keys")
+        for key, key_kind in keys.items():
+            if key_kind not in FIGURE_KINDS or not FIGURE_NAME.fullmatch(key):
+                raise PolicyError(
+                    f"{where}, keys.{key}: a figure's name is lower-case letters and '_', its kind int or float"
+                )
     bounds = []
     for key in ("min", "max"):
         value = entry.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise PolicyError(f"{where}, key {key!r}: must be a number")
+        if value is None and kind == "figures":
+            raise PolicyError(f"{where}: a figures value needs its bounds, min and max")
         bounds.append(value)
     secret = entry.get("secret", False)
     if not isinstance(secret, bool):

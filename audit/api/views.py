@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.db.models import QuerySet
 from django.http import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
@@ -36,36 +37,73 @@ class AuditEntrySerializer(serializers.ModelSerializer):
 
 
 class NewestFirst(CursorPagination):
-    """Cursor pages on the id: the thousandth page costs what the first does."""
+    """Cursor pages on the id: the thousandth page costs what the first does. ``page_size`` outside 1
+    to 1000 is refused with a sentence, not cut or ignored silently."""
 
     ordering = "-id"
     page_size = 100
     max_page_size = 1000
     page_size_query_param = "page_size"
 
+    def get_page_size(self, request: Any) -> int:
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw in (None, ""):
+            return self.page_size
+        if not raw.isdigit() or not 1 <= int(raw[:12]) <= self.max_page_size or len(raw) > 12:
+            raise ValidationError(
+                {
+                    "page_size": f"page_size must be a whole number from 1 to {self.max_page_size}, not {raw[:40]!r}."
+                }
+            )
+        return int(raw)
 
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters: list[dict[str, Any]] = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"] = {"type": "integer", "minimum": 1, "maximum": self.max_page_size}
+        return parameters
+
+
+_DESCRIPTIONS = {
+    "who": "The actor's name (a user, a command, a worker).",
+    "object_type": "model, profile, node, replica, restart, ...",
+    "object": "The object's name, exactly.",
+    "action": "create, update, delete, resize, ...",
+    "since": "From this day on (included).",
+    "until": "Up to this day (included).",
+    "operation": "A restart's id: its entries and its request's.",
+}
+
+
+def _filter_schema(field: forms.Field) -> dict[str, Any]:
+    """A filter's schema, with the bounds AuditFilterForm holds it to."""
+    if isinstance(field, forms.DateField):
+        return {"type": "string", "format": "date"}
+    if isinstance(field, forms.IntegerField):
+        return {"type": "integer", "minimum": field.min_value, "maximum": field.max_value}
+    if isinstance(field, forms.ChoiceField):
+        choices: list[tuple[Any, Any]] = list(field.choices)  # type: ignore[arg-type]
+        return {"type": "string", "enum": [value for value, _ in choices if value]}
+    assert isinstance(field, forms.CharField)
+    return {"type": "string", "maxLength": field.max_length}
+
+
+# The page's filters, as AuditFilterForm reads them (so the schema says what the form refuses).
 _FILTER_PARAMS = [
-    OpenApiParameter("who", OpenApiTypes.STR, description="The actor's name (a user, a command, a worker)."),
-    OpenApiParameter(
-        "object_type", OpenApiTypes.STR, description="model, profile, node, replica, restart, ..."
-    ),
-    OpenApiParameter("object", OpenApiTypes.STR, description="The object's name, exactly."),
-    OpenApiParameter("action", OpenApiTypes.STR, description="create, update, delete, resize, ..."),
-    OpenApiParameter("via", OpenApiTypes.STR, enum=["ui", "api", "admin", "cli", "worker"]),
-    OpenApiParameter("since", OpenApiTypes.DATE, description="From this day on (included)."),
-    OpenApiParameter("until", OpenApiTypes.DATE, description="Up to this day (included)."),
-    OpenApiParameter("request_id", OpenApiTypes.STR),
-    OpenApiParameter(
-        "operation", OpenApiTypes.INT, description="A restart's id: its entries and its request's."
-    ),
+    OpenApiParameter(name, _filter_schema(field), description=_DESCRIPTIONS.get(name, ""))
+    for name, field in AuditFilterForm.base_fields.items()
 ]
 
 
 def filtered(request: Request) -> QuerySet[AuditEntry]:
     form = AuditFilterForm(request.query_params)
     if not form.is_valid():
+        # "since" after "until" is a rule over two parameters, which the schema cannot say: its own code.
+        swapped = form.has_error("__all__", "dates_swapped")
+        sentence = f"The filters are wrong: {form.errors_sentence()}"
         raise ValidationError(
-            {"code": "invalid", "message": f"The filters are wrong: {form.errors_sentence()}"}
+            sentence, code="dates_swapped" if swapped and len(form.errors) == 1 else "invalid"
         )
     return entries_matching(form.cleaned_data)
 
@@ -86,7 +124,10 @@ class AuditEntryList(KeptList, generics.ListAPIView):
 
 
 @extend_schema(
-    parameters=_FILTER_PARAMS,
+    parameters=[
+        *_FILTER_PARAMS,
+        OpenApiParameter("kind", OpenApiTypes.STR, OpenApiParameter.PATH, enum=sorted(KINDS)),
+    ],
     summary="The filtered audit log as CSV or JSON Lines, streamed, oldest first",
     responses={(200, "text/csv"): OpenApiTypes.STR, (200, "application/x-ndjson"): OpenApiTypes.STR},
 )
@@ -95,7 +136,5 @@ class AuditExport(APIView):
 
     def get(self, request: Request, kind: str) -> HttpResponseBase:
         if kind not in KINDS:
-            raise ValidationError(
-                {"code": "invalid", "message": f"No export as {kind!r}: ask for csv or jsonl."}
-            )
+            raise ValidationError(f"No export as {kind!r}: ask for csv or jsonl.", code="invalid")
         return export_response(filtered(request), kind)

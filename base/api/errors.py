@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -56,9 +58,23 @@ def _not_found(exc: Exception, context: dict[str, Any]) -> str | None:
     return f"No {label} {value!r} {where}."
 
 
+def _too_large() -> Response:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    sentence = (
+        f"The request body is over the {limit / 1024 / 1024:g} MiB the API takes ({limit} bytes, "
+        "DATA_UPLOAD_MAX_MEMORY_SIZE): send less in one request."
+    )
+    return Response(
+        {"detail": sentence, "code": "too_large"}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    )
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
         return Response(exc.as_dict(), status=exc.status)
+    if isinstance(exc, RequestDataTooBig):
+        # Django's own answer would be an HTML 400: the body was not read, only its declared length.
+        return _too_large()
     if isinstance(exc, Http404) and (sentence := _not_found(exc, context)):
         return Response({"detail": sentence, "code": "not_found"}, status=status.HTTP_404_NOT_FOUND)
     response = drf_exception_handler(exc, context)

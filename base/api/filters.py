@@ -3,7 +3,8 @@
 django-filter ignores a parameter no filter declares, so ``/api/replicas/?model=x`` (the
 filter is ``profile__model__name``) would answer every replica as if it had been filtered.
 Known are the view's filters and the pager's own parameters; anything else is a 400 that
-names the known ones.
+names the known ones. A yes/no filter takes ``true`` or ``false`` (or nothing), as the schema says:
+django-filter would read ``null``, ``unknown`` or ``2`` as "no filter" and answer every row.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from django_filters import BooleanFilter
 from django_filters.rest_framework import DjangoFilterBackend
 
 from base.errors import DomainError
@@ -33,4 +35,17 @@ class StrictFilterBackend(DjangoFilterBackend):
                 f"{allowed}. Use one of those, or drop the parameter.",
                 status=400,
             )
+        for name, spec in filterset_class.base_filters.items() if filterset_class is not None else ():
+            if isinstance(spec, BooleanFilter):
+                bad = [
+                    value
+                    for value in request.query_params.getlist(name)
+                    if value not in ("true", "false", "")
+                ]
+                if bad:
+                    raise DomainError(
+                        "invalid",
+                        f"{name} is a yes/no filter: give {name}=true or {name}=false, not {bad[0][:40]!r}.",
+                        status=400,
+                    )
         return super().filter_queryset(request, queryset, view)

@@ -8,9 +8,20 @@ from rest_framework import serializers
 
 
 class StrictIntegerField(serializers.IntegerField):
-    """A JSON number that is a whole number: "4", 4.0 and true are refused, not coerced."""
+    """A JSON number that is a whole number: "4", 4.0 and true are refused, not coerced.
+
+    ``bounds``: the range an operation's own rule holds the number to, said in the schema (its
+    minimum and maximum) while the rule still answers a number outside it, with its own code and
+    sentence (``gpus_range``, ``context_range``...). ``min_value``/``max_value`` check it here instead.
+    """
 
     default_error_messages = {"invalid": "must be a whole number (a JSON number such as 4), not {kind}."}
+
+    def __init__(self, *, bounds: tuple[int, int] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if bounds is not None:
+            # Read by drf-spectacular for the schema; no validator is added for them.
+            self.min_value, self.max_value = bounds
 
     def to_internal_value(self, data: Any) -> int:
         if isinstance(data, bool) or not isinstance(data, int):

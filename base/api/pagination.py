@@ -35,3 +35,22 @@ class Pages(LimitOffsetPagination):
 
     def get_offset(self, request: Any) -> int:
         return self._number(request, self.offset_query_param, MAX_OFFSET) or 0
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        """The two parameters with the bounds the pager holds them to (an empty one is the default)."""
+        return [
+            {
+                "name": self.limit_query_param,
+                "required": False,
+                "in": "query",
+                "description": f"Rows on this page, at most {MAX_LIMIT} (0 or none: {self.default_limit}).",
+                "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
+            },
+            {
+                "name": self.offset_query_param,
+                "required": False,
+                "in": "query",
+                "description": "Rows to skip before this page.",
+                "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET},
+            },
+        ]

@@ -9,6 +9,8 @@ from rest_framework import serializers
 
 from base.secrets import masked_env, unmasked_env
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel
+from catalog.models.fleet import AGENT_TOKEN_MIN, agent_token_validator
+from catalog.services.catalog import node_state_refusal
 from planning.types import SHAPE_FIELDS
 
 
@@ -17,10 +19,36 @@ class ErrorSerializer(serializers.Serializer):
     code = serializers.CharField(help_text="A stable machine-readable code.")
 
 
+# The bounds the models' check constraints hold (catalog/models), said where a client reads them: the
+# schema (a number at least 1), not only in the database's refusal.
+_AT_LEAST_ONE = {"min_value": 1}
+
+
 class GPUClassSerializer(serializers.ModelSerializer):
     class Meta:
         model = GPUClass
         fields = ["id", "name", "memory_mib", "usable_mib", "compute_capability"]
+        extra_kwargs = {
+            "memory_mib": _AT_LEAST_ONE,
+            "usable_mib": {
+                **_AT_LEAST_ONE,
+                "help_text": "What an engine may fill on one card, in MiB: from 1 to memory_mib.",
+            },
+        }
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # Two fields together, which no schema can say: refused under a code of its own.
+        current = self.instance if isinstance(self.instance, GPUClass) else None
+        memory = attrs.get("memory_mib", getattr(current, "memory_mib", None))
+        usable = attrs.get("usable_mib", getattr(current, "usable_mib", None))
+        if memory is not None and usable is not None and usable > memory:
+            raise serializers.ValidationError(
+                {
+                    "usable_mib": f"usable_mib ({usable}) is above memory_mib ({memory}): give at most the card's memory."
+                },
+                code="usable_above_memory",
+            )
+        return attrs
 
 
 class CardSerializer(serializers.ModelSerializer):
@@ -43,7 +71,13 @@ class NodeSerializer(serializers.ModelSerializer):
     # CardSerializer's shape, written directly: a page of 100 nodes is 800 cards, and a serializer
     # per card was most of the answer's time.
     cards = serializers.SerializerMethodField()
-    agent_token = serializers.CharField(write_only=True, help_text="Never shown again once set.")
+    agent_token = serializers.CharField(
+        write_only=True,
+        min_length=AGENT_TOKEN_MIN,
+        max_length=200,
+        validators=[agent_token_validator],
+        help_text="Never shown again once set: 32 to 200 printable ASCII characters without spaces.",
+    )
     last_seen_at = serializers.DateTimeField(
         read_only=True, allow_null=True, help_text="When its agent last answered the reconciler."
     )
@@ -62,8 +96,9 @@ class NodeSerializer(serializers.ModelSerializer):
             "orphans",
             "cards",
         ]
-        # What the reconciler learnt from the node's agent: read here, written by it alone.
-        read_only_fields = ["reachable", "unreachable_reason", "orphans"]
+        # What the reconciler learnt from the node's agent: read here, written by it alone. The state:
+        # cordon's, uncordon's and drain's (their own endpoints), never an edit's.
+        read_only_fields = ["state", "reachable", "unreachable_reason", "orphans"]
 
     @extend_schema_field(CardSerializer(many=True, read_only=True))
     def get_cards(self, node: Node) -> list[dict[str, Any]]:
@@ -81,6 +116,14 @@ class NodeSerializer(serializers.ModelSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         node = self.instance
+        given = self.initial_data.get("state") if isinstance(self.initial_data, dict) else None
+        now = node.state if isinstance(node, Node) else Node.State.READY
+        if given is not None and given != now:
+            # Read-only, so DRF would drop it and answer 200: refused instead, saying where it is changed.
+            raise serializers.ValidationError(
+                {"state": node_state_refusal(node.name if isinstance(node, Node) else "")},
+                code="state_by_operation",
+            )
         moved = isinstance(node, Node) and "agent_url" in attrs and attrs["agent_url"] != node.agent_url
         if moved and "agent_token" not in attrs:
             raise serializers.ValidationError(
@@ -117,6 +160,21 @@ class ProfileSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["revision"]
         validators: list[Any] = []  # uniqueness is the service's and the database's to say
+        extra_kwargs = {"gpus_per_node": _AT_LEAST_ONE, "tp": _AT_LEAST_ONE, "nodes": _AT_LEAST_ONE}
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        # The engines the registry knows, named in the schema (planning/engines.py; loaded once).
+        from planning import engines
+
+        known = sorted(engines.registry())
+        fields["engine"] = serializers.ChoiceField(
+            choices=known,
+            error_messages={
+                "invalid_choice": f"There is no engine {{input!r}}; the registry knows {', '.join(known)}."
+            },
+        )
+        return fields
 
     def to_representation(self, instance: Profile) -> dict[str, Any]:
         data = super().to_representation(instance)
@@ -152,6 +210,18 @@ class ServedModelSerializer(serializers.ModelSerializer):
             "profiles",
         ]
         read_only_fields = ["declared", "declared_in"]
+        extra_kwargs = {
+            field: _AT_LEAST_ONE
+            for field in (
+                "context_length",
+                "layers",
+                "attention_heads",
+                "kv_heads",
+                "head_dim",
+                "weight_bytes",
+                "sliding_window",
+            )
+        }
 
 
 class ShardSerializer(serializers.Serializer):
@@ -169,6 +239,7 @@ class ReplicaSerializer(serializers.ModelSerializer):
         model = Replica
         fields = ["id", "name", "model", "profile", "port", "state", "revision", "stale", "shards"]
         read_only_fields = ["state", "revision"]
+        extra_kwargs = {"port": {"min_value": 1, "max_value": 65535}}
 
     def get_stale(self, replica: Replica) -> bool:
         return replica.is_stale

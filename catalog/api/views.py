@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import django_filters
+from django import forms
 from django.db.models import Prefetch
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import viewsets
 
 from base.api.cached import KeptList
@@ -139,6 +141,25 @@ class ProfileViewSet(ServiceViewSet):
     delete_service = staticmethod(services.profile_delete)
 
 
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": 2**63 - 1})
+class IdFilter(django_filters.Filter):
+    """An object's id, a whole number from 1: one no object has matches nothing (an empty page), as
+    any filter value that matches nothing does, rather than a 400 "not one of the available choices"."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(min_value=1, max_value=2**63 - 1, **kwargs)
+
+
+class ReplicaFilter(django_filters.FilterSet):
+    profile = IdFilter(field_name="profile_id", help_text="The profile's id.")
+
+    class Meta:
+        model = Replica
+        fields = ["state", "profile__model__name", "profile"]
+
+
 @_crud_schema("replica")
 class ReplicaViewSet(ServiceViewSet):
     """Running instances of a profile: their cards, port, state and the profile revision each runs.
@@ -151,7 +172,7 @@ class ReplicaViewSet(ServiceViewSet):
         Prefetch("shards", queryset=Shard.objects.select_related("card__node"))
     )
     serializer_class = s.ReplicaSerializer
-    filterset_fields = ["state", "profile__model__name", "profile"]
+    filterset_class = ReplicaFilter
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
     save_service = staticmethod(services.replica_save)

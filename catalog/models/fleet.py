@@ -13,6 +13,15 @@ name_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
     "Use letters, digits, dots, dashes and underscores, starting with a letter or digit.",
 )
+# Printable ASCII without spaces (it goes in an Authorization header), long enough not to be guessed:
+# what `manage.py rotate_agent_token` makes (secrets.token_urlsafe(32), 43 characters) passes.
+AGENT_TOKEN_MIN = 32
+agent_token_validator = RegexValidator(
+    rf"^[\x21-\x7e]{{{AGENT_TOKEN_MIN},200}}\Z",
+    f"The agent token must be {AGENT_TOKEN_MIN} to 200 printable ASCII characters without spaces (letters, "
+    "digits and punctuation), as the agent is given it: make one with python3 -c 'import secrets; "
+    "print(secrets.token_urlsafe(32))', or let manage.py rotate_agent_token make and give it.",
+)
 capability_validator = RegexValidator(
     r"^\d{1,2}\.\d$", "Write the compute capability as major.minor, e.g. 9.0."
 )
@@ -62,7 +71,11 @@ class Node(models.Model):
 
     name = models.CharField(max_length=64, unique=True, validators=[name_validator])
     agent_url = models.URLField(help_text="Base URL of the node agent, e.g. http://10.0.0.5:9101")
-    agent_token = models.CharField(max_length=200, help_text="Bearer token the node agent expects.")
+    agent_token = models.CharField(
+        max_length=200,
+        validators=[agent_token_validator],
+        help_text=f"Bearer token the node agent expects: {AGENT_TOKEN_MIN} to 200 printable ASCII characters.",
+    )
     state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
     # What the reconciler (operations/services/reconcile.py) last learnt from the node's agent: the
     # operator's state above says whether the node may be used, these whether its agent answers.

@@ -6,7 +6,6 @@ defaults to the one the entry point set (middleware, command, worker).
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -19,6 +18,7 @@ from llmgw_policy import Refusal, source_refusal
 from audit.services import audit_record, changed_fields, snapshot
 from base.actor import Actor
 from base.errors import DomainError, conflict, declared
+from catalog.agent_address import validate_agent_url
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 from operations.services.busy import refuse_while_restarting
 from planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
@@ -146,66 +146,27 @@ def gpu_class_delete(*, instance: GPUClass, actor: Actor | None = None) -> None:
     _delete(instance, actor=actor)
 
 
-def validate_agent_url(url: str) -> None:
-    """http(s) to a host the operator allows (``LLMGW_AGENT_HOSTS``), never a
-    link-local or cloud metadata address; ``refused_agent_url`` otherwise."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url or "")
-    host = (parts.hostname or "").lower()
-    if parts.scheme not in ("http", "https") or not host:
-        raise DomainError(
-            "refused_agent_url", f"The agent URL {url!r} must be http:// or https:// and name a host."
-        )
-    if parts.username or parts.password or parts.query or parts.fragment:
-        raise DomainError(
-            "refused_agent_url",
-            f"The agent URL {url!r} must be a plain base URL (no user, query or fragment).",
-        )
-    try:
-        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        address = None
-    if host in METADATA_HOSTS or (
-        address is not None and (address.is_link_local or address.is_unspecified or address.is_multicast)
-    ):
-        raise DomainError(
-            "refused_agent_url",
-            f"The agent URL {url!r} names {host}, a link-local, metadata or unspecified address: "
-            "a node's agent is reached on the fleet's own network.",
-        )
-    allowed = settings.LLMGW_AGENT_HOSTS
-    if allowed and not any(_host_allowed(host, address, pattern) for pattern in allowed):
-        raise DomainError(
-            "refused_agent_url",
-            f"The agent URL's host {host} is not one LLMGW_AGENT_HOSTS allows ({', '.join(allowed)}); "
-            "an operator adds the fleet's hosts or networks there.",
-        )
-
-
-METADATA_HOSTS = frozenset(
-    {"169.254.169.254", "metadata.google.internal", "metadata", "fd00:ec2::254", "100.100.100.200"}
-)
-
-
-def _host_allowed(
-    host: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address | None, pattern: str
-) -> bool:
-    pattern = pattern.strip().lower()
-    if "/" in pattern:
-        try:
-            return address is not None and address in ipaddress.ip_network(pattern, strict=False)
-        except ValueError:
-            return False
-    if pattern.startswith("*."):
-        return host.endswith(pattern[1:])
-    return host == pattern
+def node_state_refusal(name: str) -> str:
+    """Where a node's state is changed instead of an edit."""
+    where = name or "NAME"
+    return (
+        f"A node's state is changed by cordon, uncordon and drain only, not by an edit: POST "
+        f"/api/nodes/{where}/cordon/ (no new placements), /uncordon/ (placements again) or /drain/ (its "
+        f"replicas moved off, then cordoned), the node page's buttons, or manage.py cordon, uncordon or "
+        f"drain {where}. Leave state out of the change."
+    )
 
 
 def node_save(*, instance: Node, actor: Actor | None = None) -> Node:
-    """Save a node; its agent URL is checked, and the audit log keeps only the token's fingerprint."""
+    """Save a node; its agent URL is checked (``catalog.agent_address``: its host resolved, inside
+    the fleet's networks), its token by the model (printable ASCII, 32 characters or more), and the
+    audit log keeps only the token's fingerprint. Its state is cordon's, uncordon's and drain's
+    (``operations.services.drain``): a new node is ready, and a save never changes it."""
 
     def guard(obj: Node, before: dict[str, Any] | None) -> None:
+        was = before["state"] if before is not None else Node.State.READY
+        if obj.state != was:
+            raise DomainError("state_by_operation", node_state_refusal(obj.name))
         validate_agent_url(obj.agent_url)
 
     return _save(instance, actor=actor, before_save=guard)

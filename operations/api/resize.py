@@ -11,11 +11,16 @@ from rest_framework.views import APIView
 from base.api.inputs import StrictInput, StrictIntegerField
 from base.rules import Rule
 from operations.services.resize import model_resize, model_set_context
+from planning.rules import MAX_CARDS
 from planning.types import ROOM_NODES_NAMED
+
+MAX_TOKENS = 2**31 - 1  # what a model's context_length can hold in the database
 
 
 class ResizeInput(StrictInput):
-    gpus = StrictIntegerField(help_text="Cards one replica is to use, 1 to 64.")
+    gpus = StrictIntegerField(
+        bounds=(1, MAX_CARDS), help_text=f"Cards one replica is to use, 1 to {MAX_CARDS}."
+    )
     profile = serializers.CharField(
         required=False,
         allow_blank=True,
@@ -35,7 +40,9 @@ class ResizeInput(StrictInput):
 
 
 class ContextInput(StrictInput):
-    tokens = StrictIntegerField(help_text="Context length in tokens, 1 to the model's.")
+    tokens = StrictIntegerField(
+        bounds=(1, MAX_TOKENS), help_text="Context length in tokens, 1 to the model's."
+    )
     profile = serializers.CharField(required=False, allow_blank=True, default="")
     in_place = serializers.BooleanField(required=False, default=False)
     dry_run = serializers.BooleanField(required=False, default=False)

@@ -20,7 +20,9 @@ from operations.services.rollback import profile_rollback, revisions
 
 class RollbackInput(StrictInput):
     profile = serializers.CharField(help_text="The profile to roll back.")
-    revision = StrictIntegerField(help_text="The revision whose settings it is to run again.")
+    revision = StrictIntegerField(
+        bounds=(1, 2**31 - 1), help_text="The revision whose settings it is to run again."
+    )
     dry_run = serializers.BooleanField(
         required=False,
         default=False,

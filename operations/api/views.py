@@ -8,6 +8,7 @@ import django_filters
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -28,6 +29,7 @@ class RestartInput(StrictInput):
         child=serializers.CharField(),
         required=False,
         allow_empty=False,
+        min_length=1,  # what allow_empty=False holds, said in the schema (minItems)
         help_text="Live replicas of the model to restart. Default: the ones running an older profile revision.",
     )
     in_place = serializers.BooleanField(
@@ -320,12 +322,22 @@ class NodeUncordonView(_NodeStateView):
     change = staticmethod(drain.node_uncordon)
 
 
+_not_json = {
+    415: OpenApiResponse(
+        ErrorSerializer, description="unsupported_media_type: the body is not JSON (application/json)"
+    )
+}
+
+
 class NodeDrainView(APIView):
     required_permission: Rule = "catalog.restart_model"
+    # A JSON object or nothing: a form or multipart body carries no numbers, and one that does not
+    # parse into the fields would drain on the defaults (refused with 415 instead).
+    parser_classes = [JSONParser]
 
     @extend_schema(
         request=DrainInput,
-        responses={202: DrainAnswerSerializer, 400: _refusals[400], **_node_refusals},
+        responses={202: DrainAnswerSerializer, 400: _refusals[400], **_node_refusals, **_not_json},
         summary="Drain a node: cordon it and move each of its replicas to other nodes, rolling",
         description="Starts one restart per profile with replicas on the node, each planned off it, and "
         "answers at once (202); a worker runs them. All or nothing: when one profile's replicas have no place "
@@ -347,10 +359,11 @@ class NodeDrainView(APIView):
 
 class ReplicaMoveView(APIView):
     required_permission: Rule = "catalog.restart_model"
+    parser_classes = [JSONParser]  # as the drain's
 
     @extend_schema(
         request=MoveInput,
-        responses={202: RestartOperationSerializer, **_refusals},
+        responses={202: RestartOperationSerializer, **_refusals, **_not_json},
         summary="Move a replica to another node: its replacement is ready there before it stops",
     )
     def post(self, request: Request, name: str) -> Response:

@@ -68,11 +68,12 @@ def node_cordon(*, node_name: str, actor: Actor | None = None) -> Node:
 
 
 def node_uncordon(*, node_name: str, actor: Actor | None = None) -> Node:
-    """The node takes placements again. Refused unless it is cordoned."""
+    """The node takes placements again: a cordoned node, or one marked down (cordon, uncordon and
+    drain are the only ways its state changes, so this is the way back). Refused when it is ready."""
     actor = actor or current_actor()
     with transaction.atomic():
         node = _node(node_name)
-        if node.state != Node.State.CORDONED:
+        if node.state not in (Node.State.CORDONED, Node.State.DOWN):
             raise conflict(
                 "not_cordoned", f"Node {node.name} is {node.state}, not cordoned: nothing to uncordon."
             )
@@ -99,7 +100,7 @@ def node_drain(
             raise conflict(
                 "node_down",
                 f"Node {node.name} is down: its replicas cannot be stopped through its agent. Restart them "
-                "elsewhere by name once it answers, or mark it ready first.",
+                "elsewhere by name once it answers, or uncordon it (back to ready) first.",
             )
         if node.state == Node.State.READY:
             _set_state(

@@ -43,6 +43,7 @@ from django.utils import timezone
 from agentclient.client import AgentCallFailed, AgentClient, describe_failure
 from audit.services import audit_record, snapshot
 from base.actor import Actor
+from base.secrets import profile_secrets
 from catalog.models import Node, Replica, Shard
 from operations.models import AgentContact, RestartOperation, RestartStep
 
@@ -138,9 +139,21 @@ def _owned_by_operations() -> set[int]:
     return {pk for pair in steps for pk in pair if pk is not None}
 
 
-def _ask(node: Node) -> list[dict[str, Any]] | AgentCallFailed:
+def _secrets_by_node(nodes: list[Node]) -> dict[int, tuple[str, ...]]:
+    """The secret values of the profiles whose replicas hold cards on each of ``nodes``: what an
+    agent's answer about them is redacted of (its reasons and log tails become replicas' reasons)."""
+    out: dict[int, set[str]] = {}
+    rows = Shard.objects.filter(card__node__in=nodes).values_list(
+        "card__node_id", "replica__profile__engine", "replica__profile__env"
+    )
+    for node_id, engine, env in rows:
+        out.setdefault(node_id, set()).update(profile_secrets(engine, env or {}))
+    return {node_id: tuple(sorted(values)) for node_id, values in out.items()}
+
+
+def _ask(node: Node, secrets: tuple[str, ...] = ()) -> list[dict[str, Any]] | AgentCallFailed:
     try:
-        answer = AgentClient.for_node(node).replicas()
+        answer = AgentClient.for_node(node, secrets=secrets).replicas()
     except AgentCallFailed as exc:
         return exc
     if not isinstance(answer, list):
@@ -158,11 +171,12 @@ def reconcile(*, nodes: list[Node] | None = None, actor: Actor | None = None) ->
     report = Report()
     if not nodes:
         return report
+    secrets = _secrets_by_node(nodes)
     # Only the agents are asked in threads: the database is written from this thread alone.
     with ThreadPoolExecutor(
         max_workers=min(settings.LLMGW_RECONCILE_PARALLEL, len(nodes)), thread_name_prefix="reconcile"
     ) as pool:
-        answers = list(pool.map(_ask, nodes))
+        answers = list(pool.map(lambda node: _ask(node, secrets.get(node.pk, ())), nodes))
     for node, answer in zip(nodes, answers, strict=True):
         try:
             report.nodes.append(_reconcile_node(node, answer, actor))

@@ -48,7 +48,7 @@ from audit.models import AuditEntry
 from audit.summary import label
 from base.actor import Actor
 from base.errors import DomainError, conflict, not_found
-from base.secrets import fingerprint
+from base.secrets import fingerprint_matches, is_fingerprint
 from catalog.models import GPUClass, Profile, Replica, ServedModel, restartable_replicas_q, stale_replicas_q
 from catalog.services.catalog import SERVING_FIELDS, profile_save, replica_save
 from operations.models import RestartStep
@@ -96,9 +96,9 @@ def _restore_env(profile: Profile, logged: dict[str, Any], revision: int) -> dic
     is the current value's is restored as that value; another cannot be restored, and is refused."""
     env = {}
     for key, value in logged.items():
-        if isinstance(value, str) and value.startswith("sha256:"):
+        if is_fingerprint(value):
             current = profile.env.get(key)
-            if isinstance(current, str) and fingerprint(current) == value:
+            if isinstance(current, str) and fingerprint_matches(current, value):
                 env[key] = current
                 continue
             raise conflict(

@@ -83,6 +83,8 @@ PAGES_AND_API: dict[str, dict[str, frozenset[str]]] = {
     # A user's own tokens: another's token is not found for them (tests/access/test_tokens.py).
     "token-list": {"GET": SIGNED_IN, "POST": SIGNED_IN},
     "token-revoke": {"POST": SIGNED_IN},
+    # A user's own password (tests/access/test_password.py).
+    "password-change": {"GET": SIGNED_IN, "POST": SIGNED_IN},
     "audit:entry_list": {"GET": AUDIT},
     "audit:entry_detail": {"GET": AUDIT},
     "audit:entry_export": {"GET": AUDIT},

@@ -27,7 +27,8 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory) -> dict[str, Path]:
-    """A CA, and a certificate for 127.0.0.1 it signed (openssl, EC keys: fast)."""
+    """A CA, and a certificate for 127.0.0.1 it signed (openssl, EC keys: fast); and one for the name
+    agent-tls.fleet.test alone."""
     d = tmp_path_factory.mktemp("tls")
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     _openssl(
@@ -52,7 +53,13 @@ def certificates(tmp_path_factory) -> dict[str, Path]:
         cwd=d,
     )  # fmt: skip
     (d / "agent.key").chmod(0o600)
-    return {"ca": d / "ca.crt", "cert": d / "agent.crt", "key": d / "agent.key"}
+    (d / "name.cnf").write_text("subjectAltName=DNS:agent-tls.fleet.test\n")
+    _openssl(
+        "x509", "-req", "-in", "agent.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "named.crt", "-days", "2", "-extfile", "name.cnf",
+        cwd=d,
+    )  # fmt: skip
+    return {"ca": d / "ca.crt", "cert": d / "agent.crt", "key": d / "agent.key", "named": d / "named.crt"}
 
 
 @pytest.fixture
@@ -82,6 +89,61 @@ def test_the_agent_serves_https_and_the_control_plane_trusts_the_ca_bundle(tls_a
     # Plain http to a TLS agent does not reach it either.
     with pytest.raises(httpx.HTTPError):
         httpx.get(tls_agent.base_url.replace("https", "http") + "/healthz", timeout=3, trust_env=False)
+
+
+def test_an_https_agent_named_by_a_name_is_called_at_the_address_checked_under_its_own_server_name(
+    certificates, settings, monkeypatch
+):
+    """The connection is pinned to the address the check resolved, and the TLS server name stays the
+    URL's: the server's certificate names agent-tls.fleet.test alone, which a call naming the bare
+    address refuses. (A server of the test's own on 127.0.0.1, serving that certificate.)"""
+    import http.server
+    import json
+    import socket
+    import ssl
+    import threading
+
+    class Agent(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps({"node": "gpu-tls", "cards": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Agent)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificates["named"], certificates["key"])
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    settings.LLMGW_AGENT_CA_BUNDLE = str(certificates["ca"])
+    real = socket.getaddrinfo
+    asked = []
+
+    def resolve(host, port, *args, **kwargs):
+        if host == "agent-tls.fleet.test":
+            asked.append(host)
+            return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    try:
+        named = Node(name="gpu-tls", agent_url=f"https://agent-tls.fleet.test:{port}", agent_token="t" * 32)
+        assert AgentClient.for_node(named).node_info()["node"] == "gpu-tls"
+        assert asked == ["agent-tls.fleet.test"]
+        bare = Node(name="gpu-tls", agent_url=f"https://127.0.0.1:{port}", agent_token="t" * 32)
+        with pytest.raises(AgentCallFailed) as caught:
+            AgentClient.for_node(bare).node_info()
+        assert caught.value.code == "agent_untrusted"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_token_is_rotated_without_downtime_and_saved_only_once_confirmed(tls_agent, certificates, settings):

@@ -90,9 +90,11 @@ def test_no_actor_means_no_change():
 
 def test_node_tokens_are_never_written_to_the_log(actor):
     node = services.node_save(
-        instance=Node(name="gpu-1", agent_url="http://127.0.0.1:9", agent_token="s3cret")
+        instance=Node(
+            name="gpu-1", agent_url="http://127.0.0.1:9", agent_token="s3cret-agent-token-0123456789abcdef"
+        )
     )
-    node.agent_token = "n3w-s3cret"
+    node.agent_token = "n3w-s3cret-agent-token-0123456789abc"
     services.node_save(instance=node)
     entries = list(AuditEntry.objects.order_by("id"))
     assert len(entries) == 2  # the rotation is recorded...
@@ -223,3 +225,29 @@ def test_audit_verify_reports_an_intact_log_and_fails_naming_an_altered_entry(ac
     assert err.value.returncode == 1
     assert f"the first entry that does not match is #{entries[0].pk}" in str(err.value)
     assert f"entry #{entries[0].pk}: its content does not match its keyed hash" in str(err.value)
+
+
+def test_a_secrets_fingerprint_in_the_log_is_keyed_and_an_older_plain_one_still_verifies(actor, settings):
+    """A reader of the log cannot confirm a guessed token against its fingerprint offline (it is an HMAC
+    with a key derived from the audit log's); entries written with the older plain fingerprints keep them
+    as stored, and the chain, which hashes the stored text, still verifies."""
+    import hashlib
+
+    from audit.services import snapshot
+    from base.secrets import fingerprint, fingerprint_matches, plain_fingerprint, unmasked_env
+
+    token = "a-token-someone-might-guess"
+    node = b.node("gpu-1", agent_token=token)
+    logged = snapshot(node)["agent_token"]
+    plain = f"sha256:{hashlib.sha256(token.encode()).hexdigest()[:8]}"
+    assert logged.startswith("hmac:") and logged != plain
+    settings.LLMGW_AUDIT_KEY = "another-audit-key-of-32-characters-or-more"
+    assert fingerprint(token) != logged  # the key's, not the token's alone
+    settings.LLMGW_AUDIT_KEY = ""
+    with transaction.atomic():
+        audit_record(action="update", object_type="node", object_key="gpu-1", after={"agent_token": plain})
+    assert verify_chain() == []
+    assert plain_fingerprint(token) == plain and fingerprint_matches(token, plain)
+    assert fingerprint_matches(token, logged) and not fingerprint_matches("guess", logged)
+    # A placeholder shown before (the plain form) sent back still keeps the stored value.
+    assert unmasked_env({"HF_TOKEN": f"<secret {plain}>"}, {"HF_TOKEN": token}) == {"HF_TOKEN": token}

@@ -21,7 +21,7 @@ from audit.selectors import changed_outside
 from audit.services import audit_record
 from audit.summary import summarize
 from base.actor import Actor, acting_as
-from catalog.models import Node, Profile
+from catalog.models import Profile
 from catalog.services import catalog as services
 from operations.models import RestartOperation
 from operations.services.runner import run_operation
@@ -335,10 +335,11 @@ def test_history_panels_on_the_model_node_and_operation_pages(tmp_path):
         operation_page = client.get(f"/operations/{op.pk}/").content.decode()
         assert "History" in operation_page and f"restart #{op.pk}" in operation_page
         assert profile.pk
-        node = Node.objects.get(name="gpu-a")
-        node.state = Node.State.CORDONED
         with acting_as(Actor(via="cli", name="pytest")):
-            services.node_save(instance=node)
+            # A node's state changes by cordon, uncordon and drain only.
+            from operations.services.drain import node_cordon
+
+            node_cordon(node_name="gpu-a")
         node_page = client.get("/nodes/gpu-a/").content.decode()
         assert "History" in node_page and "gpu-a: state ready → cordoned" in node_page
     # no panel for who may not read the log

@@ -25,7 +25,7 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, connection, connections, transaction
 from rest_framework.test import APIClient
 
-from audit.chain import checkpoint_append, checkpoint_now, latest_checkpoint
+from audit.chain import Checkpoint, checkpoint_append, checkpoint_now, latest_checkpoint
 from audit.models import AuditEntry
 from audit.services import audit_record, verify_chain
 from base.actor import Actor, acting_as
@@ -66,15 +66,17 @@ def superuser_sql(owner_cursor):
     return run
 
 
-def verify_fails(path: Path) -> str:
+def verify_fails(path: Path, *options: str) -> str:
     with pytest.raises(CommandError) as err:
-        call_command("audit_verify", "--checkpoint", str(path), stdout=StringIO())
+        call_command(
+            "audit_verify", "--checkpoint", str(path), *options, stdout=StringIO(), stderr=StringIO()
+        )
     assert err.value.returncode == 1
     return str(err.value)
 
 
-def first_bad(path: Path) -> int:
-    text = verify_fails(path)
+def first_bad(path: Path, *options: str) -> int:
+    text = verify_fails(path, *options)
     return int(text.split("the first entry that does not match is #")[1].split(".")[0])
 
 
@@ -197,11 +199,11 @@ def test_check_deploy_is_quiet_for_the_application_role_and_warns_for_the_owner_
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_an_altered_entry_is_named(actor, tmp_path, superuser_sql):
+def test_an_altered_entry_is_named_by_the_full_walk(actor, tmp_path, superuser_sql):
     log = entries()
     path = checkpoint(tmp_path)
     superuser_sql(f"UPDATE {LOG} SET message = 'nothing happened' WHERE id = {log[7].pk}")
-    assert first_bad(path) == log[7].pk
+    assert first_bad(path, "--full") == log[7].pk
 
 
 @pytest.mark.postgres
@@ -210,7 +212,10 @@ def test_a_deleted_entry_is_named_by_the_one_after_it(actor, tmp_path, superuser
     log = entries()
     path = checkpoint(tmp_path)
     superuser_sql(f"DELETE FROM {LOG} WHERE id = {log[5].pk}")
-    assert first_bad(path) == log[6].pk
+    assert first_bad(path, "--full") == log[6].pk
+    # From the checkpoint alone: one entry fewer before its own, which it counted.
+    text = verify_fails(path)
+    assert f"#{log[-1].pk}: the checkpoint of" in text and "the log has 23" in text
 
 
 @pytest.mark.postgres
@@ -224,7 +229,7 @@ def test_two_entries_swapped_are_named(actor, tmp_path, superuser_sql):
         f"UPDATE {LOG} SET id = {a} WHERE id = {z}",
         f"UPDATE {LOG} SET id = {z} WHERE id = -1",
     )
-    assert first_bad(path) == a
+    assert first_bad(path, "--full") == a
 
 
 @pytest.mark.postgres
@@ -235,9 +240,10 @@ def test_the_newest_entries_removed_are_named_by_the_checkpoint(actor, tmp_path,
     path = checkpoint(tmp_path)
     superuser_sql(f"DELETE FROM {LOG} WHERE id >= {log[-removed].pk}")
     assert verify_chain() == []  # the chain alone checks: only the checkpoint shows the tail went
-    text = verify_fails(path)
-    assert f"the first entry that does not match is #{log[-removed].pk}" in text
-    assert "its tail was removed" in text
+    for options in ((), ("--full",)):
+        text = verify_fails(path, *options)
+        assert f"the first entry that does not match is #{log[-removed].pk}" in text
+        assert "its tail was removed" in text
 
 
 @pytest.mark.postgres
@@ -247,6 +253,7 @@ def test_the_whole_log_emptied_is_detected(actor, tmp_path, superuser_sql):
     path = checkpoint(tmp_path)
     superuser_sql(f"TRUNCATE {LOG}")
     assert "its tail was removed" in verify_fails(path)
+    assert "its tail was removed" in verify_fails(path, "--full")
 
 
 @pytest.mark.postgres
@@ -255,7 +262,11 @@ def test_a_rewrite_with_recomputed_plain_hashes_is_named(actor, tmp_path, superu
     log = entries()
     path = checkpoint(tmp_path)
     superuser_sql(*plain_rehash_from(log[10], message="rewritten"))
-    assert first_bad(path) == log[10].pk
+    assert first_bad(path, "--full") == log[10].pk
+    # From the checkpoint: the rewrite reached its entry, whose hash is no longer the one recorded.
+    text = verify_fails(path)
+    assert f"the first entry that does not match is #{log[-1].pk}" in text
+    assert "its hash is not the one the checkpoint" in text and "--full names the first" in text
 
 
 @pytest.mark.postgres
@@ -266,7 +277,8 @@ def test_the_whole_chain_rewritten_with_plain_hashes_is_named_against_the_checkp
     log = entries()
     path = checkpoint(tmp_path)
     superuser_sql(*plain_rehash_from(log[0], message="rewritten from the start"))
-    assert first_bad(path) == log[0].pk
+    assert first_bad(path, "--full") == log[0].pk
+    assert first_bad(path) == log[-1].pk
 
 
 def test_a_forged_entry_appended_is_named(actor, tmp_path):
@@ -491,11 +503,10 @@ def test_a_catalog_row_changed_by_sql_is_listed_as_changed_outside_the_applicati
         c.execute("DELETE FROM audit_rowchange")
 
 
-def test_entries_from_before_keyed_hashes_check_as_the_logs_first_ones_and_the_checkpoint_counts_them(
-    actor, tmp_path
-):
-    """A log begun before keyed hashes: its first entries carry plain SHA-256 and still check; keyed ones
-    follow; the checkpoint records how many plain ones there were, so none can be added later."""
+def test_entries_from_before_keyed_hashes_check_only_as_many_as_the_first_checkpoint_counted(actor, tmp_path):
+    """A log begun before keyed hashes: its first entries carry plain SHA-256. They check only as counted by
+    a signed checkpoint (migrate writes the first), never without one, and a later checkpoint counting more
+    of them (one written after a rewrite) does not bless them: the file is refused."""
     from django.utils import timezone
 
     from audit.chain import GENESIS_HASH
@@ -515,10 +526,21 @@ def test_entries_from_before_keyed_hashes_check_as_the_logs_first_ones_and_the_c
         old.hash = hashlib.sha256(old.canonical()).hexdigest()
         old.save()
         prev = old.hash
-    entries(2)
-    assert verify_chain() == []
+    log = entries(2)
+    # No checkpoint: nothing counts them, so nothing tells them from entries rewritten without the key.
+    problems = verify_chain()
+    assert [p.split(":")[0] for p in problems] == [f"entry #{e.pk}" for e in log[:3]]
+    assert "no signed checkpoint counts entries from before keyed hashes" in problems[0]
     path = checkpoint(tmp_path)
     assert latest_checkpoint(path).plain == 3
-    out = StringIO()
-    call_command("audit_verify", "--checkpoint", str(path), stdout=out)
-    assert "intact: 5 entries" in out.getvalue()
+    for options in ((), ("--full",)):
+        out = StringIO()
+        call_command("audit_verify", "--checkpoint", str(path), *options, stdout=out, stderr=StringIO())
+        assert "intact: 5 entries" in out.getvalue()
+    # A checkpoint counting more plain entries than the first did.
+    lines = path.read_text().splitlines()
+    body = json.loads(lines[0])
+    forged = Checkpoint(body["at"], body["count"], body["last_id"], body["last_hash"], plain=4)
+    checkpoint_append(path, forged)
+    text = verify_fails(path)
+    assert "line 2" in text and "counts 4 entries with a plain hash" in text and "line 1" in text

@@ -20,21 +20,26 @@ pytestmark = pytest.mark.django_db
 
 def test_the_demo_agent_has_the_nodes_cards_and_runs_every_engine_as_the_stand_in(tmp_path):
     node = b.node(
-        "gpu-l1", cards=2, agent_url=f"http://127.0.0.1:{free_port()}", agent_token="demo-token-gpu-l1"
+        "gpu-l1",
+        cards=2,
+        agent_url=f"http://127.0.0.1:{free_port()}",
+        agent_token="demo-agent-token-for-gpu-l1-not-secret",
     )
     config = tmp_path / "agent.toml"
     config.write_text(agent_config(node, tmp_path))
     agent = subprocess.Popen(
         [sys.executable, "-m", "llmgw_agent", "--config", str(config)],
         cwd=REPO_ROOT,
-        env={"PYTHONPATH": str(AGENT_DIR), "PATH": "/usr/bin:/bin"},
+        # A real engine's profile may not set STANDIN_ variables: the agent's environment, which its
+        # engines inherit, makes the stand-in quick.
+        env={"PYTHONPATH": str(AGENT_DIR), "PATH": "/usr/bin:/bin", "STANDIN_LOAD_SECONDS": "0.2"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
     )
     try:
         http = httpx.Client(
             base_url=node.agent_url,
-            headers={"Authorization": "Bearer demo-token-gpu-l1"},
+            headers={"Authorization": f"Bearer {node.agent_token}"},
             timeout=10,
             trust_env=False,
         )
@@ -52,7 +57,6 @@ def test_the_demo_agent_has_the_nodes_cards_and_runs_every_engine_as_the_stand_i
             engine="freetoken",
             gpu_class=b.gpu_class(),
             args=["--max-seq-len-override", "32768"],
-            env={"STANDIN_LOAD_SECONDS": "0.2"},
         )
         spec = replica_spec(profile, port=free_port(), cards=[1])
         assert http.put("/v1/replicas/gpt-1", json=spec).status_code == 201

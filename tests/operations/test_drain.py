@@ -124,3 +124,45 @@ def test_a_cordoned_node_is_said_so_where_the_model_page_names_it():
     page = client.get(f"/models/{MODEL}/").content.decode()
     assert '>gpu-1</a> <span class="badge state-cordoned">cordoned</span>' in page
     assert "Cordoned: no new replica is placed on gpu-1" in client.get("/nodes/gpu-1/").content.decode()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("body", "content_type", "status"),
+    [
+        ('{"max_parallel": 2, "bogus": 1}', "application/json", 400),  # an unknown key
+        ('{"max_parallel": "2"}', "application/json", 400),  # a wrong type
+        ('{"max_parallel": 2.0}', "application/json", 400),
+        ('{"ready_timeout": true}', "application/json", 400),
+        ('{"max_parallel": null}', "application/json", 400),
+        ('{"max_parallel": 0}', "application/json", 400),
+        ("[]", "application/json", 400),
+        ("null", "application/json", 400),
+        ("{oops", "application/json", 400),
+        ("max_parallel=2", "application/x-www-form-urlencoded", 415),  # no numbers in a form
+        (
+            '--x\r\nContent-Disposition: form-data; name="max_parallel"\r\n\r\n2\r\n--x--\r\n',
+            "multipart/form-data; boundary=x",
+            415,
+        ),
+    ],
+)
+def test_a_malformed_drain_body_is_refused_in_the_error_shape_and_nothing_is_drained(
+    body, content_type, status
+):
+    n = b.node("gpu-1", cards=2)
+    b.node("gpu-2", cards=2)
+    b.replica(b.profile(b.llama_8b(MODEL)), n, [0], name="llama-1")
+    response = api(RESTART).generic("POST", "/api/nodes/gpu-1/drain/", body, content_type=content_type)
+    assert response.status_code == status, response.content
+    assert set(response.json()) == {"detail", "code"} and response.json()["detail"]
+    assert Node.objects.get(name="gpu-1").state == "ready"
+    assert not RestartOperation.objects.exists() and not AuditEntry.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_drain_without_a_body_takes_the_defaults():
+    """No body (whatever content type a client names for it, as DRF's test client names multipart)."""
+    b.node("gpu-1", cards=2)
+    response = api(RESTART).post("/api/nodes/gpu-1/drain/")
+    assert response.status_code == 202 and response.json()["state"] == "cordoned"

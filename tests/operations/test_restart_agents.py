@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from agent_testing import free_port, running_fake_agent
+from agent_fakes import running_fake_agent
+from agent_testing import free_port
 
 from agentclient.client import AgentCallFailed, AgentClient
 from catalog.models import Node, Replica

@@ -334,7 +334,7 @@ def test_a_profile_save_during_a_running_restart_is_refused_busy_and_every_repli
             form = {
                 "model": profile.model_id,
                 "name": profile.name,
-                "engine": "vllm",
+                "engine": "standin",
                 "gpu_class": profile.gpu_class_id,
                 "gpus_per_node": 1,
                 "tp": 1,

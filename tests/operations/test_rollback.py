@@ -391,3 +391,19 @@ def test_a_secret_changed_since_the_revision_is_refused_saying_how_to_proceed_on
         {"replica": "llama-1", "runs": 1}
     ]
     assert (Profile.objects.get().env["HF_TOKEN"], Profile.objects.get().args) == (SECRET_THEN, [])
+
+
+def test_a_secret_the_log_holds_by_either_fingerprint_is_restored_as_the_value_it_stands_for():
+    """Entries written before fingerprints were keyed hold the plain form (``sha256:``); a rollback to such
+    a revision still knows the value behind it, as it does behind a keyed one."""
+    from types import SimpleNamespace
+
+    from base.secrets import fingerprint, plain_fingerprint
+    from operations.services.rollback import _restore_env
+
+    profile = SimpleNamespace(env={"HF_TOKEN": SECRET_NOW}, pk=1)
+    for logged in (fingerprint(SECRET_NOW), plain_fingerprint(SECRET_NOW)):
+        assert _restore_env(profile, {"HF_TOKEN": logged, "HF_HUB_OFFLINE": "1"}, 1) == {
+            "HF_TOKEN": SECRET_NOW,
+            "HF_HUB_OFFLINE": "1",
+        }

@@ -4,6 +4,7 @@ operation's, and a restart refuses what the launch policy refuses now."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 from django.test import Client
@@ -76,7 +77,7 @@ def test_a_secret_value_is_write_only_in_the_api_and_fingerprinted_in_the_audit_
     entries = AuditEntry.objects.filter(object_type="profile")
     assert entries.count() == 1
     assert KEY not in json.dumps([e.after for e in entries] + [e.before for e in entries])
-    assert entries.get().after["env"]["VLLM_API_KEY"].startswith("sha256:")
+    assert entries.get().after["env"]["VLLM_API_KEY"].startswith("hmac:")  # keyed: no guess confirmed offline
 
 
 def test_the_admin_shows_a_placeholder_and_keeps_the_secret_when_it_is_sent_back(admin_client):
@@ -111,9 +112,9 @@ def test_redaction_replaces_every_secret_in_a_reason():
 
 
 def test_the_agent_token_is_write_only_in_the_admin_and_needed_again_for_a_new_url(admin_client):
-    node = b.node("gpu-1", agent_token="the-old-token-123456")
+    node = b.node("gpu-1", agent_token="the-old-agent-token-0123456789abcdef")
     page = admin_client.get(f"/admin/catalog/node/{node.pk}/change/").content.decode()
-    assert "the-old-token-123456" not in page
+    assert "the-old-agent-token-0123456789abcdef" not in page
 
     base = {"name": "gpu-1", "state": "ready", "cards-TOTAL_FORMS": "0", "cards-INITIAL_FORMS": "0"}
     moved = admin_client.post(
@@ -131,7 +132,7 @@ def test_the_agent_token_is_write_only_in_the_admin_and_needed_again_for_a_new_u
     )
     assert kept.status_code == 302
     node.refresh_from_db()
-    assert node.agent_token == "the-old-token-123456"
+    assert node.agent_token == "the-old-agent-token-0123456789abcdef"
 
 
 def test_changing_an_agent_url_through_the_api_needs_the_token_again():
@@ -142,11 +143,11 @@ def test_changing_an_agent_url_through_the_api_needs_the_token_again():
     assert "agent_token" in response.json()["detail"]
     ok = client.patch(
         f"/api/nodes/{node.name}/",
-        {"agent_url": "http://10.0.0.7:9101", "agent_token": "a-new-token-123456"},
+        {"agent_url": "http://10.0.0.7:9101", "agent_token": "a-new-agent-token-0123456789abcdef"},
         format="json",
     )
     assert ok.status_code == 200, ok.content
-    assert "a-new-token" not in ok.content.decode()
+    assert "a-new-agent-token" not in ok.content.decode()
 
 
 @pytest.mark.parametrize(
@@ -164,15 +165,26 @@ def test_an_agent_url_to_a_link_local_or_metadata_address_is_refused(url):
     client = _api("catalog.add_node")
     before = (Node.objects.count(), AuditEntry.objects.count())
     response = client.post(
-        "/api/nodes/", {"name": "evil", "agent_url": url, "agent_token": "t" * 20}, format="json"
+        "/api/nodes/", {"name": "evil", "agent_url": url, "agent_token": "t" * 32}, format="json"
     )
     assert response.status_code == 400, response.content
     assert response.json()["code"] in ("refused_agent_url", "invalid")
     assert (Node.objects.count(), AuditEntry.objects.count()) == before
 
 
-def test_agent_hosts_limit_the_hosts_an_agent_url_may_name(settings):
+def test_agent_hosts_limit_the_hosts_an_agent_url_may_name(settings, monkeypatch):
     settings.LLMGW_AGENT_HOSTS = ["10.0.0.0/8", "*.gpu.example"]
+    real = socket.getaddrinfo
+    # The one name resolves, here, to an address inside the fleet's networks (catalog/agent_address.py).
+    monkeypatch.setattr(
+        socket,
+        "getaddrinfo",
+        lambda host, port, *a, **k: (
+            [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.9.9.9", port))]
+            if host == "n1.gpu.example"
+            else real(host, port, *a, **k)
+        ),
+    )
     client = _api("catalog.add_node")
     for n, (url, status) in enumerate(
         [
@@ -182,7 +194,7 @@ def test_agent_hosts_limit_the_hosts_an_agent_url_may_name(settings):
         ]
     ):
         response = client.post(
-            "/api/nodes/", {"name": f"n{n}", "agent_url": url, "agent_token": "t" * 20}, format="json"
+            "/api/nodes/", {"name": f"n{n}", "agent_url": url, "agent_token": "t" * 32}, format="json"
         )
         assert response.status_code == status, (url, response.content)
 

@@ -165,3 +165,10 @@ def test_every_response_carries_a_content_security_policy_without_inline_scripts
     assert directives["script-src"] == "'self'"
     assert "unsafe-inline" not in directives["script-src"] and "unsafe-eval" not in policy
     assert directives["object-src"] == "'none'" and directives["frame-ancestors"] == "'none'"
+
+
+def test_the_lockout_setting_that_is_gone_stops_the_process_naming_what_replaced_it():
+    result = manage("check", DJANGO_DEBUG="1", LLMGW_SIGNIN_LOCKOUT_MINUTES="15")
+    assert result.returncode != 0
+    assert "LLMGW_SIGNIN_LOCKOUT_MINUTES is gone" in result.stderr
+    assert "LLMGW_SIGNIN_LONGEST_WAIT_MINUTES" in result.stderr

@@ -32,7 +32,7 @@ def node(
     cls: GPUClass | None = None,
     state: str = "ready",
     agent_url: str = "http://127.0.0.1:9",
-    agent_token: str = "t0ken",
+    agent_token: str = "agent-token-of-the-tests-0123456789",
 ) -> Node:
     cls = cls or gpu_class()
     n = Node.objects.create(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from agent_fakes import standin_gpus
 from agent_testing import (
     AGENT_DIR,
     REPO_ROOT,
@@ -30,7 +31,6 @@ from agent_testing import (
     request,
     running_agent,
     standin_command,
-    standin_gpus,
     wait_until,
     worker_share,
 )
@@ -142,8 +142,9 @@ def fleet_of(
     gpus: bool = False,
     processes: bool = False,
 ) -> Iterator[Fleet]:
-    """Real agents, one per node, each with ``cards`` cards and the stand-in for vLLM;
-    the nodes, a model and its one-card vLLM profile in the catalog. With ``gpus``, each agent
+    """Real agents, one per node, each with ``cards`` cards and the stand-in engine (``standin``:
+    planned as vLLM, and the one engine whose profiles may set its STANDIN_* variables); the
+    nodes, a model and its one-card profile of it in the catalog. With ``gpus``, each agent
     reads its cards' telemetry from the stand-in nvidia-smi (``Fleet.gpu_dirs``).
 
     Each agent's own code serves from a thread of this process (``agent_in_thread``), unless
@@ -155,7 +156,7 @@ def fleet_of(
     agent_env = {name: standin_gpus(gpu_dirs[name], card_list) for name in gpu_dirs}
     common: dict[str, Any] = {
         "cards": card_list,
-        "engines": {"vllm": standin_command()},
+        "engines": {"standin": standin_command()},
         "stop_grace_seconds": 2,
         "ready_poll_seconds": 0.1,
         "policy_file": policy_file,
@@ -179,7 +180,7 @@ def fleet_of(
                 instance=Profile(
                     model=model,
                     name="h100",
-                    engine="vllm",
+                    engine="standin",
                     gpu_class=gpu_class(),
                     gpus_per_node=1,
                     tp=1,
@@ -333,6 +334,8 @@ WORKER_ENV = {
     "LLMGW_AGENT_ABSENT_SECONDS": "12",
     "LLMGW_RESTART_SETTLE_SECONDS": "0.3",
     "LLMGW_RECONCILE_SECONDS": "2",
+    # The test agents listen on 127.0.0.1, which the tests' settings name (pyproject.toml's pytest env).
+    "LLMGW_AGENT_NETWORKS": "private,127.0.0.0/8",
 }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from agent_testing import foreign_process
+from agent_fakes import foreign_process
 from django.test import Client
 from django.utils import timezone
 

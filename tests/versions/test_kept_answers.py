@@ -222,8 +222,9 @@ def test_a_kept_dry_run_after_a_card_is_taken_says_what_the_fleet_now_says(fleet
     first = dry_run(operator)
     with CaptureQueriesContext(connection) as warm:
         assert dry_run(operator) == first
-    # The session, the user, its permissions (two), the versions, the cards a foreign process holds.
-    assert len(warm.captured_queries) == 6
+    # The session, the user, its permissions (two), the versions, the cards a foreign process holds; and
+    # the user's API rate count in the shared "throttle" cache (six, tests/web/test_fleet_scale.py).
+    assert len(warm.captured_queries) == 6 + 6
     assert first["status"] == 200 and first["room"]["beside_count"] == 2  # gpu-1 and gpu-2 have 4 free
     other = Profile.objects.get(name="one")
     b.replica(other, Node.objects.get(name="gpu-1"), [0], name="other-1")  # a card taken (the ORM)

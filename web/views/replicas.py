@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET
 
 from agentclient.client import AgentCallFailed, AgentClient
 from base.rules import requires
-from base.secrets import profile_secrets, redact
+from base.secrets import profile_secrets
 from base.views import VIEW_REPLICA, render_page
 from catalog.models import Node, Replica
 from catalog.services.fit import profile_memory
@@ -97,7 +97,9 @@ def _node_of(replica: Replica) -> Node | None:
 def replica_log(request: HttpRequest, name: str) -> HttpResponse:
     """The tail of the replica's engine log, from its node's agent (which redacts the spec's secrets,
     bounds the size and reads the file at most twice a second); it polls itself while the replica
-    starts or loads. The profile's secret values are masked here again, whatever the agent sent."""
+    starts or loads. Only the agent API's fields are shown, cleaned, and the profile's secret values
+    are masked here again, whatever the agent sent (``agentclient.answers``); an error is the
+    client's sentence, never the agent's body."""
     replica = get_object_or_404(Replica.objects.select_related("profile"), name=name)
     node = _node_of(replica)
     context: dict[str, Any] = {
@@ -112,14 +114,14 @@ def replica_log(request: HttpRequest, name: str) -> HttpResponse:
             f"{replica.name} holds no card and no restart recorded where it ran: no agent to ask."
         )
     else:
+        secrets = profile_secrets(replica.profile.engine, replica.profile.env or {})
         try:
-            body = AgentClient.for_node(node).log(replica.name, lines=LOG_LINES)
+            body = AgentClient.for_node(node, secrets=secrets).log(replica.name, lines=LOG_LINES)
         except AgentCallFailed as exc:
             context["error"] = exc.message
         else:
-            secrets = profile_secrets(replica.profile.engine, replica.profile.env or {})
-            context["lines"] = [redact(str(line), secrets) for line in body.get("lines", [])][-LOG_LINES:]
-            context["state"] = str(body.get("state", replica.state))
+            context["lines"] = body["lines"][-LOG_LINES:]
+            context["state"] = body["state"] or replica.state
     context["polling"] = context["state"] in Replica.COMING_UP_STATES and not context["error"]
     context["poll"] = LOG_POLL
     return render(request, "catalog/replica_detail.html#log", context)

@@ -52,7 +52,9 @@ class Command(ActorCommand):
                 if node is None:
                     node = services.node_save(
                         instance=Node(
-                            name=name, agent_url=f"http://127.0.0.1:{port}", agent_token=f"demo-token-{name}"
+                            name=name,
+                            agent_url=f"http://127.0.0.1:{port}",
+                            agent_token=f"demo-agent-token-for-{name}-not-secret",
                         )
                     )
                     created += 1

@@ -48,7 +48,8 @@ class AgentConversation:
         self.same_policy: set[str] = set()  # nodes whose agent was found to enforce our launch policy
 
     def agent(self, node: Node) -> AgentClient:
-        return AgentClient.for_node(node)
+        # What it says of the model's replicas is redacted of the model's profiles' secrets.
+        return AgentClient.for_node(node, secrets=self.records.secrets)
 
     def launch_and_wait(self, step: RestartStep, replica: Replica, spec: dict[str, Any]) -> None:
         """PUT the spec (again: harmless) and wait until ready; StepFailed otherwise.

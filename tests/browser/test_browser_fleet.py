@@ -1,32 +1,19 @@
-"""The pages in a real headless Chromium (Debian's, driven by Playwright) against a live server.
-
-The live preview answers without a page reload, apply saves and audits and
-shows the restart live, a viewer gets no form, and the browser logs no error.
-Screenshots are taken at a laptop's width (1366 px); they are written to
-``$SCREENSHOTS_DIR`` when it is set (``make screenshots`` sets it to
-docs/screenshots), else to the test's temporary directory.
-"""
+"""The pages in a real headless Chromium against a live server and real agents with stand-in
+engines: planned against measured memory, restarts, drains, moves and rollbacks seen live, the
+engine's log, the nodes grid, and the leads' audit log at a laptop's width."""
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
-from django.core.management import call_command
 
 from audit.models import AuditEntry
 from base.actor import Actor, acting_as
-from catalog.models import Card, Profile, Replica, Shard
-from operations.models import RestartOperation, RestartStep
+from catalog.models import Card, Profile, Replica
+from operations.models import RestartOperation
+from tests.browser.browser_support import LAPTOP, MARKER, PASSWORD, operator, sign_in
 from tests.support import builders as b
-
-# Playwright's sync API runs an event loop in this thread; the ORM calls the
-# tests make between page actions are plain synchronous ones.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 pytestmark = [
     pytest.mark.browser,
@@ -34,266 +21,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("audit_flushable"),
 ]
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-LAPTOP = {"width": 1366, "height": 900}
-PASSWORD = "pw-for-tests-only-123"
-MARKER = "window.__llmgwMarker"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: run `make browser-deps` (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser, live_server) -> Iterator[object]:
-    """A fresh page at laptop width; fails the test on any console error, uncaught exception or
-    Content Security Policy violation, and on any page of the site served without the policy."""
-    context = browser.new_context(viewport=LAPTOP, base_url=live_server.url)
-    # Playwright's init scripts are not subject to the page's policy: this one reports each violation.
-    context.add_init_script(
-        "document.addEventListener('securitypolicyviolation', e => console.error("
-        "'CSP violation: ' + e.violatedDirective + ' blocked ' + (e.blockedURI || 'inline')))"
-    )
-    page = context.new_page()
-    page.set_default_timeout(10_000)
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-
-    def policed(response: Any) -> None:
-        ours = response.request.resource_type == "document" and response.url.startswith(live_server.url)
-        if ours and "script-src 'self'" not in (response.headers.get("content-security-policy") or ""):
-            errors.append(f"no Content-Security-Policy on {response.url}")
-
-    page.on("response", policed)
-    yield page
-    context.close()
-    assert errors == [], errors
-
-
-@pytest.fixture
-def shots(tmp_path) -> Path:
-    where = Path(os.environ.get("SCREENSHOTS_DIR") or tmp_path)
-    where.mkdir(parents=True, exist_ok=True)
-    return where
-
-
-@pytest.fixture
-def demo(transactional_db) -> None:
-    """The demo fleet, plus a 70B model on four h100 cards that fits on no fewer than four."""
-    call_command("seed_demo")
-    with acting_as(Actor(via="cli", name="pytest")):
-        big = b.llama_8b(
-            "llama-3.1-70b",
-            source="meta-llama/Llama-3.1-70B-Instruct",
-            layers=80,
-            attention_heads=64,
-            kv_bytes_per_token=2 * 80 * 8 * 128 * 2,
-            weight_bytes=141_107_412_992,
-        )
-        profile = b.profile(big, "h100", gpus=4, args=["--max-model-len", "32768"])
-        replica = Replica.objects.create(
-            name="llama-3.1-70b-1", profile=profile, port=8010, state="ready", revision=profile.revision
-        )
-        for card in Card.objects.filter(node__name="gpu-h2", index__in=[4, 5, 6, 7]):
-            Shard.objects.create(replica=replica, card=card)
-
-
-def sign_in(page, username: str) -> None:
-    page.goto("/accounts/login/")
-    page.get_by_label("User name").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(re.compile(r"/$"))
-
-
-def operator() -> None:
-    b.user(
-        "operator",
-        "catalog.resize_model",
-        "catalog.restart_model",
-        "catalog.view_servedmodel",
-        password=PASSWORD,
-    )
-
-
-def test_a_card_count_that_does_not_fit_says_so_without_a_page_reload(page, demo):
-    operator()
-    sign_in(page, "operator")
-    page.goto("/models/llama-3.1-70b/")
-    page.evaluate(f"{MARKER} = 'still here'")
-    page.get_by_label("Cards per replica").fill("2")
-    refusal = page.locator("#resize-preview .refusal")
-    refusal.wait_for()
-    text = refusal.inner_text()
-    assert "On 2 h100-80g cards each would hold" in text
-    assert "more than the 71.7 GiB usable on each" in text
-    assert "Two ways out: more cards (4 cards would hold it)" in text
-    assert page.locator("#resize-preview .membar.over").is_visible()
-    assert page.evaluate(MARKER) == "still here"  # no reload: the fragment was swapped in
-    assert page.get_by_role("button", name=re.compile("^Apply")).count() == 0
-    assert Profile.objects.get(model__name="llama-3.1-70b").revision == 1
-
-
-def test_a_count_that_fits_previews_then_apply_saves_audits_and_shows_the_restart_live(page, demo, shots):
-    operator()
-    sign_in(page, "operator")
-    page.goto("/models/llama-3.1-8b/")
-    page.screenshot(path=shots / "model-page.png", full_page=True)
-    page.evaluate(f"{MARKER} = 'still here'")
-
-    page.get_by_label("Cards per replica").fill("2")
-    preview = page.locator("#resize-preview .preview.ok")
-    preview.wait_for()
-    assert "h100: 1 → 2 cards of h100-80g" in preview.inner_text()
-    assert "Room beside the running replicas on gpu-h1, gpu-h2" in preview.inner_text()
-    assert page.evaluate(MARKER) == "still here"
-    page.locator("#resize-preview").scroll_into_view_if_needed()
-    page.screenshot(path=shots / "resize-preview.png", full_page=True)
-
-    page.get_by_role("button", name="Apply: 2 cards").click()
-    page.locator(".message.success").wait_for()
-    assert (
-        "llama-3.1-8b/h100: 1 → 2 cards, saved as revision 2."
-        in page.locator(".message.success").inner_text()
-    )
-    assert page.evaluate(MARKER) == "still here"  # HX-Location: swapped in, not reloaded
-    profile = Profile.objects.get(model__name="llama-3.1-8b")
-    assert (profile.revision, profile.tp) == (2, 2)
-    entry = AuditEntry.objects.get(action="resize")
-    assert (entry.via, entry.actor) == ("ui", "operator")
-
-    # The restart the resize started shows on the same page, live.
-    op = RestartOperation.objects.get(model__name="llama-3.1-8b")
-    assert sorted(op.steps.values_list("old_replica__name", flat=True)) == [
-        "llama-3.1-8b-1",
-        "llama-3.1-8b-2",
-    ]
-    watch_it_run(page, op)
-
-
-def watch_it_run(page, op: RestartOperation) -> None:
-    """The panel polls while the restart runs, shows each step's state as the worker records it, and
-    stops polling once the operation has ended."""
-    panel = page.locator(f"#operation-{op.pk}")
-    panel.wait_for()
-    assert panel.get_attribute("hx-trigger") == "every 1s"
-    RestartOperation.objects.filter(pk=op.pk).update(state="running")
-    RestartStep.objects.filter(operation=op).update(state="waiting", node="gpu-h1", cards=[3, 4])
-    page.locator(f"#operation-{op.pk} .badge.state-waiting").first.wait_for()
-    RestartStep.objects.filter(operation=op).update(state="succeeded")
-    RestartOperation.objects.filter(pk=op.pk).update(state="succeeded", reason="Every replica restarted.")
-    page.locator(f"#operation-{op.pk}:not([hx-trigger])").wait_for()
-    assert "Every replica restarted." in panel.inner_text()
-    steps = op.steps.count()
-    assert f"{steps} of {steps} step{'s' if steps != 1 else ''} done" in panel.inner_text()
-
-
-def test_a_restart_shows_live_and_stops_polling_when_it_ends(page, demo):
-    operator()
-    Profile.objects.filter(model__name="mistral-7b").update(revision=2)  # its replica is now stale
-    sign_in(page, "operator")
-    page.goto("/models/mistral-7b/")
-    page.evaluate(f"{MARKER} = 'still here'")
-    page.get_by_role("button", name="Restart 1 stale replica on mistral-7b's current profile").click()
-    page.locator(".message.success").wait_for()
-    op = RestartOperation.objects.get(model__name="mistral-7b")
-    assert (op.via, op.requested_by_name) == ("ui", "operator")
-    watch_it_run(page, op)
-    assert page.evaluate(MARKER) == "still here"
-
-
-def test_an_operator_cancels_a_queued_restart_from_its_page(page, demo):
-    operator()
-    Profile.objects.filter(model__name="mistral-7b").update(revision=2)
-    sign_in(page, "operator")
-    page.goto("/models/mistral-7b/")
-    page.get_by_role("button", name=re.compile("^Restart 1 stale replica")).click()
-    page.locator(".message.success").wait_for()
-    op = RestartOperation.objects.get(model__name="mistral-7b")
-    page.goto(f"/operations/{op.pk}/")
-    page.get_by_role("button", name=f"Cancel restart #{op.pk}").click()
-    page.locator(f"#operation-{op.pk}:not([hx-trigger]) .badge.state-cancelled").first.wait_for()
-    assert page.get_by_role("button", name=re.compile("^Cancel")).count() == 0  # removed out of band
-    assert RestartOperation.objects.get(pk=op.pk).state == "cancelled"
-    assert AuditEntry.objects.filter(action="restart_cancel", via="ui").count() == 1
-
-
-def test_the_context_form_previews_too(page, demo):
-    operator()
-    sign_in(page, "operator")
-    page.goto("/models/llama-3.1-8b/")
-    page.get_by_label("Context (tokens)").fill("131072")
-    preview = page.locator("#context-preview .preview.ok")
-    preview.wait_for()
-    assert "32768 → 131072 tokens" in preview.inner_text()
-    assert "KV cache 16.0 GiB (131072 tokens)" in preview.inner_text()
-
-
-def test_a_viewer_sees_the_pages_without_any_form(page, demo, shots):
-    b.user("viewer", password=PASSWORD)
-    sign_in(page, "viewer")
-    page.goto("/models/llama-3.1-8b/")
-    assert page.locator("form[hx-post]").count() == 0
-    assert page.get_by_label("Cards per replica").count() == 0
-    assert page.get_by_role("button", name=re.compile("Apply|Restart|Cancel")).count() == 0
-    assert "Read-only" in page.locator("main").inner_text()
-    page.goto("/nodes/")
-    assert page.locator(".card.held").count() == 13 and page.locator(".card.free").count() == 19
-    page.screenshot(path=shots / "nodes.png", full_page=True)
-
-
-def test_swagger_ui_loads_the_schema_under_the_content_security_policy(page, demo):
-    b.user("viewer", password=PASSWORD)
-    sign_in(page, "viewer")
-    page.goto("/api/docs/")
-    page.locator(".swagger-ui .info .title").wait_for()
-    assert "llmgw-web API" in page.locator(".swagger-ui .info .title").inner_text()
-    page.locator(".opblock-tag").first.wait_for()
-
-
-def test_the_models_filters_narrow_the_list_in_place(page, demo):
-    b.user("viewer", password=PASSWORD)
-    sign_in(page, "viewer")
-    page.evaluate(f"{MARKER} = 'still here'")
-    page.get_by_label("Engine").select_option("llamacpp")
-    page.wait_for_url(re.compile(r"engine=llamacpp"))
-    page.locator("#model-results .count", has_text="2 models match").wait_for()
-    assert page.evaluate(MARKER) == "still here"
-
-
-def test_the_pages_work_from_the_keyboard(page, demo):
-    operator()
-    sign_in(page, "operator")
-    page.goto("/models/llama-3.1-8b/")
-    page.get_by_label("Cards per replica").focus()
-    page.keyboard.press("ArrowUp")  # 1 → 2, as a keyboard user would
-    page.locator("#resize-preview .preview.ok").wait_for()
-    page.keyboard.press("Tab")  # the in-place checkbox
-    page.keyboard.press("Tab")  # the Apply button in the preview
-    assert page.evaluate("document.activeElement.textContent.trim()") == "Apply: 2 cards"
-    page.keyboard.press("Enter")
-    page.locator(".message.success").wait_for()
-    assert Profile.objects.get(model__name="llama-3.1-8b").revision == 2
 
 
 def test_a_replica_started_on_the_standin_shows_planned_and_measured_memory(
@@ -425,7 +152,7 @@ def test_the_nodes_grid_shows_each_cards_memory_used_beside_the_plan_and_marks_a
 ):
     """Real agents read the stand-in nvidia-smi (as they read nvidia-smi on a GPU node); the
     control plane samples them; the grid draws used against planned and marks the foreign card."""
-    from agent_testing import foreign_process
+    from agent_fakes import foreign_process
 
     from telemetry.services import fleet_sample
     from tests.support.restart import fleet_of
