@@ -11,8 +11,18 @@ It speaks just enough of an engine's HTTP API for the agent and a gateway:
 - ``GET /v1/models``: ``{"object": "list", "data": [{"id": NAME, "object":
   "model", ...}], "standin": {"pid", "cuda_visible_devices", "argv", ...}}``;
   the model is listed only once loaded;
-- ``POST /v1/chat/completions``: an OpenAI-shaped answer echoing the last user
-  message, with usage counts; 503 while loading.
+- ``POST /v1/chat/completions`` and ``POST /v1/completions``: an OpenAI-shaped
+  answer echoing the last user message (the prompt), with usage counts; 503
+  while loading; a body's ``standin_seconds`` (a number, at most 600) makes that
+  request take so long, to have one in flight;
+- ``GET /metrics``: vLLM's ``vllm:num_requests_running`` and
+  ``vllm:num_requests_waiting`` gauges (Prometheus text), counting requests in
+  flight (vllm/v1/metrics/loggers.py names them; docs/restarts.md);
+- with ``VLLM_API_KEY`` set, ``/v1/*`` answer 401 without ``Authorization:
+  Bearer <key>`` (as vLLM's ``--api-key`` does; ``/health`` and ``/metrics`` stay open);
+- on SIGTERM it drains, as vLLM >= 0.18 with ``--shutdown-timeout`` does: new
+  requests (and ``/health``) answer 503, the requests in flight finish, then it
+  exits.
 
 Arguments it does not know are ignored, so real engine flags pass through.
 Behaviour comes from flags or, so that a profile's environment can drive it,
@@ -25,6 +35,8 @@ from variables (a flag wins):
   --exit-at-start CODE / STANDIN_EXIT_AT_START   log a few lines, exit CODE before listening
   --crash-after SECONDS / STANDIN_CRASH_AFTER    exit 137 that long after starting
   --ignore-sigterm / STANDIN_IGNORE_SIGTERM=1    only SIGKILL stops it
+  --generation-fails / STANDIN_GENERATION_FAILS=1  /health and /v1/models answer, every
+                                                 completion fails (500): dead generation
   STANDIN_MEMORY="weights=14.96,non_torch=0.35,activation=1.26,kv_cache=53.29,cuda_graph=0.64,
                   total=79.22,fraction=0.9,context=8192,sequences=13.3"
       print vLLM's start-up memory lines with these figures (GiB; the lines of
@@ -77,6 +89,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--exit-at-start", type=int, default=None)
     parser.add_argument("--crash-after", type=float, default=None)
     parser.add_argument("--ignore-sigterm", action="store_true", default=None)
+    parser.add_argument("--generation-fails", action="store_true", default=None)
     args, unknown = parser.parse_known_args(argv)
 
     if args.port is None:
@@ -96,6 +109,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         args.crash_after = _env_float("STANDIN_CRASH_AFTER", None)
     if args.ignore_sigterm is None:
         args.ignore_sigterm = _env_flag("STANDIN_IGNORE_SIGTERM")
+    if args.generation_fails is None:
+        args.generation_fails = _env_flag("STANDIN_GENERATION_FAILS")
     return args, unknown
 
 
@@ -160,6 +175,8 @@ class Engine:
         self.argv = argv
         self.model = args.served_model_name
         self.started = time.monotonic()
+        self.api_key = os.environ.get("VLLM_API_KEY", "")
+        self.flight = InFlight()
 
     @property
     def loaded(self) -> bool:
@@ -174,7 +191,14 @@ class StandinHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path == "/health":
+        if path == "/metrics":
+            self._metrics()
+            return
+        if path.startswith("/v1/") and not self._authorized():
+            return
+        if path == "/health" and self.engine.flight.draining:
+            self._json(503, {"status": "shutting down"})
+        elif path == "/health":
             self._json(200, {"status": "ok" if self.engine.loaded else "loading"})
         elif path == "/v1/models":
             data = (
@@ -189,22 +213,36 @@ class StandinHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        if self.path.split("?", 1)[0] != "/v1/chat/completions":
+        path = self.path.split("?", 1)[0]
+        if path not in ("/v1/chat/completions", "/v1/completions"):
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
             return
+        if not self._authorized():
+            return
+        if not self.engine.flight.enter():
+            self._json(503, {"error": {"message": "the server is shutting down", "type": "unavailable"}})
+            return
+        try:
+            self._complete(path, raw)
+        finally:
+            self.engine.flight.leave()
+
+    def _complete(self, path: str, raw: bytes) -> None:
         if not self.engine.loaded:
             self._json(503, {"error": {"message": "the model is still loading", "type": "unavailable"}})
             return
         try:
             body = json.loads(raw or b"{}")
+            if path == "/v1/completions":
+                body["messages"] = [{"role": "user", "content": _text(body.get("prompt", ""))}]
             messages = body.get("messages", [])
             assert isinstance(messages, list)
-        except (ValueError, AssertionError, AttributeError):
+        except (ValueError, AssertionError, AttributeError, TypeError):
             self._json(
                 400,
                 {
                     "error": {
-                        "message": "body must be JSON with a messages list",
+                        "message": "body must be JSON with a messages list (a prompt for /v1/completions)",
                         "type": "invalid_request_error",
                     }
                 },
@@ -230,18 +268,29 @@ class StandinHandler(BaseHTTPRequestHandler):
             ),
             "",
         )
+        if self.engine.args.generation_fails:
+            self._json(500, {"error": {"message": GENERATION_FAILURE, "type": "internal_server_error"}})
+            return
+        take_time(body.get("standin_seconds"))
         answer = f"echo: {last_user}"
         prompt_tokens, completion_tokens = len(prompt.split()), len(answer.split())
+        finish = "stop"
+        limit = body.get("max_tokens")
+        if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < completion_tokens:
+            answer, completion_tokens, finish = " ".join(answer.split()[:limit]), limit, "length"
+        choice: dict[str, Any] = (
+            {"index": 0, "text": answer, "finish_reason": finish}
+            if path == "/v1/completions"
+            else {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": finish}
+        )
         self._json(
             200,
             {
-                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-                "object": "chat.completion",
+                "id": f"{'cmpl' if path == '/v1/completions' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}",
+                "object": "text_completion" if path == "/v1/completions" else "chat.completion",
                 "created": int(time.time()),
                 "model": self.engine.model,
-                "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}
-                ],
+                "choices": [choice],
                 "usage": {
                     "prompt_tokens": prompt_tokens,
                     "completion_tokens": completion_tokens,
@@ -249,6 +298,22 @@ class StandinHandler(BaseHTTPRequestHandler):
                 },
             },
         )
+
+    def _authorized(self) -> bool:
+        """With a key (VLLM_API_KEY), as vLLM's --api-key: a request without it answers 401."""
+        key = self.engine.api_key
+        if not key or self.headers.get("Authorization", "") == f"Bearer {key}":
+            return True
+        self._json(401, {"error": "Unauthorized"})
+        return False
+
+    def _metrics(self) -> None:
+        payload = metrics_text(self.engine.model, self.engine.flight.running).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
 
     def _facts(self) -> dict[str, Any]:
         return {
@@ -277,6 +342,75 @@ def _text(content: Any) -> str:
     if isinstance(content, list):  # OpenAI content parts
         return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
     return ""
+
+
+# -- readiness by generation and stops that drain (issue 23) ---------------------------------------
+
+GENERATION_FAILURE = (
+    "stand-in told to fail generation (STANDIN_GENERATION_FAILS): CUDA error: an illegal memory access"
+)
+MAX_REQUEST_SECONDS = 600.0
+
+
+class InFlight:
+    """The requests being answered, and whether the stand-in is draining (refusing new ones)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.running = 0
+        self.draining = False
+
+    def enter(self) -> bool:
+        """Count a request in; False (refuse it) once draining."""
+        with self._cond:
+            if self.draining:
+                return False
+            self.running += 1
+            return True
+
+    def leave(self) -> None:
+        with self._cond:
+            self.running -= 1
+            self._cond.notify_all()
+
+    def drain(self) -> int:
+        """Refuse new requests and wait until those in flight are answered; how many there were."""
+        with self._cond:
+            self.draining = True
+            had = self.running
+            while self.running:
+                self._cond.wait()
+            return had
+
+
+def take_time(seconds: Any) -> None:
+    """A request that asked for ``standin_seconds`` takes that long (bounded), to be in flight."""
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0:
+        time.sleep(min(float(seconds), MAX_REQUEST_SECONDS))
+
+
+def metrics_text(model: str, running: int) -> str:
+    """vLLM's scheduler gauges, as its /metrics serves them (Prometheus text format)."""
+    label = json.dumps(model)
+    return (
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{engine="0",model_name={label}}} {float(running)}\n'
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f'vllm:num_requests_waiting{{engine="0",model_name={label}}} 0.0\n'
+    )
+
+
+def drain_then_shutdown(engine: Engine, server: ThreadingHTTPServer) -> None:
+    """On SIGTERM: refuse new requests, let those in flight finish, then stop serving."""
+    had = engine.flight.running
+    if had:
+        log(f"draining: {had} request(s) in flight; new requests are refused")
+    engine.flight.drain()
+    if had:
+        log("drained: every request in flight was answered")
+    server.shutdown()
 
 
 def hold_card_memory(unknown: list[str]) -> Path | None:
@@ -320,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, lambda *_: log("SIGTERM received and ignored"))
 
-    handler = type("Handler", (StandinHandler,), {"engine": Engine(args, [sys.argv[0], *argv])})
+    engine = Engine(args, [sys.argv[0], *argv])
+    handler = type("Handler", (StandinHandler,), {"engine": engine})
     try:
         server = ThreadingHTTPServer((args.host, args.port), handler)
     except OSError as exc:
@@ -332,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def on_sigterm(*_: Any) -> None:
             log("SIGTERM received; shutting down")
-            threading.Thread(target=server.shutdown, daemon=True).start()
+            threading.Thread(target=drain_then_shutdown, args=(engine, server), daemon=True).start()
 
         signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -362,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         log_memory(memory_figures(memory))
     held = hold_card_memory(unknown)
     state = "never ready" if args.never_ready else f"ready in {args.load_seconds:g}s"
+    if args.generation_fails:
+        state += ", every completion failing"
     log(f"listening on {args.host}:{args.port}, serving {args.served_model_name} ({state})")
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever(poll_interval=0.1)

@@ -31,6 +31,7 @@ ENV_OVERRIDES = {
     "tls_cert_file": "LLMGW_AGENT_TLS_CERT_FILE",
     "tls_key_file": "LLMGW_AGENT_TLS_KEY_FILE",
     "stop_grace_seconds": "LLMGW_AGENT_STOP_GRACE_SECONDS",
+    "stop_drain_seconds": "LLMGW_AGENT_STOP_DRAIN_SECONDS",
     "ready_poll_seconds": "LLMGW_AGENT_READY_POLL_SECONDS",
     "stop_children_on_exit": "LLMGW_AGENT_STOP_CHILDREN_ON_EXIT",
 }
@@ -75,6 +76,9 @@ class AgentConfig:
     cards: tuple[CardConfig, ...]
     engines: Mapping[str, EngineConfig]
     warnings: tuple[str, ...] = ()
+    # How long a stop waits for a ready engine's requests in flight before SIGTERM (a DELETE's
+    # ?drain= asks for another); supervisor.py, _drain.
+    stop_drain_seconds: float = 30.0
 
 
 def load_config(path: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None) -> AgentConfig:
@@ -131,6 +135,7 @@ def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentCo
         raise ConfigError("tls_cert_file and tls_key_file: give both (to serve https) or neither")
 
     stop_grace = _number(values, "stop_grace_seconds", default=10.0, low=0.0, high=3600.0)
+    stop_drain = _number(values, "stop_drain_seconds", default=30.0, low=0.0, high=3600.0)
     ready_poll = _number(values, "ready_poll_seconds", default=0.5, low=0.05, high=60.0)
     stop_children = _boolean(values, "stop_children_on_exit", default=False)
 
@@ -147,6 +152,7 @@ def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentCo
         tls_key_file=tls_key_file,
         token_file=token_file,
         stop_grace_seconds=stop_grace,
+        stop_drain_seconds=stop_drain,
         ready_poll_seconds=ready_poll,
         stop_children_on_exit=stop_children,
         cards=_cards(data.get("cards", [])),

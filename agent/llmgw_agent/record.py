@@ -43,6 +43,7 @@ class Replica:
     handle: ProcessHandle | None = field(default=None, repr=False)
     stopping: bool = False
     stop_reason: str = ""
+    draining: bool = False  # a stop waits for its requests in flight (Supervisor._drain)
     timed_out: bool = False
     killed_after_grace: float | None = None
     done: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -75,6 +76,7 @@ class Replica:
             "reason": self.redact(self.reason),
             "args": redacted(list(self.spec.args)),
             "adopted": self.adopted,
+            "draining": self.draining,
             "log_file": str(self.log_path),
             # What the engine printed about its memory at start-up, per card
             # (agent/llmgw_agent/memory_lines.py), and what nvidia-smi says it holds.

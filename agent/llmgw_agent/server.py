@@ -216,7 +216,7 @@ class AgentHandler(BaseHTTPRequestHandler):
                 wait, unless = _wait(query)
                 return 200, supervisor.get(replica_id, wait=wait, unless=unless)
             if method == "DELETE":
-                return 200, supervisor.stop(replica_id, _grace(query))
+                return 200, supervisor.stop(replica_id, _grace(query), drain=_drain(query))
             check_replica_id(replica_id)
             return supervisor.start(replica_id, self._json_body())
         raise AgentError(404, "not_found", f"No endpoint {path[:200]}.")
@@ -307,6 +307,22 @@ def _lines(query: dict[str, list[str]]) -> int:
             400, "invalid_lines", f"lines must be a whole number from 1 to 500, got {raw[:40]!r}."
         )
     return int(raw)
+
+
+def _drain(query: dict[str, list[str]]) -> float | None:
+    """A DELETE's ``drain``: seconds to wait for the engine's requests in flight before SIGTERM."""
+    if "drain" not in query:
+        return None
+    raw = query["drain"][-1]
+    try:
+        drain = float(raw)
+    except ValueError:
+        drain = -1.0
+    if not math.isfinite(drain) or not 0 <= drain <= 3600:
+        raise AgentError(
+            400, "invalid_drain", f"drain must be a number of seconds from 0 to 3600, got {raw[:40]!r}."
+        )
+    return drain
 
 
 def _grace(query: dict[str, list[str]]) -> float | None:

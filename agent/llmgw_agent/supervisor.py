@@ -31,7 +31,7 @@ from typing import Any
 from llmgw_policy import Policy, check_spec, default_policy
 
 from .config import AgentConfig, CardConfig
-from .probe import probe
+from .probe import in_flight, probe
 from .process import (
     AdoptedProcess,
     ChildProcess,
@@ -51,6 +51,7 @@ MAX_FINISHED_RECORDS = 500
 LOG_MAX_LINES = 500  # lines a log request may ask for (read from the log's last 64 KiB)
 LOG_MIN_INTERVAL = 0.5  # seconds between two reads of one replica's log, however often it is asked
 KILL_WAIT = 5.0
+DRAIN_POLL = 0.2  # seconds between two reads of an engine's requests in flight while a stop drains it
 # The longest a reader may wait for a replica to change (GET ...?wait=): bounded, so a connection
 # is never held open for long, whatever the caller asked.
 MAX_WAIT_SECONDS = 30.0
@@ -65,7 +66,8 @@ class Supervisor:
         cards: tuple[CardConfig, ...],
         *,
         policy: Policy | None = None,
-        probe: Callable[[int, str], tuple[str, str]] = probe,
+        probe: Callable[..., tuple[str, str]] = probe,
+        in_flight: Callable[[int], int | None] = in_flight,
     ):
         self.config = config
         self.cards = cards
@@ -74,6 +76,7 @@ class Supervisor:
         # started: a spec cannot name another (PATH is refused in a spec).
         self.program_path = os.environ.get("PATH", os.defpath)
         self._probe = probe
+        self._in_flight = in_flight
         # A condition on the table's lock: every change of a replica is saved (_save), and saving
         # wakes the readers waiting for one (get with wait).
         self._lock = threading.Condition()
@@ -240,6 +243,12 @@ class Supervisor:
             self._save()
             return 201, record.as_dict()
 
+    def _api_key(self, spec: Spec) -> str:
+        """The replica's own API key (the spec's variable the policy marks ``api_key``), which its
+        readiness probe sends as a client would; '' when it has none."""
+        names = self.policy.api_key_env(spec.engine)
+        return next((value for name, value in spec.env if name in names and value), "")
+
     def _secrets(self, spec: Spec) -> tuple[str, ...]:
         names = self.policy.secret_env(spec.engine)
         return tuple(value for name, value in spec.env if name in names and len(value) >= 4)
@@ -319,21 +328,71 @@ class Supervisor:
     # -- stop --
 
     def stop(
-        self, replica_id: str, grace: float | None = None, *, why: str = "stopped through the API"
+        self,
+        replica_id: str,
+        grace: float | None = None,
+        *,
+        drain: float | None = None,
+        why: str = "stopped through the API",
     ) -> dict[str, Any]:
-        """Stop the replica and answer once its process is gone: SIGTERM to its
-        process group, SIGKILL after ``grace`` seconds. Stopping a replica that
-        is not running is harmless."""
+        """Stop the replica and answer once its process is gone: a ready engine is drained first
+        (``_drain``: up to ``drain`` seconds for its requests in flight), then SIGTERM to its
+        process group, SIGKILL after ``grace`` seconds. Stopping a replica that is not running is
+        harmless; a stop asked for while one is under way waits for that one."""
         grace = self.config.stop_grace_seconds if grace is None else grace
+        drain = self.config.stop_drain_seconds if drain is None else drain
         with self._lock:
             record = self._find(replica_id)
             if record.handle is None or record.done.is_set():
                 return record.as_dict()
+            already = record.stopping
             record.stopping = True
-            record.stop_reason = why
+            if not already:
+                record.stop_reason = why
+                record.draining = record.state == READY and drain > 0
+                self._save()
+        if already:
+            record.done.wait(timeout=drain + grace + KILL_WAIT * 2)
+            return self.get(replica_id)
+        if record.draining:
+            self._drain(record, drain)
         self._terminate(record, grace)
         record.done.wait(timeout=KILL_WAIT * 2)
         return self.get(replica_id)
+
+    def _drain(self, record: Replica, drain: float) -> None:
+        """Before SIGTERM: wait up to ``drain`` seconds for the engine's requests in flight (its own
+        /metrics gauges, probe.in_flight) to finish, and say in the stop's reason how it went. The
+        replica answers ``draining`` meanwhile. An engine that does not report them is not waited
+        for: SIGTERM then, and an engine that drains on SIGTERM (vLLM >= 0.18 with
+        --shutdown-timeout, the stand-in) finishes them within the stop's grace."""
+        started = time.monotonic()
+        deadline = started + drain
+        first: int | None = None
+        while True:
+            try:
+                count = self._in_flight(record.spec.port)
+            except Exception:  # a read must never stop a stop
+                log.exception("replica %s: reading its requests in flight failed", record.id)
+                count = None
+            first = count if first is None else first
+            if count is None:
+                note = (
+                    "the engine does not report its requests in flight (no /metrics), so none were waited for"
+                )
+                break
+            if count == 0:
+                waited = time.monotonic() - started
+                note = f"drained: {first} request(s) in flight finished in {waited:.1f}s" if first else ""
+                break
+            if time.monotonic() >= deadline or record.done.is_set():
+                note = f"{count} request(s) still in flight after the drain deadline of {drain:g}s"
+                break
+            time.sleep(DRAIN_POLL)
+        log.info("replica %s: %s", record.id, note or "no request in flight")
+        with self._lock:
+            record.stop_reason += f" ({note})" if note else ""
+            record.draining = False
 
     def _terminate(self, record: Replica, grace: float) -> None:
         handle = record.handle
@@ -396,7 +455,9 @@ class Supervisor:
                 self._terminate(record, self.config.stop_grace_seconds)
                 continue
             try:
-                state, reason = self._probe(record.spec.port, record.spec.model)
+                state, reason = self._probe(
+                    record.spec.port, record.spec.model, api_key=self._api_key(record.spec)
+                )
             except Exception as exc:  # a probe must never kill the watcher
                 log.exception("replica %s: readiness probe failed", record.id)
                 state, reason = LOADING, f"readiness probe failed: {exc}"

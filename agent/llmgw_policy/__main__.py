@@ -39,7 +39,8 @@ def _value(rule: ValueRule) -> str:
         "bool": "1/0, true/false",
         "token": "a token",
     }[rule.kind]
-    return text + (" — **secret**: write-only, fingerprinted, redacted" if rule.secret else "")
+    text += " — **secret**: write-only, fingerprinted, redacted" if rule.secret else ""
+    return text + ("; the engine's API key, which the agent's readiness probe sends" if rule.api_key else "")
 
 
 def markdown(policy: Policy) -> str:

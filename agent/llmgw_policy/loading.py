@@ -73,7 +73,7 @@ def _strings(data: Any, where: str) -> tuple[str, ...]:
 def _rule(entry: Any, where: str, sources: Mapping[str, str]) -> ValueRule:
     if not isinstance(entry, dict):
         raise PolicyError(f"{where}: must be a table with value and src")
-    unknown = set(entry) - {"value", "choices", "min", "max", "keys", "secret", "src"}
+    unknown = set(entry) - {"value", "choices", "min", "max", "keys", "secret", "api_key", "src"}
     if unknown:
         raise PolicyError(f"{where}: unknown key {sorted(unknown)[0]!r}")
     kind = entry.get("value")
@@ -110,6 +110,9 @@ def _rule(entry: Any, where: str, sources: Mapping[str, str]) -> ValueRule:
     secret = entry.get("secret", False)
     if not isinstance(secret, bool):
         raise PolicyError(f"{where}, key 'secret': must be true or false")
+    api_key = entry.get("api_key", False)
+    if not isinstance(api_key, bool) or (api_key and not secret):
+        raise PolicyError(f"{where}, key 'api_key': must be true or false, and true only on a secret")
     return ValueRule(
         kind=kind,
         choices=choices,
@@ -117,6 +120,7 @@ def _rule(entry: Any, where: str, sources: Mapping[str, str]) -> ValueRule:
         maximum=bounds[1],
         keys=dict(keys),
         secret=secret,
+        api_key=api_key,
         source=sources[src],
     )
 

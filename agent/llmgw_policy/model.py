@@ -39,6 +39,8 @@ class ValueRule:
     maximum: float | None = None
     keys: Mapping[str, str] = field(default_factory=dict)
     secret: bool = False
+    # The engine's API key: the agent's readiness probe sends it as a bearer token (probe.py).
+    api_key: bool = False
     source: str = ""
 
 
@@ -75,6 +77,10 @@ class EnginePolicy:
         rules = {**everywhere, **self.env}
         return frozenset(name for name, rule in rules.items() if rule.secret)
 
+    def api_key_env(self, everywhere: Mapping[str, ValueRule]) -> tuple[str, ...]:
+        rules = {**everywhere, **self.env}
+        return tuple(sorted(name for name, rule in rules.items() if rule.api_key))
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -107,6 +113,12 @@ class Policy:
         if eng is None:
             return frozenset(name for name, rule in self.env.items() if rule.secret)
         return eng.secret_env(self.env)
+
+    def api_key_env(self, engine: str) -> tuple[str, ...]:
+        """The variables that hold ``engine``'s API key (a client sends it as ``Authorization:
+        Bearer``): what the agent's readiness probe authenticates with."""
+        eng = self.engines.get(engine)
+        return () if eng is None else eng.api_key_env(self.env)
 
 
 def excerpt(text: str, limit: int = 60) -> str:
