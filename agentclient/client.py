@@ -128,12 +128,17 @@ class AgentClient:
             shape=answers.replica_state,
         )
 
-    def stop(self, replica_id: str, *, grace: float | None = None) -> dict[str, Any]:
-        """DELETE: answers once the process is gone. A replica the agent does not
-        know is as stopped as it gets: answered as such, not as an error."""
-        params = {} if grace is None else {"grace": f"{grace:g}"}
-        # LLMGW_AGENT_STOP_SECONDS bounds the agent's own grace; a grace asked for gets its margin.
-        wait = settings.LLMGW_AGENT_STOP_SECONDS if grace is None else grace + STOP_MARGIN_SECONDS
+    def stop(
+        self, replica_id: str, *, grace: float | None = None, drain: float | None = None
+    ) -> dict[str, Any]:
+        """DELETE: answers once the process is gone. A ready engine is drained first: the agent
+        waits up to ``drain`` seconds (LLMGW_STOP_DRAIN_SECONDS) for its requests in flight. A
+        replica the agent does not know is as stopped as it gets: answered as such, not as an error."""
+        drain = settings.LLMGW_STOP_DRAIN_SECONDS if drain is None else drain
+        params = {"drain": f"{drain:g}"} if grace is None else {"grace": f"{grace:g}", "drain": f"{drain:g}"}
+        # LLMGW_AGENT_STOP_SECONDS bounds the agent's own grace; a grace asked for gets its margin;
+        # the drain comes before either.
+        wait = drain + (settings.LLMGW_AGENT_STOP_SECONDS if grace is None else grace + STOP_MARGIN_SECONDS)
         try:
             return self._call(
                 "DELETE",

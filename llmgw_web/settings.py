@@ -349,6 +349,12 @@ LLMGW_REPLICA_PORT_BASE = env_int("LLMGW_REPLICA_PORT_BASE", 8100, minimum=1024)
 # How long a stop waits for the agent's answer: the agent answers once the engine is gone (its
 # stop_grace_seconds, 10 by default, then SIGKILL and up to 10 s more), so at least that.
 LLMGW_AGENT_STOP_SECONDS = env_float("LLMGW_AGENT_STOP_SECONDS", 25.0, minimum=0.5)
+# How long a stop lets a ready engine finish its requests in flight before it is signalled (the
+# agent reads them from the engine's /metrics; docs/restarts.md "Stops that drain"). A stop's wait
+# for its agent is LLMGW_AGENT_STOP_SECONDS plus this.
+LLMGW_STOP_DRAIN_SECONDS = env_float("LLMGW_STOP_DRAIN_SECONDS", 30.0, minimum=0.0)
+if LLMGW_STOP_DRAIN_SECONDS > 3600:
+    raise ImproperlyConfigured("LLMGW_STOP_DRAIN_SECONDS must be at most 3600: the agent waits no longer")
 # How long a step waits for a node's agent that does not answer (restarted, upgraded, a blip) before
 # it gives up: polls of a replacement, and stops, are asked again within this window.
 LLMGW_AGENT_ABSENT_SECONDS = env_float("LLMGW_AGENT_ABSENT_SECONDS", 30.0, minimum=0.0)
@@ -365,13 +371,14 @@ LLMGW_RECONCILE_PARALLEL = env_int("LLMGW_RECONCILE_PARALLEL", 16, minimum=1)
 # step's replica, so the stale threshold must be above the longest agent call a worker makes.
 _LONGEST_AGENT_CALL = max(
     LLMGW_AGENT_TIMEOUT_SECONDS + LLMGW_AGENT_WAIT_SECONDS,
-    LLMGW_AGENT_STOP_SECONDS,
+    LLMGW_AGENT_STOP_SECONDS + LLMGW_STOP_DRAIN_SECONDS,
 )
 if LLMGW_OPERATION_STALE_SECONDS <= _LONGEST_AGENT_CALL:
     raise ImproperlyConfigured(
         f"LLMGW_OPERATION_STALE_SECONDS ({LLMGW_OPERATION_STALE_SECONDS}) must be above the longest agent call "
         f"a worker makes ({_LONGEST_AGENT_CALL:g} s: the larger of LLMGW_AGENT_TIMEOUT_SECONDS + "
-        "LLMGW_AGENT_WAIT_SECONDS, and LLMGW_AGENT_STOP_SECONDS), or a worker still waiting for an agent "
+        "LLMGW_AGENT_WAIT_SECONDS, and LLMGW_AGENT_STOP_SECONDS + LLMGW_STOP_DRAIN_SECONDS), or a worker "
+        "still waiting for an agent "
         "would be taken over: raise it, or shorten those."
     )
 

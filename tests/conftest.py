@@ -241,6 +241,7 @@ def fast_restarts(settings: Any) -> Any:
     settings.LLMGW_AGENT_TIMEOUT_SECONDS = 3.0
     settings.LLMGW_AGENT_WAIT_SECONDS = 1.0
     settings.LLMGW_AGENT_STOP_SECONDS = 4.0
+    settings.LLMGW_STOP_DRAIN_SECONDS = 0.5  # within the stale threshold, with the stop
     settings.LLMGW_AGENT_ABSENT_SECONDS = 2.0
     settings.LLMGW_RESTART_SETTLE_SECONDS = 0.2
     settings.LLMGW_RECONCILE_SECONDS = 1.0

@@ -108,18 +108,29 @@ def test_a_long_poll_longer_than_the_agent_waits_is_refused():
 
 
 def test_a_stale_threshold_not_above_the_longest_agent_call_is_refused():
-    # A stop waits up to LLMGW_AGENT_STOP_SECONDS (25 s by default): 20 s would let a worker be taken over
-    # while it still waits for an agent.
+    # A stop waits up to LLMGW_AGENT_STOP_SECONDS (25 s by default) after its drain
+    # (LLMGW_STOP_DRAIN_SECONDS, 30 s): 20 s would let a worker be taken over while it still waits
+    # for an agent.
     bad = manage("check", DJANGO_DEBUG="1", LLMGW_OPERATION_STALE_SECONDS="20")
     assert bad.returncode != 0, bad.stdout
     assert "LLMGW_OPERATION_STALE_SECONDS (20) must be above the longest agent call" in bad.stderr
-    assert "(25 s:" in bad.stderr
+    assert "(55 s:" in bad.stderr
+    # The drain counts: a 5 s stop after a 20 s drain needs more than 20 s.
+    bad = manage(
+        "check",
+        DJANGO_DEBUG="1",
+        LLMGW_OPERATION_STALE_SECONDS="20",
+        LLMGW_AGENT_STOP_SECONDS="5",
+        LLMGW_STOP_DRAIN_SECONDS="20",
+    )
+    assert bad.returncode != 0 and "(25 s:" in bad.stderr
     # The long poll counts too: a 10 s timeout and a 10 s wait need more than 20 s.
     bad = manage(
         "check",
         DJANGO_DEBUG="1",
         LLMGW_OPERATION_STALE_SECONDS="20",
         LLMGW_AGENT_STOP_SECONDS="5",
+        LLMGW_STOP_DRAIN_SECONDS="0",
         LLMGW_AGENT_TIMEOUT_SECONDS="10",
         LLMGW_AGENT_WAIT_SECONDS="10",
     )
@@ -131,6 +142,7 @@ def test_a_stale_threshold_not_above_the_longest_agent_call_is_refused():
         LLMGW_OPERATION_STALE_SECONDS="2",
         LLMGW_OPERATION_HEARTBEAT_SECONDS="0.5",
         LLMGW_AGENT_STOP_SECONDS="1.5",
+        LLMGW_STOP_DRAIN_SECONDS="0.2",
         LLMGW_AGENT_TIMEOUT_SECONDS="1",
         LLMGW_AGENT_WAIT_SECONDS="0.5",
     )

@@ -320,7 +320,8 @@ def assert_nothing_half_done() -> None:
 
 # --- a worker process -----------------------------------------------------------------------------
 
-# Short, and allowed: the stale threshold is above the longest agent call (3 + 1 s, and a 4 s stop:
+# Short, and allowed: the stale threshold is above the longest agent call (3 + 1 s, and a 4 s stop
+# after a 0.5 s drain:
 # the test agents' stop grace is 2 s, and the stand-in exits on SIGTERM at once).
 WORKER_ENV = {
     "LLMGW_OPERATION_POLL_SECONDS": "0.1",
@@ -330,6 +331,7 @@ WORKER_ENV = {
     "LLMGW_AGENT_TIMEOUT_SECONDS": "3",
     "LLMGW_AGENT_WAIT_SECONDS": "1",
     "LLMGW_AGENT_STOP_SECONDS": "4",
+    "LLMGW_STOP_DRAIN_SECONDS": "0.5",
     # An agent away for longer than this fails the step (an agent restarted in 6 s is waited for).
     "LLMGW_AGENT_ABSENT_SECONDS": "12",
     "LLMGW_RESTART_SETTLE_SECONDS": "0.3",

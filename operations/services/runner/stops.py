@@ -4,6 +4,8 @@ holding its cards, for the reconciler to ask again."""
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from catalog.models import Node, Replica
 from operations.models import RestartStep
 from operations.services.runner.conversation import AgentConversation
@@ -15,7 +17,10 @@ def stop_confirmed(
 ) -> str:
     """Stop ``replica`` and, once its agent confirmed it, record it ``end`` with its cards freed;
     a stop not confirmed leaves it stopping, holding its cards (the reconciler asks again).
-    '' when confirmed, else why not."""
+    '' when confirmed, else why not. A ready replica stopped for good is recorded stopping first
+    (``drain_first``)."""
+    if node is not None and end == Replica.State.STOPPED and replica.state == Replica.State.READY:
+        drain_first(agents, replica, why)
     failure = agents.confirm_stop(node, replica.name) if node is not None else None
     if failure is not None:
         agents.records.replica_change(
@@ -36,6 +41,22 @@ def stop_confirmed(
         message=f"stopped {replica.name}: {why}",
     )
     return ""
+
+
+def drain_first(agents: AgentConversation, replica: Replica, why: str) -> None:
+    """Stop sending it work before it stops: recorded ``stopping`` (no longer live, so no longer
+    counted serving, and dropped by whatever routes from the catalog), audited, before the agent is
+    asked; the agent then waits up to LLMGW_STOP_DRAIN_SECONDS for the engine's requests in flight
+    before it signals it (docs/restarts.md, "Stops that drain")."""
+    drain = settings.LLMGW_STOP_DRAIN_SECONDS
+    agents.records.replica_change(
+        replica.pk,
+        state=Replica.State.STOPPING,
+        action="drain",
+        reason=f"draining before it stops: {why}",
+        message=f"{replica.name} takes no new work and is being stopped ({why}): its agent lets the "
+        f"requests in flight finish, for up to {drain:g} s, then stops it",
+    )
 
 
 def stop_replacement(agents: AgentConversation, step: RestartStep, failure: StepFailed) -> str:
