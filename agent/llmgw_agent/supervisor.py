@@ -376,6 +376,9 @@ class Supervisor:
                 log.exception("replica %s: reading its requests in flight failed", record.id)
                 count = None
             first = count if first is None else first
+            if record.handle is not None and record.handle.exited():
+                note = "it exited while draining"
+                break
             if count is None:
                 note = (
                     "the engine does not report its requests in flight (no /metrics), so none were waited for"

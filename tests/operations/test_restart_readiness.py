@@ -65,6 +65,24 @@ def test_a_replacement_that_answers_health_but_cannot_generate_is_never_ready_an
         assert_nothing_half_done()
 
 
+def test_in_place_a_replacement_that_cannot_generate_is_rolled_back_to_the_old_spec(tmp_path, actor):
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=1, processes=True) as fleet:
+        old = fleet.start("llama-1", "gpu-a", [0])
+        fleet.change_profile(env={**fleet.profile.env, "STANDIN_GENERATION_FAILS": "1"})
+        op = restart_start(model_name=MODEL, in_place=True, max_parallel=1, ready_timeout=4)
+        assert run_operation(op.pk) == "failed"
+
+        (step,) = op.steps.select_related("new_replica")
+        assert "one-token completion answered 500" in step.reason, step.reason
+        assert "llama-1 was started again with its previous spec and is ready" in step.reason, step.reason
+        assert not AuditEntry.objects.filter(action="ready", object_key=step.new_replica.name).exists()
+        old.refresh_from_db()
+        assert old.state == "ready" and answers(old.port)
+        # Back on its previous spec, which generates: its agent's probe said so.
+        assert fleet.agents["gpu-a"].replica("llama-1")["state"] == "ready"
+        assert_nothing_half_done()
+
+
 def test_a_rolling_restart_lets_the_request_in_flight_on_the_old_engine_finish(tmp_path, actor, settings):
     settings.LLMGW_STOP_DRAIN_SECONDS = 15.0
     settings.LLMGW_OPERATION_STALE_SECONDS = 40  # above the stop's wait, drain included
