@@ -22,6 +22,7 @@ STANDIN_VARIABLES = {
     "STANDIN_EXIT_AT_START": "3",
     "STANDIN_CRASH_AFTER": "5",
     "STANDIN_IGNORE_SIGTERM": "1",
+    "STANDIN_GENERATION_FAILS": "1",
     "STANDIN_MEMORY": "weights=1.5",
 }
 REAL_ENGINES = sorted(name for name in POLICY.engines if name != "standin")
@@ -105,4 +106,20 @@ def test_a_figures_entry_without_named_keys_and_bounds_stops_the_policy(tmp_path
     path = tmp_path / "policy.toml"
     path.write_text(text)
     with pytest.raises(PolicyError, match=problem):
+        load_policy(path)
+
+
+def test_the_api_key_variable_is_marked_for_the_readiness_probe_and_only_on_a_secret(tmp_path: Path):
+    assert POLICY.api_key_env("vllm") == ("VLLM_API_KEY",)
+    assert POLICY.api_key_env("standin") == ("VLLM_API_KEY",)  # the stand-in plays vLLM's key too
+    assert POLICY.api_key_env("llamacpp") == ("LLAMA_API_KEY",)
+    assert POLICY.api_key_env("sglang") == ()  # its key is not passed through a profile
+    assert POLICY.api_key_env("no-such-engine") == ()
+    text = POLICY.path.read_text().replace(
+        "[engines.standin.env]\n",
+        '[engines.standin.env]\nSTANDIN_TEST = { value = "token", api_key = true, src = "standin" }\n',
+    )
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    with pytest.raises(PolicyError, match="true only on a secret"):
         load_policy(path)
