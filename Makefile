@@ -88,6 +88,7 @@ bench: install
 	$(PY) bench/pages.py
 	$(PY) bench/fanout.py
 	$(PY) bench/scale_out.py
+	$(PY) bench/telemetry_round.py
 
 scale-out: install
 	$(PY) bench/scale_out.py

@@ -449,6 +449,14 @@ LLMGW_AUDIT_CHECKPOINT_SECONDS = env_float("LLMGW_AUDIT_CHECKPOINT_SECONDS", 300
 LLMGW_TELEMETRY_SECONDS = env_float("LLMGW_TELEMETRY_SECONDS", 15.0, minimum=0.0)
 LLMGW_TELEMETRY_HISTORY_SECONDS = env_float("LLMGW_TELEMETRY_HISTORY_SECONDS", 3600.0, minimum=60.0)
 LLMGW_TELEMETRY_STALE_SECONDS = env_float("LLMGW_TELEMETRY_STALE_SECONDS", 300.0, minimum=5.0)
+# A round's shape (telemetry/services.py): agents asked at once, one thread per NODES_PER_THREAD nodes
+# (at least 4, at most MAX_PARALLEL); answers written BATCH nodes a transaction; each card's history
+# at most HISTORY_SAMPLES samples besides HISTORY_SECONDS. A round that takes t s is next due after
+# max(LLMGW_TELEMETRY_SECONDS, 3 t).
+LLMGW_TELEMETRY_NODES_PER_THREAD = env_int("LLMGW_TELEMETRY_NODES_PER_THREAD", 32, minimum=1)
+LLMGW_TELEMETRY_MAX_PARALLEL = env_int("LLMGW_TELEMETRY_MAX_PARALLEL", 32, minimum=1)
+LLMGW_TELEMETRY_BATCH = env_int("LLMGW_TELEMETRY_BATCH", 200, minimum=1)
+LLMGW_TELEMETRY_HISTORY_SAMPLES = env_int("LLMGW_TELEMETRY_HISTORY_SAMPLES", 240, minimum=1)
 # /metrics (web/views/metrics.py): off unless a token is set; Prometheus sends it as its bearer token.
 LLMGW_METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN") or ""
 if LLMGW_METRICS_TOKEN and len(LLMGW_METRICS_TOKEN) < 32:

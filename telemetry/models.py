@@ -48,7 +48,8 @@ class CardReading(models.Model):
 
 
 class CardSample(models.Model):
-    """One reading of a card, kept for LLMGW_TELEMETRY_HISTORY_SECONDS."""
+    """One reading of a card, kept for LLMGW_TELEMETRY_HISTORY_SECONDS (at most
+    LLMGW_TELEMETRY_HISTORY_SAMPLES of a card)."""
 
     card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="samples")
     at = models.DateTimeField()
@@ -58,7 +59,11 @@ class CardSample(models.Model):
     foreign_mib = models.PositiveIntegerField(default=0)
 
     class Meta:
-        indexes = [models.Index(fields=["card", "at"], name="card_sample_card_at")]
+        # By card for a card's history; by age for the round's prune (one DELETE by range).
+        indexes = [
+            models.Index(fields=["card", "at"], name="card_sample_card_at"),
+            models.Index(fields=["at"], name="card_sample_at"),
+        ]
 
     def __str__(self) -> str:
         return f"card {self.card_id} at {self.at}"

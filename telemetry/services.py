@@ -1,13 +1,36 @@
-"""Sampling the agents' card telemetry and keeping it: the latest reading per card, a short
+"""Sampling the agents' card telemetry and keeping it: the latest reading per card, a bounded
 history, each node's last answer. A process holding memory on a card is *foreign* unless the
-catalog has a live replica of that name on that card."""
+catalog has a live replica of that name on that card.
+
+**Written in bulk.** A round asks the agents ``sampling_parallel(n)`` at a time (threads that
+only talk HTTP, no database) and writes their answers as they come, up to
+LLMGW_TELEMETRY_BATCH nodes at a time, through ``readings_write``: one transaction and the same
+handful of statements whatever the batch's size (the batch's cards, the live replicas on them,
+one upsert of the latest readings, one insert of samples, one upsert each of the nodes that
+answered and those that did not). The history is pruned once a round (``readings_prune``: one
+``DELETE``, by age and by count).
+
+**Versions.** Readings are written only by ``readings_write`` and ``readings_prune``, each one
+transaction; the database raises the ``telemetry`` area's counter once at each one's commit
+(versions/triggers.py): about ``n / LLMGW_TELEMETRY_BATCH + 1`` raises a round, not one a node.
+That counter is the readings' own (the telemetry app's tables hold nothing else), so only kept
+answers that read readings are invalidated by it. Were readings given a counter of another name,
+these two functions are where it is raised.
+
+**Adaptive.** ``sampling_parallel(n) = clamp(ceil(n / LLMGW_TELEMETRY_NODES_PER_THREAD), 4,
+LLMGW_TELEMETRY_MAX_PARALLEL)`` agents are asked at once; the next round is due
+``next_interval(took) = max(LLMGW_TELEMETRY_SECONDS, 3 × took)`` after a round that took
+``took`` seconds, so a round never takes more than a third of its interval however big the
+fleet or busy the machine.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+import math
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -20,26 +43,33 @@ from telemetry.models import CardReading, CardSample, NodeReading
 
 log = logging.getLogger("telemetry")
 
+# A node's outcome in a round: its agent's answer (a dict), or why it gave none (a str).
+Outcome = dict[str, Any] | str
+_READING_FIELDS = [
+    "at",
+    "memory_used_mib",
+    "memory_total_mib",
+    "utilization_percent",
+    "temperature_c",
+    "processes",
+    "foreign_mib",
+]
+
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def telemetry_record(*, node: Node, body: dict[str, Any]) -> list[CardReading]:
-    """Keep what ``node``'s agent answered: the cards' latest readings (replaced), a sample each
-    (older ones past the history dropped), and the node's last answer."""
-    now = timezone.now()
-    cards = {c.index: c for c in Card.objects.filter(node=node)}
-    known: dict[int, set[str]] = {}
-    for index, name in Shard.objects.filter(live_replicas_q("replica__"), card__node=node).values_list(
-        "card__index", "replica__name"
-    ):
-        known.setdefault(index, set()).add(name)
+def _readings_of(
+    body: dict[str, Any], cards: dict[int, int], known: dict[int, set[str]], now: datetime
+) -> list[CardReading]:
+    """The cards' readings in one agent's answer; ``cards``: the node's card ids by index,
+    ``known``: the live replicas' names by card id."""
     readings = []
     for raw in body.get("cards") or []:
         at = raw.get("index") if isinstance(raw, dict) else None
-        card = cards.get(at) if isinstance(at, int) else None
-        if card is None:
+        card_id = cards.get(at) if isinstance(at, int) else None
+        if card_id is None:
             continue  # a card the catalog does not list: nothing to attach it to
         processes = []
         for p in raw.get("processes") or []:
@@ -52,12 +82,12 @@ def telemetry_record(*, node: Node, body: dict[str, Any]) -> list[CardReading]:
                     "used_mib": _int(p.get("used_mib")),
                     "name": str(p.get("name") or "")[:120],
                     "replica": replica,
-                    "foreign": replica is None or replica not in known.get(card.index, set()),
+                    "foreign": replica is None or replica not in known.get(card_id, set()),
                 }
             )
         readings.append(
             CardReading(
-                card=card,
+                card_id=card_id,
                 at=now,
                 memory_used_mib=_int(raw.get("memory_used_mib")),
                 memory_total_mib=_int(raw.get("memory_total_mib")),
@@ -67,71 +97,170 @@ def telemetry_record(*, node: Node, body: dict[str, Any]) -> list[CardReading]:
                 foreign_mib=sum(p["used_mib"] or 0 for p in processes if p["foreign"]),
             )
         )
-    history = timedelta(seconds=settings.LLMGW_TELEMETRY_HISTORY_SECONDS)
-    with transaction.atomic():
-        CardReading.objects.bulk_create(
-            readings,
-            update_conflicts=True,
-            unique_fields=["card"],
-            update_fields=[
-                "at",
-                "memory_used_mib",
-                "memory_total_mib",
-                "utilization_percent",
-                "temperature_c",
-                "processes",
-                "foreign_mib",
-            ],
-        )
-        CardSample.objects.bulk_create(
-            CardSample(
-                card=r.card,
-                at=now,
-                memory_used_mib=r.memory_used_mib,
-                utilization_percent=r.utilization_percent,
-                temperature_c=r.temperature_c,
-                foreign_mib=r.foreign_mib,
-            )
-            for r in readings
-        )
-        CardSample.objects.filter(card__node=node, at__lt=now - history).delete()
-        NodeReading.objects.update_or_create(
-            node=node,
-            defaults={
-                "seen_at": now,
-                "asked_at": now,
-                "error": "",
-                "source": str(body.get("source", ""))[:32],
-            },
-        )
     return readings
+
+
+def readings_write(
+    outcomes: Sequence[tuple[Node, Outcome]], *, at: datetime | None = None
+) -> list[CardReading]:
+    """Keep a batch of nodes' outcomes in one transaction, in at most seven statements whatever
+    the batch's size: the cards' latest readings (replaced) and a sample each, and each node's
+    last answer, or for a node that gave none, when it was asked and why not (its last answer
+    kept). ``at``: the round's time, which all its readings take (else now). The one place
+    readings are written (the module's docstring: versions)."""
+    if not outcomes:
+        return []
+    now = at or timezone.now()
+    answered = [(node, body) for node, body in outcomes if isinstance(body, dict)]
+    ids = [node.pk for node, _ in answered]
+    cards: dict[int, dict[int, int]] = {}
+    known: dict[int, set[str]] = {}
+    if ids:
+        for card_id, node_id, index in Card.objects.filter(node_id__in=ids).values_list(
+            "id", "node_id", "index"
+        ):
+            cards.setdefault(node_id, {})[index] = card_id
+        for card_id, name in Shard.objects.filter(
+            live_replicas_q("replica__"), card__node_id__in=ids
+        ).values_list("card_id", "replica__name"):
+            known.setdefault(card_id, set()).add(name)
+    readings = [r for node, body in answered for r in _readings_of(body, cards.get(node.pk, {}), known, now)]
+    with transaction.atomic():
+        if readings:
+            CardReading.objects.bulk_create(
+                readings, update_conflicts=True, unique_fields=["card"], update_fields=_READING_FIELDS
+            )
+            CardSample.objects.bulk_create(
+                CardSample(
+                    card_id=r.card_id,
+                    at=now,
+                    memory_used_mib=r.memory_used_mib,
+                    utilization_percent=r.utilization_percent,
+                    temperature_c=r.temperature_c,
+                    foreign_mib=r.foreign_mib,
+                )
+                for r in readings
+            )
+        if answered:
+            NodeReading.objects.bulk_create(
+                [
+                    NodeReading(
+                        node=node,
+                        seen_at=now,
+                        asked_at=now,
+                        error="",
+                        source=str(body.get("source", ""))[:32],
+                    )
+                    for node, body in answered
+                ],
+                update_conflicts=True,
+                unique_fields=["node"],
+                update_fields=["seen_at", "asked_at", "error", "source"],
+            )
+        silent = [
+            NodeReading(node=node, asked_at=now, error=why[:1000])
+            for node, why in outcomes
+            if isinstance(why, str)
+        ]
+        if silent:
+            NodeReading.objects.bulk_create(
+                silent, update_conflicts=True, unique_fields=["node"], update_fields=["asked_at", "error"]
+            )
+    return readings
+
+
+def telemetry_record(*, node: Node, body: dict[str, Any]) -> list[CardReading]:
+    """Keep what ``node``'s agent answered (``readings_write`` for a batch of one)."""
+    return readings_write([(node, body)])
+
+
+def readings_prune(now: datetime | None = None) -> int:
+    """Drop the samples older than LLMGW_TELEMETRY_HISTORY_SECONDS, and those older than the
+    newest LLMGW_TELEMETRY_HISTORY_SAMPLES sampling times (a sampler run faster than the history
+    assumes): one ``DELETE`` for the whole fleet, after finding that time. A round gives all its samples its own time, so
+    no card keeps more than that many. How many were dropped."""
+    now = now or timezone.now()
+    cut = now - timedelta(seconds=settings.LLMGW_TELEMETRY_HISTORY_SECONDS)
+    table = CardSample._meta.db_table
+    # The sampling times newest first, one probe of the ``at`` index each (a loose index scan, not
+    # a read of every sample): the time LLMGW_TELEMETRY_HISTORY_SAMPLES + 1 back, if there is one.
+    keep = settings.LLMGW_TELEMETRY_HISTORY_SAMPLES
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH RECURSIVE times(at, n) AS (
+                SELECT max(at), 1 FROM {table}
+                UNION ALL
+                SELECT (SELECT max(at) FROM {table} WHERE at < times.at), n + 1
+                FROM times WHERE times.at IS NOT NULL AND n <= %s
+            )
+            SELECT at FROM times WHERE n = %s + 1
+            """,  # noqa: S608 (our table's name)
+            [keep, keep],
+        )
+        found = cursor.fetchone()
+        cursor.execute(
+            f"DELETE FROM {table} WHERE at < %s OR at <= %s",  # noqa: S608
+            [cut, found[0] if found else None],
+        )
+        return cursor.rowcount
+
+
+def sampling_parallel(nodes: int) -> int:
+    """How many agents a round asks at once: one thread per LLMGW_TELEMETRY_NODES_PER_THREAD nodes,
+    at least 4, at most LLMGW_TELEMETRY_MAX_PARALLEL."""
+    per = settings.LLMGW_TELEMETRY_NODES_PER_THREAD
+    return max(1, min(settings.LLMGW_TELEMETRY_MAX_PARALLEL, max(4, math.ceil(nodes / per))))
+
+
+def next_interval(took: float) -> float:
+    """When the next round is due after one that took ``took`` seconds: LLMGW_TELEMETRY_SECONDS,
+    or three times the round where that is longer (a round stays under a third of its interval)."""
+    return max(settings.LLMGW_TELEMETRY_SECONDS, 3.0 * took)
+
+
+def _ask(node: Node) -> Outcome:
+    """``node``'s agent's telemetry, or why it gave none (no database here: a sampling thread)."""
+    try:
+        body = AgentClient.for_node(node).telemetry()
+    except AgentCallFailed as exc:
+        return exc.message
+    return body if isinstance(body, dict) else {}
 
 
 def node_sample(node: Node) -> bool:
     """Ask ``node``'s agent for its telemetry and keep it; False (its error kept) when it did not answer."""
-    try:
-        body = AgentClient.for_node(node).telemetry()
-    except AgentCallFailed as exc:
-        NodeReading.objects.update_or_create(
-            node=node, defaults={"asked_at": timezone.now(), "error": exc.message[:1000]}
-        )
-        return False
-    telemetry_record(node=node, body=body if isinstance(body, dict) else {})
-    return True
+    outcome = _ask(node)
+    readings_write([(node, outcome)])
+    return isinstance(outcome, dict)
 
 
-def fleet_sample(nodes: Iterable[Node] | None = None, *, parallel: int = 8) -> dict[str, bool]:
-    """Sample every node (or those given), ``parallel`` at a time: whether each answered."""
+def fleet_sample(nodes: Iterable[Node] | None = None, *, parallel: int | None = None) -> dict[str, bool]:
+    """One round: ask every node (or those given), ``parallel`` at a time (``sampling_parallel``
+    by default), keep their answers in batches as they come, then prune the history. Whether
+    each answered."""
     chosen = list(nodes if nodes is not None else Node.objects.order_by("name"))
+    parallel = sampling_parallel(len(chosen)) if parallel is None else parallel
+    size = settings.LLMGW_TELEMETRY_BATCH
+    began = timezone.now()  # every reading of the round is of its time (``readings_prune`` counts rounds)
+    answered: dict[str, bool] = {}
+    pending: list[tuple[Node, Outcome]] = []
 
-    def one(node: Node) -> bool:
-        try:
-            return node_sample(node)
-        finally:
-            if parallel > 1:
-                connection.close()  # the thread's own connection
+    def keep(node: Node, outcome: Outcome) -> None:
+        answered[node.name] = isinstance(outcome, dict)
+        pending.append((node, outcome))
+        if len(pending) >= size:
+            readings_write(pending, at=began)
+            pending.clear()
 
-    if parallel <= 1 or connection.vendor == "sqlite":
-        return {n.name: node_sample(n) for n in chosen}
-    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="telemetry") as pool:
-        return dict(zip((n.name for n in chosen), pool.map(one, chosen), strict=True))
+    if parallel <= 1:
+        for node in chosen:
+            keep(node, _ask(node))
+    else:
+        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="telemetry") as pool:
+            futures = {pool.submit(_ask, node): node for node in chosen}
+            for done in as_completed(futures):
+                keep(futures[done], done.result())
+    readings_write(pending, at=began)
+    readings_prune()
+    return {n.name: answered[n.name] for n in chosen}

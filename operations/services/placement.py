@@ -36,13 +36,21 @@ def replica_placement(replica: Replica) -> tuple[Node | None, list[int]]:
     return node, [s.card.index for s in shards if s.card.node_id == node.pk]
 
 
-def free_port(node: Node, *, after: int | None = None) -> int:
+def node_hosts() -> dict[int, str]:
+    """Each node's agent's host, by node id (one query, no token decrypted): nodes whose agents
+    share a host (the demo, the tests) share its ports."""
+    return {pk: Node(agent_url=url).agent_host for pk, url in Node.objects.values_list("pk", "agent_url")}
+
+
+def free_port(node: Node, *, after: int | None = None, hosts: dict[int, str] | None = None) -> int:
     """The highest port live replicas use on the node's host, + 1 (from the base),
     and above ``after`` when given (a port found taken by another program).
 
-    Nodes whose agents share a host (the demo, the tests) share its ports.
+    Nodes whose agents share a host (the demo, the tests) share its ports: ``hosts``
+    (``node_hosts``), when the caller read them before the placement lock.
     """
-    same_host = [n.pk for n in Node.objects.all() if n.agent_host == node.agent_host]
+    hosts = node_hosts() if hosts is None else hosts
+    same_host = [pk for pk, host in hosts.items() if host == node.agent_host]
     # Replicas whose end is not confirmed may still hold their port: not reused.
     highest = Replica.objects.filter(
         state__in=Replica.HOLDING_STATES, shards__card__node__in=same_host

@@ -16,7 +16,7 @@ from catalog.models import Card, Node
 from operations.services.runner import run_operation
 from operations.services.start import restart_start
 from telemetry.models import CardReading, CardSample, NodeReading
-from telemetry.services import fleet_sample, telemetry_record
+from telemetry.services import fleet_sample, readings_prune, readings_write, telemetry_record
 from tests.support import builders as b
 from tests.support.restart import MODEL, fleet_of
 
@@ -85,6 +85,8 @@ def test_the_history_keeps_what_is_recent_and_a_silent_agent_is_said(tmp_path, s
         at=timezone.now() - timedelta(seconds=settings.LLMGW_TELEMETRY_HISTORY_SECONDS + 5)
     )
     telemetry_record(node=node, body=body)
+    assert CardSample.objects.count() == 2
+    assert readings_prune() == 1  # the round's prune: the old sample goes, the new stays
     assert CardSample.objects.count() == 1 and CardReading.objects.count() == 1
     assert reading("gpu-1", 0).memory_used_mib == 1000
     assert fleet_sample(Node.objects.filter(pk=node.pk)) == {"gpu-1": False}
@@ -116,3 +118,80 @@ def test_a_worker_starting_schedules_one_sampling_chain_and_each_sample_the_next
     settings.LLMGW_TELEMETRY_SECONDS = 0  # off: the worker does not sample
     ensure_sampler(due_in=0)
     assert not waiting.exists()
+
+
+def _bodies(nodes: list[Node]) -> list[tuple[Node, dict | str]]:
+    """Each node's agent answer with a reading per card (one process foreign), the last node silent."""
+    out: list[tuple[Node, dict | str]] = [
+        (
+            n,
+            {
+                "source": "nvidia-smi",
+                "cards": [
+                    {
+                        "index": i,
+                        "memory_used_mib": 100 * i,
+                        "memory_total_mib": H100,
+                        "utilization_percent": 5,
+                        "temperature_c": 40,
+                        "processes": [{"pid": 7, "used_mib": 100, "name": "python", "replica": None}],
+                    }
+                    for i in range(2)
+                ],
+            },
+        )
+        for n in nodes[:-1]
+    ]
+    return [*out, (nodes[-1], "the agent did not answer")]
+
+
+def _statements(seen) -> list[str]:
+    """What was asked of the database, without the transaction's own (BEGIN, COMMIT, savepoints)."""
+    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT")
+    return [q["sql"] for q in seen.captured_queries if not q["sql"].startswith(control)]
+
+
+@pytest.mark.parametrize("count", [3, 30])
+def test_a_batch_is_written_in_the_same_number_of_statements_whatever_its_size(count, settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    nodes = [b.node(f"gpu-{k:02d}", cards=2) for k in range(count)]
+    with CaptureQueriesContext(connection) as seen:
+        readings_write(_bodies(nodes))
+    # The cards, the live replicas on them, then in one transaction the readings' upsert, the
+    # samples' insert, the nodes that answered, those that did not.
+    statements = _statements(seen)
+    assert len(statements) == 6, "\n".join(s[:90] for s in statements)
+    assert [q["sql"] for q in seen.captured_queries].count("BEGIN") <= 1
+    assert CardReading.objects.count() == CardSample.objects.count() == 2 * (count - 1)
+    assert CardReading.objects.filter(foreign_mib=100).count() == 2 * (count - 1)
+    assert NodeReading.objects.filter(seen_at__isnull=False).count() == count - 1
+    assert NodeReading.objects.get(node=nodes[-1]).error == "the agent did not answer"
+    with CaptureQueriesContext(connection) as seen:
+        readings_write(_bodies(nodes))  # again: replaced, not added
+    assert len(_statements(seen)) == 6
+    assert CardReading.objects.count() == 2 * (count - 1) and CardSample.objects.count() == 4 * (count - 1)
+
+
+def test_the_history_is_bounded_by_count_as_well_as_age(settings):
+    settings.LLMGW_TELEMETRY_HISTORY_SAMPLES = 3
+    node = b.node("gpu-1", cards=2)
+    for _ in range(5):
+        telemetry_record(node=node, body=_bodies([node, node])[0][1])
+    assert CardSample.objects.count() == 10
+    newest = set(CardSample.objects.order_by("-at", "-id").values_list("pk", flat=True)[:6])
+    assert readings_prune() == 4
+    assert set(CardSample.objects.values_list("pk", flat=True)) == newest
+
+
+def test_a_round_is_due_after_its_interval_or_three_times_its_length_and_asks_more_agents_at_once_for_more_nodes(
+    settings,
+):
+    from telemetry.services import next_interval, sampling_parallel
+
+    settings.LLMGW_TELEMETRY_SECONDS = 15
+    settings.LLMGW_TELEMETRY_NODES_PER_THREAD = 32
+    settings.LLMGW_TELEMETRY_MAX_PARALLEL = 32
+    assert next_interval(2.0) == 15 and next_interval(7.5) == 22.5
+    assert [sampling_parallel(n) for n in (1, 100, 200, 1000, 5000)] == [4, 4, 7, 32, 32]

@@ -16,6 +16,7 @@ from operations.services.placement import (
     best_fit,
     foreign_held_card_ids,
     free_port,
+    node_hosts,
     orphan_cards,
     replica_placement,
 )
@@ -44,10 +45,16 @@ def place_beside(
     @transaction.atomic
     def write() -> bool:
         records.hold()
-        records.lock_placement()
+        # What no placement changes is read before the placement lock, which every step's
+        # placement waits for in turn: the profile, the cards a foreign process holds (the
+        # sampler's, not a placement's), the nodes' hosts. Whether the cards are still free, and
+        # the port, after.
         profile = Profile.objects.select_related("model", "gpu_class").get(pk=records.op.profile_id)
+        foreign = foreign_held_card_ids() if planned is not None else None
+        hosts = node_hosts()
+        records.lock_placement()
         fit = (
-            _planned_cards(profile, *planned)
+            _planned_cards(profile, *planned, foreign=foreign or set())
             if planned is not None
             else best_fit(profile, replacing=step.old_replica)
         )
@@ -60,7 +67,7 @@ def place_beside(
             profile,
             node,
             cards,
-            port=free_port(node),
+            port=free_port(node, hosts=hosts),
             said=lambda new, port: (
                 f"started {new} on {node.name} cards {[c.index for c in cards]} port {port}, "
                 f"revision {profile.revision}, to replace {old.name}"
@@ -79,9 +86,11 @@ def place_beside(
     return placed
 
 
-def _planned_cards(profile: Profile, node_name: str, indices: list[int]) -> tuple[Node, list[Card]] | None:
+def _planned_cards(
+    profile: Profile, node_name: str, indices: list[int], *, foreign: set[int]
+) -> tuple[Node, list[Card]] | None:
     """The cards the restart's plan gave the step, when they are still free on a ready node (and
-    are as many as the profile takes); None otherwise."""
+    are as many as the profile takes, none in ``foreign``: held by a foreign process); None otherwise."""
     cards = list(
         Card.objects.filter(
             node__name=node_name,
@@ -91,7 +100,7 @@ def _planned_cards(profile: Profile, node_name: str, indices: list[int]) -> tupl
             shard__isnull=True,
             index__in=indices,
         )
-        .exclude(pk__in=foreign_held_card_ids())  # a foreign process took one since the plan
+        .exclude(pk__in=foreign)  # a foreign process took one since the plan
         .select_related("node")
         .order_by("index")
     )

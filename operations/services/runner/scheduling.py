@@ -101,12 +101,15 @@ class Scheduler:
                 break
 
     def _fill_slots(self, pool: ThreadPoolExecutor, run_step: RunStep) -> None:
-        """Start steps while a slot is free (and at most twice ``max_parallel`` are under way)."""
+        """Start steps while a slot is free (and at most twice ``max_parallel`` are under way).
+        Which steps may start is asked once for all the free slots (``_startable``), not once a
+        slot: starting a step changes no other's answer, and a wave of 16 asked one by one put
+        three queries between each step's start and the next's."""
         parallel = self.op.max_parallel
-        while self.queue and len(self.loading) < parallel and len(self.under_way) < 2 * parallel:
-            step_id = self._next()
-            if step_id is None:
-                return
+        free = min(parallel - len(self.loading), 2 * parallel - len(self.under_way))
+        if not self.queue or free <= 0:
+            return
+        for step_id in self._startable(free):
             self._take(step_id)
             self.loading.add(step_id)
             self.under_way.add(step_id)
@@ -167,6 +170,25 @@ class Scheduler:
             return self._next_with_its_cards(list(self.under_way))
         return step_id
 
+    def _startable(self, free: int) -> list[int]:
+        """Up to ``free`` steps to start now, the ones ``_next`` would give one by one: the steps
+        in flight when the run began, then (unless stopping or cancelled) the first queued step
+        when nothing is under way, and the queued steps whose cards no other step is yet to free."""
+        queue = list(self.queue)
+        chosen: list[int] = []
+        while queue and len(chosen) < free and queue[0] in self.resume:
+            chosen.append(queue.pop(0))  # steps in flight are always finished
+        if len(chosen) == free or not queue or self.stopping or self.cancelled:
+            return chosen
+        if self._cancel_requested():
+            self.cancelled = True
+            return chosen
+        if not self.under_way and not chosen:
+            chosen.append(queue.pop(0))
+            if len(chosen) == free or not queue:
+                return chosen
+        return chosen + self._with_their_cards([*self.under_way, *chosen], queue)[: free - len(chosen)]
+
     def _take(self, step_id: int) -> None:
         self.queue.remove(step_id)
         self.clock.submitted(step_id)
@@ -175,7 +197,14 @@ class Scheduler:
         return RestartOperation.objects.filter(pk=self.op.pk, cancel_requested=True).exists()
 
     def _next_with_its_cards(self, running: list[int]) -> int | None:
-        """The first queued step whose planned cards no other step of the run is yet to free, or None.
+        """The first queued step whose planned cards no other step of the run is yet to free, or None."""
+        startable = self._with_their_cards(running, [pk for pk in self.queue if pk not in self.resume])
+        return startable[0] if startable else None
+
+    def _with_their_cards(self, running: list[int], pending: list[int]) -> list[int]:
+        """The ``pending`` steps, in order, whose planned cards no other step of the run is yet to free.
+        Starting one changes no other's answer: the steps counted (``running`` and ``pending``)
+        are the same before and after.
 
         The plan (``place_restart``) counts in waves of ``max_parallel``: a step's cards may be
         ones an earlier step's old replica frees. The run starts a step as soon as a slot is free
@@ -187,7 +216,6 @@ class Scheduler:
         old replica of a step that failed) are not waited for: the step starts and finds the
         fleet changed.
         """
-        pending = [pk for pk in self.queue if pk not in self.resume]
         steps = {
             r["pk"]: r
             for r in RestartStep.objects.filter(pk__in=[*running, *pending]).values(
@@ -202,11 +230,13 @@ class Scheduler:
                 card__node__name__in=nodes, replica_id__in=freeing
             ).values_list("card__node__name", "card__index", "replica_id")
         }
+        startable = []
         for pk in pending:
             step = steps.get(pk)
             if step is None or not step["planned_node"]:
-                return pk
+                startable.append(pk)
+                continue
             holders = {held.get((step["planned_node"], i)) for i in step["planned_cards"]}
             if not holders - {None, step["old_replica_id"]}:  # in place, its own cards are its to free
-                return pk
-        return None
+                startable.append(pk)
+        return startable
