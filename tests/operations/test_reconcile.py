@@ -237,3 +237,28 @@ def test_a_restart_that_finishes_while_a_pass_is_held_between_listing_and_applyi
         reconcile()  # a pass that asks now agrees with the restart
         assert Replica.objects.get(pk=new.pk).state == "ready"
         assert_catalog_is_what_agents_run(fleet)
+
+
+def test_a_card_the_agent_shows_another_engine_on_is_not_freed_though_the_replica_recorded_there_is_gone(
+    tmp_path, actor
+):
+    with fleet_of(tmp_path, nodes=("gpu-a",)) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        profile = Profile.objects.select_related("model").get(pk=fleet.profile.pk)
+        # The agent runs an engine on card 1 that the catalog does not hold; the catalog says card 1 is
+        # llama-9's, which the agent does not know.
+        stray = replica_spec(profile, port=fleet.replicas[0].port + 7, cards=[1])
+        with fleet.agents["gpu-a"].client() as http:
+            assert http.put("/v1/replicas/stray-1", json=stray).status_code == 201
+        fleet.agents["gpu-a"].wait_for_state("stray-1", "ready")
+        b.replica(profile, Node.objects.get(name="gpu-a"), [1], name="llama-9", port=8999)
+
+        report = reconcile()
+        ghost = Replica.objects.get(name="llama-9")
+        assert ghost.state == "ready" and ghost.shards.count() == 1  # card 1 stays held: it is not free
+        assert any(
+            "llama-9: not freed: its agent runs another engine on gpu-a#1" in c
+            for c in report.as_dict()["changes"]
+        )
+        assert not AuditEntry.objects.filter(action="reconcile", object_key="llama-9").exists()
+        assert [o["id"] for o in Node.objects.get(name="gpu-a").orphans] == ["stray-1"]
