@@ -362,10 +362,15 @@ LLMGW_AGENT_ABSENT_SECONDS = env_float("LLMGW_AGENT_ABSENT_SECONDS", 30.0, minim
 # minReadySeconds); a restart may ask for another (settle_seconds).
 LLMGW_RESTART_SETTLE_SECONDS = env_float("LLMGW_RESTART_SETTLE_SECONDS", 10.0, minimum=0.0)
 # The reconciler (operations/services/reconcile.py): how often the workers compare the catalog with
-# what each node's agent runs, and how many agents it asks at once (each within
-# LLMGW_AGENT_TIMEOUT_SECONDS).
+# what each node's agent runs, and how many agents it asks at once.
 LLMGW_RECONCILE_SECONDS = env_float("LLMGW_RECONCILE_SECONDS", 30.0, minimum=0.5)
 LLMGW_RECONCILE_PARALLEL = env_int("LLMGW_RECONCILE_PARALLEL", 16, minimum=1)
+# Each agent's listing in a pass is bounded by this, short, on its own: a hung agent delays no other
+# node, and is marked unreachable within it.
+LLMGW_RECONCILE_AGENT_TIMEOUT_SECONDS = env_float("LLMGW_RECONCILE_AGENT_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+# A listing is not applied to a replica whose state changed after (or this little before) the agent
+# was asked: the workers' clocks may differ by this much.
+LLMGW_RECONCILE_CLOCK_MARGIN_SECONDS = env_float("LLMGW_RECONCILE_CLOCK_MARGIN_SECONDS", 1.0, minimum=0.0)
 # A worker holds its operation only while its heartbeat is fresh; the heartbeat beats from its own
 # thread, but a takeover while an agent call is still in flight would let two workers act on one
 # step's replica, so the stale threshold must be above the longest agent call a worker makes.

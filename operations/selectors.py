@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db.models import Prefetch, QuerySet
 
-from catalog.models import Card, GPUClass, Node, Profile, Replica, live_replicas_q
+from catalog.models import Card, GPUClass, Node, Profile, Replica, restartable_replicas_q
 from operations.models import RestartOperation, RestartStep
 from planning import NodeRoom
 from planning.placement import LiveReplica, NodeCards
@@ -25,7 +25,7 @@ def operations_with_steps() -> QuerySet[RestartOperation]:
 def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list[NodeRoom], Fleet | None]:
     """``node_rooms(profile)`` and what the restart simulation reads for
     ``profile`` (its class's cards on every node, which are free, and the
-    model's live replicas with where they run, those of ``profile`` marked as
+    model's live (and unknown) replicas with where they run, those of ``profile`` marked as
     the ones restarted), in four queries whatever the size of the fleet.
 
     Every card comes as a tuple of ids (node, class, index, holder), the names
@@ -42,8 +42,9 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
     if profile is not None:
         model_live = {
             pk: (name, profile_id == profile.pk)
+            # Unknown ones too (their node's agent does not answer): they may run, and a restart takes them.
             for pk, name, profile_id in Replica.objects.filter(
-                live_replicas_q(), profile__model_id=profile.model_id
+                restartable_replicas_q(), profile__model_id=profile.model_id
             ).values_list("id", "name", "profile_id")
         }
     restarted_class = profile.gpu_class_id if profile is not None else None

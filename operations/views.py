@@ -226,8 +226,6 @@ def _node_change(request: HttpRequest, name: str, change: Any, done: Callable[[A
 
 
 def _drained(operations: list[RestartOperation]) -> str:
-    if not operations:
-        return "Cordoned; nothing runs on it, so nothing was moved."
     started = ", ".join(f"#{op.pk} ({op.model.name})" for op in operations)
     return f"Cordoned, and moving its replicas to other nodes: restart{'s' if len(operations) > 1 else ''} {started}."
 
@@ -247,21 +245,80 @@ def node_uncordon(request: HttpRequest, name: str) -> HttpResponse:
 
 
 @requires(RESTART)
+@require_GET
+def node_drain_preview(request: HttpRequest, name: str) -> HttpResponse:
+    """Where a drain would move each replica on the node (nothing changed), and the button that
+    drains it; or why it would be refused."""
+    node = get_object_or_404(Node, name=name)
+    try:
+        moves, refusal = drain.node_drain_plan(node_name=name), ""
+    except DomainError as err:
+        moves, refusal = [], err.message
+    return render_page(
+        request,
+        "operations/move_preview.html",
+        {
+            "section": "nodes",
+            "title": f"Drain {node.name}?",
+            "moves": moves,
+            "refusal": refusal,
+            "confirm_url": reverse("node-drain", args=[name]),
+            "confirm_label": f"Drain {node.name}",
+            "to_node": "",
+            "back_url": reverse("node-detail", args=[name]),
+            "back_label": f"Back to {node.name}",
+            "what": f"{node.name} is cordoned first (no new replica is placed on it); each replica then "
+            "starts again on the node shown and is ready there before its old one stops.",
+        },
+    )
+
+
+@requires(RESTART)
 @require_POST
 def node_drain(request: HttpRequest, name: str) -> HttpResponse:
     return _node_change(request, name, drain.node_drain, _drained)
 
 
 @requires(RESTART)
+@require_GET
+def replica_move_preview(request: HttpRequest, name: str) -> HttpResponse:
+    """Where a move would take the replica (to the node chosen, or the best fit; nothing changed),
+    and the button that moves it; or why it would be refused."""
+    replica = get_object_or_404(Replica, name=name)
+    to_node = request.GET.get("to") or None
+    try:
+        moves, refusal = [drain.replica_move_plan(replica_name=name, to_node=to_node)], ""
+    except DomainError as err:
+        moves, refusal = [], err.message
+    return render_page(
+        request,
+        "operations/move_preview.html",
+        {
+            "section": "models",
+            "title": f"Move {replica.name}?",
+            "moves": moves,
+            "refusal": refusal,
+            "confirm_url": reverse("replica-move", args=[name]),
+            "confirm_label": f"Move {replica.name}",
+            "to_node": to_node or "",
+            "back_url": reverse("replica-detail", args=[name]),
+            "back_label": f"Back to {replica.name}",
+            "what": "Its replacement starts on the node shown and is ready there before it stops.",
+        },
+    )
+
+
+@requires(RESTART)
 @require_POST
 def replica_move(request: HttpRequest, name: str) -> HttpResponse:
     replica = get_object_or_404(Replica.objects.select_related("profile__model"), name=name)
+    to_node = request.POST.get("to") or None
     try:
-        operation = drain.replica_move(replica_name=name)
+        operation = drain.replica_move(replica_name=name, to_node=to_node)
     except DomainError as err:
         messages.error(request, err.message)
         return redirect_or_location(request, reverse("replica-detail", args=[name]))
-    messages.success(request, f"Moving {name} to another node: restart #{operation.pk}.")
+    messages.success(request, f"Moving {name} to {to_node or 'another node'}: restart #{operation.pk}.")
     return redirect_or_location(
         request, reverse("model-detail", args=[replica.profile.model.name]) + "#restart"
     )

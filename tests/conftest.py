@@ -245,6 +245,8 @@ def fast_restarts(settings: Any) -> Any:
     settings.LLMGW_AGENT_ABSENT_SECONDS = 2.0
     settings.LLMGW_RESTART_SETTLE_SECONDS = 0.2
     settings.LLMGW_RECONCILE_SECONDS = 1.0
+    settings.LLMGW_RECONCILE_CLOCK_MARGIN_SECONDS = 0.0  # one host, one clock
+    settings.LLMGW_RECONCILE_AGENT_TIMEOUT_SECONDS = 1.0
     settings.LLMGW_REPLICA_PORT_BASE = port_block()
     return settings
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models import F, Q
+from django.utils import timezone
 
 from catalog.models.fleet import Card, GPUClass, name_validator
 
@@ -182,6 +183,11 @@ class Replica(models.Model):
     measured_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(
         blank=True, default="", help_text="What was last said of its state (the agent's reason, exit code)."
+    )
+    # When its state last changed: the reconciler acts only on what an agent said after this
+    # (operations/services/reconcile.py), so a listing older than a change is not applied to it.
+    state_changed_at = models.DateTimeField(
+        default=timezone.now, help_text="When its state last changed (set with the state)."
     )
 
     class Meta:

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models.deletion import ProtectedError
+from django.utils import timezone
 from llmgw_policy import Refusal, source_refusal
 
 from audit.services import audit_record, changed_fields, snapshot
@@ -333,6 +334,8 @@ def profile_delete(*, instance: Profile, actor: Actor | None = None, from_settin
 def replica_save(
     *, instance: Replica, actor: Actor | None = None, message: str = "", action: str | None = None
 ) -> Replica:
+    if instance.pk and Replica.objects.filter(pk=instance.pk).exclude(state=instance.state).exists():
+        instance.state_changed_at = timezone.now()  # the reconciler's fence (reconcile.py)
     return _save(instance, actor=actor, message=message, action=action)
 
 

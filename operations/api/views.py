@@ -261,6 +261,27 @@ class DrainInput(StrictInput):
         max_value=MAX_READY_TIMEOUT,
         help_text="Seconds a replacement has to become ready before its step fails.",
     )
+    dry_run = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Only say where each replica would go (200, nothing changed, not audited), or why the "
+        "drain would be refused.",
+    )
+
+
+class MovePlanSerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    model = serializers.CharField()
+    state = serializers.CharField(help_text="Its state now: ready, loading, starting, or unknown.")
+    from_node = serializers.CharField()
+    from_cards = serializers.ListField(child=serializers.IntegerField())
+    to_node = serializers.CharField()
+    to_cards = serializers.ListField(child=serializers.IntegerField())
+
+
+class DrainPlanSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    moves = MovePlanSerializer(many=True, help_text="Where each replica on the node would go.")
 
 
 class DrainAnswerSerializer(serializers.Serializer):
@@ -279,12 +300,28 @@ class MoveInput(StrictInput):
         max_value=MAX_READY_TIMEOUT,
         help_text="Seconds the replacement has to become ready before the move fails.",
     )
+    to_node = serializers.CharField(
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="The node to move it to (another node with cards of its class); the best fit when absent.",
+    )
+    dry_run = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Only say where the replica would go (200, nothing changed, not audited), or why the move "
+        "would be refused.",
+    )
 
 
 _node_refusals = {
     403: OpenApiResponse(ErrorSerializer, description="Not signed in, or without the restart permission"),
     404: OpenApiResponse(ErrorSerializer, description="not_found: no such node"),
-    409: OpenApiResponse(ErrorSerializer, description="not_ready, not_cordoned, node_down"),
+    409: OpenApiResponse(
+        ErrorSerializer,
+        description="not_ready, not_cordoned, node_down, nothing_to_drain (no replica on it can be moved: "
+        "no drain started), busy, no_room_beside (a replica has no place elsewhere)",
+    ),
 }
 
 
@@ -337,16 +374,28 @@ class NodeDrainView(APIView):
 
     @extend_schema(
         request=DrainInput,
-        responses={202: DrainAnswerSerializer, 400: _refusals[400], **_node_refusals, **_not_json},
+        responses={
+            202: DrainAnswerSerializer,
+            200: DrainPlanSerializer,
+            400: _refusals[400],
+            **_node_refusals,
+            **_not_json,
+        },
         summary="Drain a node: cordon it and move each of its replicas to other nodes, rolling",
-        description="Starts one restart per profile with replicas on the node, each planned off it, and "
-        "answers at once (202); a worker runs them. All or nothing: when one profile's replicas have no place "
-        "elsewhere, nothing starts and the node is left as it was.",
+        description="Starts one restart per profile with replicas on the node (live ones, and unknown ones "
+        "whose agent does not answer), each planned off it, and answers at once (202) with them; a worker "
+        "runs them. All or nothing: when one profile's replicas have no place elsewhere, or nothing on the "
+        "node can be moved, nothing starts, the node is left as it was, and the answer (409) says why. "
+        "With dry_run, answers (200) where each replica would go, changing nothing.",
     )
     def post(self, request: Request, name: str) -> Response:
         given = DrainInput(data=request.data)
         given.is_valid(raise_exception=True)
-        operations = drain.node_drain(node_name=name, **given.validated_data)
+        options = dict(given.validated_data)
+        if options.pop("dry_run"):
+            moves = drain.node_drain_plan(node_name=name, max_parallel=options["max_parallel"])
+            return Response({"node": name, "moves": [m.as_dict() for m in moves]})
+        operations = drain.node_drain(node_name=name, **options)
         node = Node.objects.get(name=name)
         ops = operations_with_steps().filter(pk__in=[op.pk for op in operations]).order_by("id")
         body = {
@@ -363,13 +412,20 @@ class ReplicaMoveView(APIView):
 
     @extend_schema(
         request=MoveInput,
-        responses={202: RestartOperationSerializer, **_refusals, **_not_json},
+        responses={202: RestartOperationSerializer, 200: MovePlanSerializer, **_refusals, **_not_json},
         summary="Move a replica to another node: its replacement is ready there before it stops",
+        description="To to_node, or the best fit on another node of its class. Refused (409) naming why: "
+        "no_other_node (no other node has cards of its class), wrong_node, not_ready (the node chosen takes "
+        "no replica), no_room. With dry_run, answers (200) where it would go, changing nothing.",
     )
     def post(self, request: Request, name: str) -> Response:
         given = MoveInput(data=request.data)
         given.is_valid(raise_exception=True)
-        operation = drain.replica_move(replica_name=name, **given.validated_data)
+        options = dict(given.validated_data)
+        if options.pop("dry_run"):
+            move = drain.replica_move_plan(replica_name=name, to_node=options["to_node"])
+            return Response(move.as_dict())
+        operation = drain.replica_move(replica_name=name, **options)
         return Response(
             RestartOperationSerializer(operations_with_steps().get(pk=operation.pk)).data,
             status=status.HTTP_202_ACCEPTED,

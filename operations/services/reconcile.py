@@ -3,8 +3,9 @@
 A pass (``reconcile``, the workers' periodic task ``reconcile_fleet``, or
 ``python manage.py reconcile``) asks every node's agent for its replicas
 (``GET /v1/replicas``), in parallel (``LLMGW_RECONCILE_PARALLEL`` at once) and
-each within ``LLMGW_AGENT_TIMEOUT_SECONDS``, then brings the catalog in line,
-one node at a time, each change audited as the reconciler's:
+each within its own short ``LLMGW_RECONCILE_AGENT_TIMEOUT_SECONDS``, and brings
+the catalog in line with each node as its answer comes (a hung agent delays no
+other node), each change audited as the reconciler's:
 
 - a replica the catalog holds as live that the agent no longer runs (failed,
   stopped, or unknown to it) becomes failed, with the agent's reason and exit
@@ -20,9 +21,16 @@ one node at a time, each change audited as the reconciler's:
   unreachable with the reason, keeping when it was last seen; its live
   replicas become ``unknown``, not ready. Placement passes over it.
 
-Replicas an operation in flight owns (a step's replacement, or the old
-replica it stops or restores) are left to the runner, which records them as
-it goes. When an agent last answered is a reading, not a change: it is kept
+A listing is applied only to what it can speak of: a replica whose state
+changed after its agent was asked (``Replica.state_changed_at`` later than
+the listing's time, less ``LLMGW_RECONCILE_CLOCK_MARGIN_SECONDS`` for the
+workers' clocks) is left
+for the next pass, checked again under the replica's row lock as it is
+written; so a restart that starts, finishes or stops a replica while a pass
+is under way is not undone by an older listing. A card is freed only when the
+listing shows no engine on it. Replicas an operation in flight owns (a
+step's replacement, or the old replica it stops or restores) are left to the
+runner, which records them as it goes. When an agent last answered is a reading, not a change: it is kept
 in ``operations.AgentContact``, outside the catalog, and written without an
 audit entry; whether a node is reachable, its orphans and every replica's
 state are changes to the catalog, and audited.
@@ -32,8 +40,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -151,21 +161,55 @@ def _secrets_by_node(nodes: list[Node]) -> dict[int, tuple[str, ...]]:
     return {node_id: tuple(sorted(values)) for node_id, values in out.items()}
 
 
-def _ask(node: Node, secrets: tuple[str, ...] = ()) -> list[dict[str, Any]] | AgentCallFailed:
+@dataclass
+class Listing:
+    """What one node's agent said of its replicas (or why it did not), and when it was asked: it
+    speaks of nothing that changed after that."""
+
+    node: Node
+    asked_at: datetime
+    answer: list[dict[str, Any]] | AgentCallFailed
+
+    @property
+    def fence(self) -> datetime:
+        """Rows whose state changed at or after this are not judged by this listing."""
+        # A change recorded this close before the listing may come from a worker whose clock is a
+        # little ahead: it waits for the next pass, as one after the listing does.
+        return self.asked_at - timedelta(seconds=settings.LLMGW_RECONCILE_CLOCK_MARGIN_SECONDS)
+
+
+def _ask(node: Node, secrets: tuple[str, ...] = ()) -> Listing:
+    asked_at = timezone.now()
+    agent = AgentClient.for_node(
+        node, timeout=settings.LLMGW_RECONCILE_AGENT_TIMEOUT_SECONDS, secrets=secrets
+    )
     try:
-        answer = AgentClient.for_node(node, secrets=secrets).replicas()
+        answer = agent.replicas()
     except AgentCallFailed as exc:
-        return exc
+        return Listing(node, asked_at, exc)
     if not isinstance(answer, list):
-        return AgentCallFailed(
-            "agent_bad_answer",
-            f"The agent of node {node.name} answered its replica list with something else.",
+        return Listing(
+            node,
+            asked_at,
+            AgentCallFailed(
+                "agent_bad_answer",
+                f"The agent of node {node.name} answered its replica list with something else.",
+            ),
         )
-    return [r for r in answer if isinstance(r, dict) and isinstance(r.get("id"), str)]
+    return Listing(
+        node, asked_at, [r for r in answer if isinstance(r, dict) and isinstance(r.get("id"), str)]
+    )
 
 
-def reconcile(*, nodes: list[Node] | None = None, actor: Actor | None = None) -> Report:
-    """One pass over ``nodes`` (every node): ask their agents in parallel, then bring the catalog in line."""
+def reconcile(
+    *,
+    nodes: list[Node] | None = None,
+    actor: Actor | None = None,
+    before_apply: Callable[[Listing], None] | None = None,
+) -> Report:
+    """One pass over ``nodes`` (every node): ask their agents in parallel, and bring the catalog in
+    line with each node as its agent's answer comes. ``before_apply`` is called with each listing
+    just before it is applied (a seam: the tests hold a pass there while a restart goes on)."""
     actor = actor or reconciler_actor()
     nodes = list(Node.objects.order_by("name")) if nodes is None else nodes
     report = Report()
@@ -176,19 +220,37 @@ def reconcile(*, nodes: list[Node] | None = None, actor: Actor | None = None) ->
     with ThreadPoolExecutor(
         max_workers=min(settings.LLMGW_RECONCILE_PARALLEL, len(nodes)), thread_name_prefix="reconcile"
     ) as pool:
-        answers = list(pool.map(lambda node: _ask(node, secrets.get(node.pk, ())), nodes))
-    for node, answer in zip(nodes, answers, strict=True):
-        try:
-            report.nodes.append(_reconcile_node(node, answer, actor))
-        except Exception:  # one node's trouble does not keep the others out of line
-            log.exception("reconciling node %s failed", node.name)
+        asked = [pool.submit(_ask, node, secrets.get(node.pk, ())) for node in nodes]
+        for done in as_completed(asked):
+            listing = done.result()
+            try:
+                if before_apply is not None:
+                    before_apply(listing)
+                report.nodes.append(_reconcile_node(listing, actor))
+            except Exception:  # one node's trouble does not keep the others out of line
+                log.exception("reconciling node %s failed", listing.node.name)
+    report.nodes.sort(key=lambda n: n.node)
     return report
 
 
-def _reconcile_node(node: Node, answer: list[dict[str, Any]] | AgentCallFailed, actor: Actor) -> NodeReport:
+def _cards_in_use(answer: list[dict[str, Any]], but: str) -> set[int]:
+    """The cards the agent's listing shows an engine other than ``but`` live on."""
+    return {
+        int(card)
+        for r in answer
+        if r["id"] != but and r.get("state") in Replica.LIVE_STATES
+        for card in (r.get("cards") or [])
+        if isinstance(card, int)
+    }
+
+
+def _reconcile_node(listing: Listing, actor: Actor) -> NodeReport:
+    node, answer, fence = listing.node, listing.answer, listing.fence
     owned = _owned_by_operations()
     on_node = list(
-        Replica.objects.filter(state__in=Replica.HOLDING_STATES, shards__card__node=node)
+        Replica.objects.filter(
+            state__in=Replica.HOLDING_STATES, shards__card__node=node, state_changed_at__lt=fence
+        )
         .exclude(pk__in=owned)
         .distinct()
         .order_by("name")
@@ -206,6 +268,7 @@ def _reconcile_node(node: Node, answer: list[dict[str, Any]] | AgentCallFailed, 
                     reason=f"its node's agent does not answer: {answer.message}",
                     actor=actor,
                     out=out,
+                    fence=fence,
                 )
         return out
 
@@ -230,11 +293,19 @@ def _reconcile_node(node: Node, answer: list[dict[str, Any]] | AgentCallFailed, 
                 reason="its agent confirmed the stop",
                 actor=actor,
                 out=out,
+                fence=fence,
+                in_use=_cards_in_use(answer, but=replica.name),
             )
         elif state in Replica.LIVE_STATES:
             if replica.state == Replica.State.UNKNOWN:
                 _set_state(
-                    replica, state, release=False, reason="its agent answers again", actor=actor, out=out
+                    replica,
+                    state,
+                    release=False,
+                    reason="its agent answers again",
+                    actor=actor,
+                    out=out,
+                    fence=fence,
                 )
         else:
             said = (
@@ -242,12 +313,27 @@ def _reconcile_node(node: Node, answer: list[dict[str, Any]] | AgentCallFailed, 
                 if theirs
                 else "the agent does not run it (it does not know it)"
             )
-            _set_state(replica, Replica.State.FAILED, release=True, reason=said, actor=actor, out=out)
+            _set_state(
+                replica,
+                Replica.State.FAILED,
+                release=True,
+                reason=said,
+                actor=actor,
+                out=out,
+                fence=fence,
+                in_use=_cards_in_use(answer, but=replica.name),
+            )
     held = set(
         Replica.objects.filter(state__in=Replica.HOLDING_STATES, shards__card__node=node).values_list(
             "name", flat=True
         )
     ) | set(Replica.objects.filter(pk__in=owned).values_list("name", flat=True))
+    # One the catalog started or stopped since the listing is not judged by it.
+    held |= set(
+        Replica.objects.filter(name__in=[r["id"] for r in answer], state_changed_at__gte=fence).values_list(
+            "name", flat=True
+        )
+    )
     orphans = [
         {
             "id": r["id"],
@@ -265,17 +351,41 @@ def _reconcile_node(node: Node, answer: list[dict[str, Any]] | AgentCallFailed, 
 
 
 def _set_state(
-    replica: Replica, state: str, *, release: bool, reason: str, actor: Actor, out: NodeReport
+    replica: Replica,
+    state: str,
+    *,
+    release: bool,
+    reason: str,
+    actor: Actor,
+    out: NodeReport,
+    fence: datetime,
+    in_use: set[int] = frozenset(),  # type: ignore[assignment]
 ) -> None:
+    """Set what the listing says, unless the row changed since the listing was asked for (a runner,
+    an operator, checked under its row lock): it is then read again next pass. With ``release``,
+    its cards are freed, unless the listing shows another engine on one of them: it is then left
+    as it is, said in the report, for an operator to look at."""
     with transaction.atomic():
-        row = Replica.objects.select_for_update().filter(pk=replica.pk, state=replica.state).first()
-        if row is None:
+        row = (
+            Replica.objects.select_for_update()
+            .filter(pk=replica.pk, state=replica.state, state_changed_at__lt=fence)
+            .first()
+        )
+        if row is None or _owned_by_operations() & {row.pk}:
             return  # changed meanwhile (a runner, an operator): read again next pass
+        if release and in_use:
+            busy = Shard.objects.filter(replica=row, card__index__in=in_use).select_related("card__node")
+            if busy:
+                out.changed.append(
+                    f"{row.name}: not freed: its agent runs another engine on "
+                    f"{', '.join(str(s.card) for s in busy)}"
+                )
+                return
         shards = Shard.objects.filter(replica=row).select_related("card__node")
         held = [str(s.card) for s in shards]
         before = {**snapshot(row), "cards": held}
-        row.state, row.reason = state, reason
-        row.save(update_fields=["state", "reason"])
+        row.state, row.reason, row.state_changed_at = state, reason, timezone.now()
+        row.save(update_fields=["state", "reason", "state_changed_at"])
         if release:
             shards.delete()
         audit_record(

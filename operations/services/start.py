@@ -8,7 +8,7 @@ and enqueues the worker's task when the transaction commits;
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -110,18 +110,25 @@ def _plan(
     in_place: bool | None,
     max_parallel: int,
     avoid_nodes: tuple[str, ...] = (),
+    only_nodes: tuple[str, ...] = (),
 ) -> dict[str, Placement]:
     """Every chosen replica's place, played through as the runner will take
     them; refuses (409) naming the replica with none, so that a restart that
     cannot finish does not start. No replacement goes on ``avoid_nodes`` (a
-    move's or a drain's own node)."""
+    move's or a drain's own node), nor, when ``only_nodes`` names some, on any other (a move's
+    chosen target)."""
     _, fleet = rooms_and_fleet(profile, parallel=max_parallel)
     if fleet is None:
         return {}
-    if avoid_nodes:
+    if avoid_nodes or only_nodes:
         fleet = replace(
             fleet,
-            cards=tuple(replace(c, ready=False) if c.node in avoid_nodes else c for c in fleet.cards),
+            cards=tuple(
+                replace(c, ready=False)
+                if c.node in avoid_nodes or (only_nodes and c.node not in only_nodes)
+                else c
+                for c in fleet.cards
+            ),
         )
     names = {r.name for r in chosen}
     replicas = tuple(replace(r, restarted=r.name in names) for r in fleet.replicas)
@@ -258,6 +265,45 @@ def _audit_start(op: RestartOperation, names: list[str], *, actor: Actor) -> Non
     )
 
 
+@dataclass(frozen=True)
+class RestartPlan:
+    """What a restart would do, checked as ``restart_start`` checks it: its replicas and where
+    each replacement goes."""
+
+    model: ServedModel
+    profile: Profile
+    chosen: list[Replica]
+    places: dict[str, Placement]
+
+
+def restart_plan(
+    *,
+    model_name: str,
+    replicas: list[str] | None = None,
+    in_place: bool | None = None,
+    max_parallel: int = 1,
+    avoid_nodes: tuple[str, ...] = (),
+    only_nodes: tuple[str, ...] = (),
+) -> RestartPlan:
+    """Check a restart and play it through, writing nothing: the refusals of ``restart_start``
+    (which calls this), or the plan. In the caller's transaction, the model's row locked until it
+    ends (a dry run's is its own, and ends at once)."""
+    model = _lock_model(model_name)
+    chosen = _chosen_replicas(model, replicas)
+    profile = _one_profile(model, chosen)
+    _check_restartable(model, profile)
+    refuse_unless_fits(profile, doing="restarted", model=model)
+    places = _plan(
+        profile,
+        chosen,
+        in_place=in_place,
+        max_parallel=max_parallel,
+        avoid_nodes=avoid_nodes,
+        only_nodes=only_nodes,
+    )
+    return RestartPlan(model=model, profile=profile, chosen=chosen, places=places)
+
+
 def restart_start(
     *,
     model_name: str,
@@ -270,6 +316,7 @@ def restart_start(
     actor: Actor | None = None,
     cause: str = "",
     avoid_nodes: tuple[str, ...] = (),
+    only_nodes: tuple[str, ...] = (),
 ) -> RestartOperation:
     """Start restarting ``model_name``'s stale replicas (or the live ones named).
 
@@ -292,7 +339,8 @@ def restart_start(
     ``cause`` says what asked for it in the operators' words (the resize or context change that
     started it, say); by default, the stale replicas or the replicas named. The operation keeps
     it with the profile revision its replacements run. ``avoid_nodes``: nodes no replacement is
-    planned on (moving replicas off a node, operations/services/drain.py).
+    planned on (moving replicas off a node, operations/services/drain.py); ``only_nodes``: the
+    only nodes one is (a move to a chosen node).
     """
     settle = _check_options(
         max_parallel=max_parallel,
@@ -302,12 +350,15 @@ def restart_start(
     )
     actor = actor or current_actor()
     with transaction.atomic():
-        model = _lock_model(model_name)
-        chosen = _chosen_replicas(model, replicas)
-        profile = _one_profile(model, chosen)
-        _check_restartable(model, profile)
-        refuse_unless_fits(profile, doing="restarted", model=model)
-        places = _plan(profile, chosen, in_place=in_place, max_parallel=max_parallel, avoid_nodes=avoid_nodes)
+        plan = restart_plan(
+            model_name=model_name,
+            replicas=replicas,
+            in_place=in_place,
+            max_parallel=max_parallel,
+            avoid_nodes=avoid_nodes,
+            only_nodes=only_nodes,
+        )
+        model, profile, chosen, places = plan.model, plan.profile, plan.chosen, plan.places
         op = _record_operation(
             RestartOperation(
                 model=model,

@@ -194,7 +194,13 @@ def test_draining_a_node_moves_its_replicas_and_leaves_it_empty_and_cordoned(
         operator()
         sign_in(page, "operator")
         page.goto("/nodes/gpu-a/")
-        page.get_by_role("button", name="Drain gpu-a").click()
+        page.get_by_role("button", name="Drain gpu-a…").click()
+        # First where each replica would go, nothing changed yet; then the operator confirms.
+        preview = page.locator(".move-preview")
+        preview.wait_for()
+        assert "llama-1" in preview.inner_text() and "gpu-b" in preview.inner_text()
+        assert not RestartOperation.objects.exists()
+        page.get_by_role("button", name="Drain gpu-a", exact=True).click()
         page.locator(".message.success").wait_for()
         assert (
             "Cordoned, and moving its replicas to other nodes"

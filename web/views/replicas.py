@@ -16,6 +16,7 @@ from base.views import VIEW_REPLICA, render_page
 from catalog.models import Node, Replica
 from catalog.services.fit import profile_memory
 from operations.models import RestartStep
+from operations.services.drain import move_targets
 from planning.measured import compare, drift
 from planning.units import gib
 from web.display import hue
@@ -66,6 +67,7 @@ def replica_detail(request: HttpRequest, name: str) -> HttpResponse:
         {
             "section": "models",
             "replica": replica,
+            "move_targets": move_targets(replica),
             "model": replica.profile.model,
             "hue": hue(replica.profile.model_id),
             "placement": list(placement.items()),

@@ -2,7 +2,14 @@
 
 An agent that does not answer (restarted, upgraded, a blip) is asked again
 within LLMGW_AGENT_ABSENT_SECONDS (the away window); one that refuses the
-token or the request is not. A replica's state is asked for as a long poll
+token or the request is not. The window is the node's, for the whole run:
+once its agent has not answered any of the run's calls for that long (it is
+down, or hung: it accepts connections and never answers), its node is marked
+unreachable (audited) and given up for the rest of the run, every step at
+once: no call is sent to it any more, each fails at once with that reason
+(a replacement there fails, an old replica there is left ``stopping`` with its
+cards). So a hung agent delays a restart by at most ``hung_agent_delay()``
+seconds, once (docs/restarts.md). A replica's state is asked for as a long poll
 (the agent answers when it changes, within LLMGW_AGENT_WAIT_SECONDS), so a
 step learns its replacement is ready when the agent does. Nothing is sent to
 an agent that enforces another launch policy than the control plane's.
@@ -10,8 +17,11 @@ an agent that enforces another launch policy than the control plane's.
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
 
 from django.conf import settings
 from llmgw_policy import default_policy
@@ -19,19 +29,48 @@ from llmgw_policy import default_policy
 from agentclient.client import AgentCallFailed, AgentClient, describe_failure
 from catalog.models import Node, Replica
 from operations.models import RestartStep
+from operations.services.reconcile import node_unreachable
 from operations.services.runner.records import Records, StepFailed
 
 # How often an agent that does not answer is asked again, within LLMGW_AGENT_ABSENT_SECONDS.
 AWAY_RETRY_SECONDS = 1.0
 # A replacement whose port another program holds moves up a port, this many times at most.
 PORT_TRIES = 5
+# The failures that say an agent does not answer (down, hung, cut off), as opposed to one that
+# answered with a refusal.
+NOT_ANSWERING = ("agent_down", "agent_slow")
+# A node the run gave up on: every call to it fails at once with this code.
+GIVEN_UP = "agent_given_up"
+NOT_SENT = "not_sent"
+
+T = TypeVar("T")
+
+
+def longest_agent_call() -> float:
+    """The longest one call of a run to an agent may take (a long poll, or a stop: its drain of the
+    requests in flight, then its wait for the process)."""
+    return max(
+        settings.LLMGW_AGENT_TIMEOUT_SECONDS + settings.LLMGW_AGENT_WAIT_SECONDS,
+        settings.LLMGW_STOP_DRAIN_SECONDS + settings.LLMGW_AGENT_STOP_SECONDS,
+    )
+
+
+def hung_agent_delay() -> float:
+    """At most how long a node's agent that does not answer holds a run up, once, all its steps
+    together: W + 3 C + R, W the absence window (LLMGW_AGENT_ABSENT_SECONDS), C the longest call
+    (``longest_agent_call``), R the pause between two asks (AWAY_RETRY_SECONDS). Its first
+    unanswered call returns within C; the window is over W later, noticed by the end of the next
+    call (a pause and C more); the calls then in flight end within C."""
+    return settings.LLMGW_AGENT_ABSENT_SECONDS + 3 * longest_agent_call() + AWAY_RETRY_SECONDS
 
 
 def certainly_not_reached(exc: AgentCallFailed) -> bool:
     """The agent certainly did not act on the call: it refused the token or the request, or nothing
     listened on its port."""
-    return exc.code in ("agent_token", "agent_refused") or (
-        exc.code == "agent_down" and "refused the connection" in exc.message
+    return (
+        exc.code in ("agent_token", "agent_refused")
+        or (exc.code == "agent_down" and "refused the connection" in exc.message)
+        or (exc.code == GIVEN_UP and exc.agent_code == NOT_SENT)
     )
 
 
@@ -46,10 +85,51 @@ class AgentConversation:
         self.poll = settings.LLMGW_OPERATION_POLL_SECONDS
         self.wait = settings.LLMGW_AGENT_WAIT_SECONDS
         self.same_policy: set[str] = set()  # nodes whose agent was found to enforce our launch policy
+        # Each node's agent, for all the run's steps (threads): since when (monotonic, when the first
+        # unanswered call was asked) it has not answered, and the nodes given up, with why.
+        self._absence = threading.Lock()
+        self._silent_since: dict[str, float] = {}
+        self._given_up: dict[str, AgentCallFailed] = {}
 
     def agent(self, node: Node) -> AgentClient:
         # What it says of the model's replicas is redacted of the model's profiles' secrets.
         return AgentClient.for_node(node, secrets=self.records.secrets)
+
+    def call(self, node: Node, ask: Callable[[], T]) -> T:
+        """``ask`` the node's agent, keeping its absence: a node the run gave up on is not asked
+        (the call fails at once, ``GIVEN_UP``); one that has not answered any call of the run for
+        LLMGW_AGENT_ABSENT_SECONDS is marked unreachable (audited) and given up, every step at once."""
+        with self._absence:
+            given_up = self._given_up.get(node.name)
+        if given_up is not None:
+            # This call was not sent: the agent certainly did not act on it.
+            raise AgentCallFailed(GIVEN_UP, given_up.message, agent_code=NOT_SENT)
+        asked = time.monotonic()
+        try:
+            answer = ask()
+        except AgentCallFailed as exc:
+            if exc.code not in NOT_ANSWERING:
+                raise
+            with self._absence:
+                since = self._silent_since.setdefault(node.name, asked)
+                silent = time.monotonic() - since
+                first = silent >= settings.LLMGW_AGENT_ABSENT_SECONDS and node.name not in self._given_up
+                if first:
+                    self._given_up[node.name] = AgentCallFailed(
+                        GIVEN_UP,
+                        f"The agent of node {node.name} has not answered for {silent:.0f} s "
+                        f"(LLMGW_AGENT_ABSENT_SECONDS is {settings.LLMGW_AGENT_ABSENT_SECONDS:g}): "
+                        f"{exc.message} The node is marked unreachable and this restart gives it up.",
+                    )
+                given_up = self._given_up.get(node.name)
+            if first:
+                node_unreachable(node, reason=exc.message, actor=self.records.actor)
+            if given_up is not None:
+                raise given_up from None
+            raise
+        with self._absence:
+            self._silent_since.pop(node.name, None)
+        return answer
 
     def launch_and_wait(self, step: RestartStep, replica: Replica, spec: dict[str, Any]) -> None:
         """PUT the spec (again: harmless) and wait until ready; StepFailed otherwise.
@@ -81,7 +161,7 @@ class AgentConversation:
             self.lease.tick()
             try:
                 with self.clock.timed("agent: start"):
-                    state = agent.start(replica.name, spec)
+                    state = self.call(node, partial(agent.start, replica.name, spec))
                 self.clock.mark(step.pk, "asked")
                 return replica, state
             except AgentCallFailed as exc:
@@ -92,7 +172,7 @@ class AgentConversation:
                     replica, spec = self.records.move_port(step, replica, spec, node, exc.message)
                     continue
                 certain = certainly_not_reached(exc)
-                if movable and exc.code == "agent_down" and certain:
+                if movable and exc.code in ("agent_down", GIVEN_UP) and certain:
                     # Nothing listens where the agent should: a replacement may go to another node.
                     raise StepFailed(
                         f"{replica.name} could not be started: {exc.message}", started=False, node_down=True
@@ -100,7 +180,7 @@ class AgentConversation:
                 away_since = away_since or time.monotonic()
                 waited = time.monotonic() - away_since
                 if (
-                    exc.code in ("agent_token", "agent_refused")
+                    exc.code in ("agent_token", "agent_refused", GIVEN_UP)
                     or waited >= settings.LLMGW_AGENT_ABSENT_SECONDS
                 ):
                     raise StepFailed(
@@ -154,7 +234,7 @@ class AgentConversation:
             asked = time.monotonic()
             try:
                 with self.clock.timed("agent: get, waiting for a change (the long poll)"):
-                    state = agent.get(replica.name, wait=wait, unless=now_state)
+                    state = self.call(node, partial(agent.get, replica.name, wait=wait, unless=now_state))
                 away_since = None
             except AgentCallFailed as exc:
                 away_since = self.agent_away(step, replica, exc, away_since, left)
@@ -178,7 +258,7 @@ class AgentConversation:
         """A poll of ``replica`` failed: wait a little and say so, while its agent has been away for
         less than LLMGW_AGENT_ABSENT_SECONDS (a restart, an upgrade, a blip); StepFailed after that,
         and at once for a refused token or a replica the agent does not know. Returns since when."""
-        if exc.code in ("agent_token", "not_found"):
+        if exc.code in ("agent_token", "not_found", GIVEN_UP):
             raise StepFailed(f"{replica.name} could not be watched: {exc.message}") from None
         now = time.monotonic()
         if since is None:
@@ -204,7 +284,7 @@ class AgentConversation:
             return
         try:
             with self.clock.timed("agent: node (the launch policy's digest)"):
-                theirs = agent.node_info().get("policy")
+                theirs = self.call(node, agent.node_info).get("policy")
         except AgentCallFailed:
             # Not known to differ: the start that follows says what is wrong with
             # the agent, and the agent applies its own policy in any case.
@@ -229,10 +309,10 @@ class AgentConversation:
             self.lease.tick()
             try:
                 with self.clock.timed("agent: stop (answers once the process is gone)"):
-                    self.agent(node).stop(name)
+                    self.call(node, partial(self.agent(node).stop, name))
             except AgentCallFailed as exc:
                 left = deadline - time.monotonic()
-                if exc.code in ("agent_token", "agent_refused") or left <= 0:
+                if exc.code in ("agent_token", "agent_refused", GIVEN_UP) or left <= 0:
                     return exc
                 time.sleep(min(AWAY_RETRY_SECONDS, left))
                 continue

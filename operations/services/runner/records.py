@@ -152,8 +152,10 @@ class Records:
             replica = Replica.objects.select_for_update().get(pk=replica_id)
             held = [str(s.card) for s in Shard.objects.filter(replica=replica).select_related("card__node")]
             before = replica_after(replica, held)
-            replica.state = state
             fields = ["state"]
+            if replica.state != state:
+                replica.state, replica.state_changed_at = state, timezone.now()
+                fields.append("state_changed_at")
             if reason is not None:
                 replica.reason = redact(reason, self.secrets)
                 fields.append("reason")
@@ -239,8 +241,8 @@ class Records:
         """In the caller's transaction, with ``replica`` locked: record it stopped, its cards freed
         for its replacement in place (its agent confirmed the stop)."""
         before = replica_after(replica, [f"{node.name}#{i}" for i in cards])
-        replica.state = Replica.State.STOPPED
-        replica.save(update_fields=["state"])
+        replica.state, replica.state_changed_at = Replica.State.STOPPED, timezone.now()
+        replica.save(update_fields=["state", "state_changed_at"])
         Shard.objects.filter(replica=replica).delete()
         self.audit(
             action="stop",

@@ -6,6 +6,7 @@ not touched yet, keeps serving."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from agentclient.client import AgentCallFailed, describe_failure
@@ -38,7 +39,7 @@ def settle(agents: AgentConversation, step: RestartStep, replica: Replica) -> No
         asked = time.monotonic()
         wait = min(agents.wait, left, agents.lease.interval)
         try:
-            state = agent.get(replica.name, wait=wait, unless="ready")
+            state = agents.call(node, partial(agent.get, replica.name, wait=wait, unless="ready"))
             away_since = None
         except AgentCallFailed as exc:
             away_since = agents.agent_away(step, replica, exc, away_since, left)
