@@ -1,5 +1,6 @@
 """The operator's lists at a narrow window (800 px, a laptop split in two): the model page with its
-replicas, the operations list and the audit list fit without a sideways scroll (static/css/app.css)."""
+replicas, the operations list and the audit list fit without a sideways scroll (static/css/operator.css);
+the card-memory bar's legend gives each term its own colour."""
 
 from __future__ import annotations
 
@@ -51,3 +52,8 @@ def test_the_model_page_the_operations_list_and_the_audit_list_fit_800_px(page, 
         )
         assert widths["scroll"] <= widths["client"], (path, widths)
         page.screenshot(path=shots / shot, full_page=True)
+        if path.startswith("/models/"):
+            # The card-memory bar's legend: each term its own colour, as in the bar.
+            keys = page.locator(".membar").first.locator("figcaption .swatch")
+            colours = keys.evaluate_all("els => els.map(e => getComputedStyle(e).backgroundColor)")
+            assert len(colours) >= 4 and len(set(colours)) == len(colours), colours
