@@ -116,3 +116,11 @@ def test_the_foreign_process_command_refuses_a_card_the_node_does_not_have(tmp_p
                 "demo_foreign_process", "gpu-a", "--card", "5", "--gpu-dir", str(running.gpu_dirs["gpu-a"])
             )
         assert not list(running.gpu_dirs["gpu-a"].glob("proc-*.json"))
+
+
+def test_make_runs_metrics_token_is_made_once_kept_0600_and_long_enough(tmp_path):
+    from demo.management.commands.demo import demo_metrics_token
+
+    token = demo_metrics_token(tmp_path)
+    assert len(token) >= 32 and demo_metrics_token(tmp_path) == token
+    assert stat.S_IMODE((tmp_path / "metrics-token").stat().st_mode) == 0o600
