@@ -45,7 +45,7 @@ OBJECT_TYPES = {
     "model": "model",
     "profile": "profile",
     "replica": "replica",
-    "shard": "card of a replica",
+    "shard": "replica's card",
     "restart": "restart",
     "token": "API token",
     "user": "user",
