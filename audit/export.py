@@ -17,6 +17,7 @@ from django.http import StreamingHttpResponse
 
 from audit.models import AuditEntry
 from audit.summary import summarize
+from audit.words import via_label
 
 COLUMNS = [
     "id",
@@ -78,6 +79,9 @@ def csv_lines(qs: QuerySet[AuditEntry]) -> Iterator[str]:
     yield writer.writerow(COLUMNS)
     for entry in qs.iterator(chunk_size=CHUNK):
         values = row(entry)
+        # A spreadsheet is read by people: the path in the pages' word ("command", not "cli"); JSON
+        # Lines, read by programs, keeps the stored code as the API does (docs/design.md, "Glossary").
+        values["via"] = via_label(values["via"])
         yield writer.writerow([_cell(values[c]) for c in COLUMNS])
 
 

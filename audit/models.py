@@ -119,6 +119,19 @@ class AuditEntry(models.Model):
             return hashlib.sha256(self.canonical()).hexdigest()
         return hmac.new(key, b"llmgw-audit-entry\n" + self.canonical(), hashlib.sha256).hexdigest()
 
+    @property
+    def action_label(self) -> str:
+        """The action in the operators' words (audit/words.py)."""
+        from audit.words import action_label
+
+        return action_label(self.action)
+
+    @property
+    def object_type_label(self) -> str:
+        from audit.words import object_type_label
+
+        return object_type_label(self.object_type)
+
 
 class RowChange(models.Model):
     """A row of a catalog table inserted, updated or deleted, as the database's own trigger saw it

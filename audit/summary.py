@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit.models import AuditEntry
+from audit.words import action_label, object_type_label
 
 # The pages' words for the columns an operator changes most.
 LABELS = {
@@ -71,14 +72,14 @@ def summarize(entry: AuditEntry) -> str:
     """One line saying what changed: spread as cards, the rest as "label before → after"."""
     name = entry.object_key
     if entry.before is None and entry.after is not None and entry.action in ("create", "import"):
-        return f"{entry.object_type} {entry.object_repr} added"
+        return f"{object_type_label(entry.object_type)} {entry.object_repr} added"
     if entry.after is None and entry.before is not None and entry.action == "delete":
-        return f"{entry.object_type} {entry.object_repr} removed"
+        return f"{object_type_label(entry.object_type)} {entry.object_repr} removed"
     if entry.action in SAID_BY_MESSAGE and entry.message:
         return entry.message
     fields = changed(entry)
     if not fields:
-        return entry.message or f"{entry.action} {entry.object_type} {name}"
+        return entry.message or f"{object_type_label(entry.object_type)} {name}: {action_label(entry.action)}"
     before, after = entry.before or {}, entry.after or {}
     parts = []
     if entry.object_type == "profile" and any(f in SPREAD for f in fields):
@@ -104,7 +105,13 @@ class DiffRow:
     changed: bool
 
 
-def pretty(value: Any) -> str:
+# Values that mean "not set" in a field, said so rather than as their number.
+NOT_SET = {"pp": 0}
+
+
+def pretty(value: Any, field: str = "") -> str:
+    if field in NOT_SET and value == NOT_SET[field]:
+        return "none"
     if isinstance(value, (dict, list)):
         return json.dumps(value, indent=2, sort_keys=True)
     return "" if value is None else str(value)
@@ -118,9 +125,39 @@ def diff_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> li
         DiffRow(
             field=k,
             label=label(k),
-            before=pretty(b.get(k)) if before is not None else "",
-            after=pretty(a.get(k)) if after is not None else "",
+            before=pretty(b.get(k), k) if before is not None else "",
+            after=pretty(a.get(k), k) if after is not None else "",
             changed=both and b.get(k) != a.get(k),
         )
         for k in sorted(set(b) | set(a))
+    ]
+
+
+def compact(value: Any, limit: int = 120) -> str:
+    """A value on one short line: lists and maps flattened (``short``), cut at ``limit`` characters."""
+    text = short(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def change_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[DiffRow]:
+    """What a change did, field by field, each value on one line: an update's changed fields only;
+    an added or removed row's fields that hold something."""
+    b, a = before or {}, after or {}
+    if before is not None and after is not None:
+        keys = sorted(k for k in set(b) | set(a) if b.get(k) != a.get(k))
+    else:
+        keys = sorted(
+            k
+            for k in set(b) | set(a)
+            if (b.get(k) if before is not None else a.get(k)) not in (None, "", [], {})
+        )
+    return [
+        DiffRow(
+            field=k,
+            label=label(k),
+            before=compact(b.get(k)) if before is not None else "",
+            after=compact(a.get(k)) if after is not None else "",
+            changed=before is not None and after is not None,
+        )
+        for k in keys
     ]

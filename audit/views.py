@@ -20,7 +20,7 @@ from audit.export import KINDS, export_response
 from audit.forms import AuditFilterForm
 from audit.models import AuditEntry
 from audit.selectors import entries_matching, entries_of_request, keyset_page, outside_page
-from audit.summary import diff_rows, summarize
+from audit.summary import change_rows, diff_rows, summarize
 from base.rules import requires
 from versions.cache import remembered
 
@@ -78,6 +78,7 @@ def entry_list(request: HttpRequest) -> HttpResponse:
 def entry_detail(request: HttpRequest, pk: int) -> HttpResponse:
     entry = get_object_or_404(AuditEntry, pk=pk)
     together = list(entries_of_request(entry.request_id)[:200]) if entry.request_id else [entry]
+    every = diff_rows(entry.before, entry.after)
     return render(
         request,
         "audit/entry_detail.html",
@@ -85,7 +86,11 @@ def entry_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "section": "audit",
             "entry": entry,
             "summary": summarize(entry),
-            "rows": diff_rows(entry.before, entry.after),
+            # An update's changed fields; the rest folded away below them.
+            "rows": [r for r in every if r.changed or entry.before is None or entry.after is None],
+            "unchanged": [
+                r for r in every if not r.changed and entry.before is not None and entry.after is not None
+            ],
             "together": [(e, summarize(e)) for e in together],
             "operation": entry.request_id.removeprefix("restart-")
             if entry.request_id.startswith("restart-")
@@ -101,7 +106,7 @@ def outside_list(request: HttpRequest) -> HttpResponse:
     page = outside_page(
         before=_int(request.GET.get("before")), after=_int(request.GET.get("after")), size=PAGE_SIZE
     )
-    rows = [(change, diff_rows(change.before, change.after)) for change in page.entries]
+    rows = [(change, change_rows(change.before, change.after)) for change in page.entries]
     return render(
         request,
         "audit/outside_list.html",

@@ -69,8 +69,9 @@ def allows(user: Any, need: str | None) -> bool:
     return need == SIGNED_IN or bool(user.has_perm(need))
 
 
-def refusal(need: str | None) -> str:
-    """The sentence a refused, signed-in user reads: what is needed and which roles give it."""
+def refusal(need: str | None, *, page: bool = False) -> str:
+    """The sentence a refused, signed-in user reads: what is needed and which roles give it. The API's
+    names the permission's code as well (what an admin grants); a page's keeps to words."""
     from django.contrib.auth.models import Permission
 
     from base.roles import ROLES, matches
@@ -85,6 +86,8 @@ def refusal(need: str | None) -> str:
     )
     roles = [r.name for r in ROLES if r.name != "admin" and matches(r, need)]
     given = f"the {' or '.join(roles)} role gives it" if roles else "only an admin has it"
+    if page and name:
+        return f"You need the permission “{name}”: {given}. Ask an admin to give you that role."
     return f"You need the permission '{name or need}' ({need}): {given}."
 
 
@@ -104,7 +107,7 @@ def _page_gate(request: HttpRequest, rule: Rule | None) -> HttpResponse | None:
         return None
     if not request.user.is_authenticated:
         return redirect_to_login(request.get_full_path())
-    raise PermissionDenied(refusal(need))
+    raise PermissionDenied(refusal(need, page=True))
 
 
 def requires(rule: Rule) -> Callable[[View], View]:

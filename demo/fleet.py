@@ -83,6 +83,35 @@ def demo_dir() -> Path:
     return Path(os.environ.get("LLMGW_DEMO_DIR") or Path(tempfile.gettempdir()) / "llmgw-demo")
 
 
+def passwords_file() -> Path:
+    """Where seed_demo keeps the demo accounts' passwords: var/demo-passwords.txt (mode 0600)."""
+    from django.conf import settings
+
+    return Path(settings.VAR_DIR) / "demo-passwords.txt"
+
+
+def read_passwords(path: Path) -> dict[str, str]:
+    """The kept passwords, ``user password`` a line; none when the file is missing."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    pairs = (line.split(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    return {name: password.strip() for name, password in pairs}
+
+
+def write_passwords(path: Path, passwords: dict[str, str]) -> None:
+    """Write the passwords readable and writable by this user alone (0600), before any byte is written."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # a file that was there keeps its old mode otherwise
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        out.write("# the demo's accounts (manage.py seed_demo --users): user password\n")
+        out.writelines(f"{name} {password}\n" for name, password in passwords.items())
+
+
 PROFILES = [
     # model, profile, engine, class, gpus_per_node, tp, args
     ("llama-3.1-8b", "h100", "vllm", "h100-80g", 1, 1, ["--max-model-len", "32768"]),

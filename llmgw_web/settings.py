@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -397,7 +398,9 @@ LLMGW_AGENT_HOSTS = env_list("LLMGW_AGENT_HOSTS", [])
 # comma-separated, or "private" (10/8, 172.16/12, 192.168/16, fc00::/7), the default. Loopback and
 # link-local only when named (the demo and the tests name 127.0.0.0/8); a cloud metadata address
 # only when named alone (a /32 or /128).
-LLMGW_AGENT_NETWORKS = env_list("LLMGW_AGENT_NETWORKS", ["private"])
+# With debug on (development and the demo, whose agents listen on 127.0.0.1) loopback is added to the
+# default, so `manage.py seed_demo` and `manage.py demo` work as the README lists them outside make.
+LLMGW_AGENT_NETWORKS = env_list("LLMGW_AGENT_NETWORKS", ["private", "127.0.0.0/8"] if DEBUG else ["private"])
 try:
     parse_networks(LLMGW_AGENT_NETWORKS)
 except ValueError as exc:
@@ -408,7 +411,12 @@ if LLMGW_AGENT_CA_BUNDLE and not Path(LLMGW_AGENT_CA_BUNDLE).is_file():
     raise ImproperlyConfigured(
         f"LLMGW_AGENT_CA_BUNDLE={LLMGW_AGENT_CA_BUNDLE!r} is not a file (a PEM CA bundle)."
     )
-LLMGW_MODEL_ROOTS = parse_roots(env_str("LLMGW_MODEL_ROOTS") or "")
+# With debug on and the variable unset, the demo's directory (LLMGW_DEMO_DIR, else <tmp>/llmgw-demo),
+# where seed_demo writes its GGUF model: the demo works outside make. Debug off: no root unless named.
+LLMGW_MODEL_ROOTS = parse_roots(
+    env_str("LLMGW_MODEL_ROOTS")
+    or (env_str("LLMGW_DEMO_DIR") or str(Path(tempfile.gettempdir()) / "llmgw-demo") if DEBUG else "")
+)
 LLMGW_CLUSTER_SETTINGS = env_str("LLMGW_CLUSTER_SETTINGS") or str(BASE_DIR / "cluster.toml")
 
 # One handler, the root's: Django's own "django" logger keeps a console handler of its own when

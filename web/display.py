@@ -157,7 +157,7 @@ class MemoryBar:
 
 
 def shape_facts(model: ServedModel) -> list[tuple[str, str]]:
-    """The model's shape in the operators' units (GiB, KiB a token, tokens)."""
+    """The model's shape in the operators' units (GiB, KiB per token, tokens)."""
 
     def known(value: object, text: str) -> str:
         return text if value is not None else "not known"
@@ -169,7 +169,7 @@ def shape_facts(model: ServedModel) -> list[tuple[str, str]]:
     facts = [
         ("Weights", known(model.weight_bytes, f"{gib(model.weight_bytes or 0)} GiB")),
         (
-            "KV cache a token",
+            "KV cache per token",
             known(model.kv_bytes_per_token, f"{(model.kv_bytes_per_token or 0) / 1024:g} KiB"),
         ),
         ("Context", known(model.context_length, f"{model.context_length} tokens")),

@@ -15,7 +15,7 @@ from django import forms
 
 from catalog.models import GPUClass, Profile, ServedModel
 
-STATE_CHOICES = [("", "any"), ("editable", "editable"), ("declared", "declared")]
+STATE_CHOICES = [("", "any"), ("editable", "set here"), ("declared", "declared in the cluster settings")]
 CPU = "cpu"
 
 

@@ -28,7 +28,8 @@ class StrictFilterBackend(DjangoFilterBackend):
         unknown = sorted(set(request.query_params) - known - _ALWAYS_KNOWN)
         if unknown:
             names = ", ".join(unknown)
-            allowed = ", ".join(sorted(known | _ALWAYS_KNOWN))
+            unlisted: frozenset[str] = getattr(filterset_class, "unlisted", frozenset())
+            allowed = ", ".join(sorted((known - unlisted) | _ALWAYS_KNOWN))
             raise DomainError(
                 "unknown_filter",
                 f"Unknown query parameter{'s' if len(unknown) > 1 else ''} {names}: this list is filtered by "

@@ -154,16 +154,19 @@ class IdFilter(django_filters.Filter):
 
 class ReplicaFilter(django_filters.FilterSet):
     profile = IdFilter(field_name="profile_id", help_text="The profile's id.")
+    model = django_filters.CharFilter(field_name="profile__model__name", help_text="The model's name.")
+    # The ORM path the list was first filtered by, still read; no longer offered (``model`` says it).
+    unlisted = frozenset({"profile__model__name"})
 
     class Meta:
         model = Replica
-        fields = ["state", "profile__model__name", "profile"]
+        fields = ["state", "model", "profile__model__name", "profile"]
 
 
 @_crud_schema("replica")
 class ReplicaViewSet(ServiceViewSet):
     """Running instances of a profile: their cards, port, state and the profile revision each runs.
-    Filter with ``?state=``, ``?profile__model__name=`` or ``?profile=`` (its id). Restarts, not these
+    Filter with ``?state=``, ``?model=`` (its name) or ``?profile=`` (its id). Restarts, not these
     writes, are how replicas move: see ``/api/models/{name}/restart/``.
     """
 

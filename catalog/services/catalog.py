@@ -187,9 +187,20 @@ def node_token_save(
     )
 
 
+def _named(kind: str, names: list[str], shown: int = 5) -> str:
+    """ "replica a", "replicas a, b and 3 more": the names in the way, a few of them."""
+    listed = ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+    return f"{kind}{'s' if len(names) > 1 else ''} {listed}"
+
+
 def node_delete(*, instance: Node, actor: Actor | None = None) -> None:
-    if Shard.objects.filter(card__node=instance).exists():
-        raise conflict("in_use", f"Node {instance.name} has cards held by replicas: stop or move them first.")
+    holders = sorted(set(Shard.objects.filter(card__node=instance).values_list("replica__name", flat=True)))
+    if holders:
+        raise conflict(
+            "in_use",
+            f"Node {instance.name} has cards held by {_named('replica', holders)}: drain the node (its page, "
+            f"the API or `manage.py drain {instance.name}`) to move them, then remove it.",
+        )
     _delete(instance, actor=actor)
 
 
@@ -226,8 +237,17 @@ def model_save(
 def model_delete(*, instance: ServedModel, actor: Actor | None = None, from_settings: bool = False) -> None:
     if not from_settings:
         ensure_not_declared(instance)
-    if Replica.objects.filter(profile__model=instance).exclude(state=Replica.State.STOPPED).exists():
-        raise conflict("in_use", f"Model {instance.name} has replicas that are not stopped: stop them first.")
+    running = list(
+        Replica.objects.filter(profile__model=instance)
+        .exclude(state=Replica.State.STOPPED)
+        .order_by("name")
+        .values_list("name", flat=True)
+    )
+    if running:
+        raise conflict(
+            "in_use",
+            f"Model {instance.name} has {_named('replica', running)} not stopped: stop them first, then remove it.",
+        )
     # Its stopped replicas go with it, each recorded, all or nothing.
     with transaction.atomic():
         for replica in Replica.objects.filter(profile__model=instance, state=Replica.State.STOPPED):
@@ -345,8 +365,17 @@ def replica_delete(*, instance: Replica, actor: Actor | None = None) -> None:
 
 def shard_save(*, instance: Shard, actor: Actor | None = None) -> Shard:
     def guard(obj: Shard, before: dict[str, Any] | None) -> None:
-        if Shard.objects.filter(card_id=obj.card_id).exclude(pk=obj.pk).exists():
-            raise conflict("card_busy", f"Card {obj.card} is held by another replica.")
+        other = (
+            Shard.objects.filter(card_id=obj.card_id)
+            .exclude(pk=obj.pk)
+            .values_list("replica__name", flat=True)
+            .first()
+        )
+        if other is not None:
+            raise conflict(
+                "card_busy",
+                f"Card {obj.card} is held by replica {other}: choose a free card, or stop or move {other} first.",
+            )
 
     return _save(instance, actor=actor, before_save=guard)
 

@@ -151,7 +151,7 @@ def _line(op: RestartOperation, step: RestartStep | None) -> tuple[Any, tuple[st
             f"restart #{op.pk}: {op.get_state_display()}" + (f" ({op.worker})" if op.worker else ""),
         )
     old = step.old_replica.name if step.old_replica is not None else "?"
-    new = f" -> {step.new_replica.name}" if step.new_replica is not None else ""
+    new = f" → {step.new_replica.name}" if step.new_replica is not None else ""
     where = f" on {step.node} {cards_text(list(step.cards))}" if step.node else ""
     reason = step.reason.splitlines()[0] if step.reason else ""
     return step.pk, (

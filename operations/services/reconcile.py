@@ -396,10 +396,10 @@ def _set_state(
             before=before,
             after={**snapshot(row), "cards": [] if release else held},
             actor=actor,
-            message=f"{row.name}: {before['state']} -> {state} ({reason})"
+            message=f"{row.name}: {before['state']} → {state} ({reason})"
             + (f"; cards {', '.join(held)} freed" if release and held else ""),
         )
-    out.changed.append(f"{replica.name}: {replica.state} -> {state}")
+    out.changed.append(f"{replica.name}: {replica.state} → {state}")
 
 
 def _set_orphans(node: Node, orphans: list[dict[str, Any]], actor: Actor, out: NodeReport) -> None:

@@ -205,7 +205,7 @@ def model_resize(
         gpus=gpus,
         in_place=in_place,
         describe=lambda c: (
-            f"{c.model}/{c.profile}: {c.before} -> {c.after} cards ({c.per_card or 'memory not checked'})"
+            f"{c.model}/{c.profile}: {c.before} → {c.after} cards ({c.per_card or 'memory not checked'})"
         ),
     )
 
@@ -229,5 +229,5 @@ def model_set_context(
         actor=actor,
         tokens=tokens,
         in_place=in_place,
-        describe=lambda c: f"{c.model}/{c.profile}: context {c.before} -> {c.after} tokens",
+        describe=lambda c: f"{c.model}/{c.profile}: context {c.before} → {c.after} tokens",
     )

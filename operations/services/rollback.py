@@ -291,7 +291,7 @@ def profile_rollback(
                 model_name=served.name,
                 replicas=[r.replica for r in to_restart],
                 actor=actor,
-                cause=f"rollback of {saved} to revision {revision}'s settings (revision {was} -> "
+                cause=f"rollback of {saved} to revision {revision}'s settings (revision {was} → "
                 f"{saved.revision})",
             ).pk
             planned = RestartStep.objects.filter(operation_id=operation).values_list(

@@ -225,7 +225,7 @@ def test_the_summary_says_a_resize_as_cards_in_the_operators_words(actor):
     assert summarize(args) == "llama-3.1-8b/h100: arguments none → --max-num-seqs 8"
 
 
-def test_the_entry_page_shows_before_and_after_side_by_side_with_the_changed_fields_marked(actor):
+def test_the_entry_page_shows_the_changed_fields_and_folds_away_the_rest(actor):
     cls = b.gpu_class("l4-24g", memory_mib=23034, usable_mib=20000, capability="8.9")
     cls.usable_mib = 21000
     services.gpu_class_save(instance=cls)
@@ -233,13 +233,34 @@ def test_the_entry_page_shows_before_and_after_side_by_side_with_the_changed_fie
     response = signed_in(lead_user()).get(f"/audit/{entry.pk}/")
     assert response.status_code == 200
     rows = {row.field: row for row in response.context["rows"]}
+    assert list(rows) == ["usable_mib"]
     assert rows["usable_mib"].changed and (rows["usable_mib"].before, rows["usable_mib"].after) == (
         "20000",
         "21000",
     )
-    assert not rows["memory_mib"].changed
+    assert "memory_mib" in {row.field for row in response.context["unchanged"]}
     html = response.content.decode()
     assert 'class="changed"' in html and "l4-24g: usable memory (MiB) 20000 → 21000" in html
+    assert "that did not change</summary>" in html
+    assert "<dt>Action</dt><dd>changed</dd>" in html and "GPU class <strong>" in html
+
+
+def test_the_filters_are_choices_in_the_operators_words_and_the_list_says_them_too(actor):
+    cls = b.gpu_class("l4-24g", memory_mib=23034, usable_mib=20000, capability="8.9")
+    cls.usable_mib = 21000
+    services.gpu_class_save(instance=cls)
+    client = signed_in(lead_user())
+    page = client.get("/audit/").content.decode()
+    assert '<option value="restart_start">restart asked</option>' in page
+    assert '<option value="gpuclass">GPU class</option>' in page
+    assert '<option value="cli">command</option>' in page
+    listed = client.get("/audit/?action=update&object_type=gpuclass").content.decode()
+    assert "<td>changed</td>" in listed and "<td>GPU class <strong>l4-24g</strong></td>" in listed
+    assert "restart_start" not in listed.split("<table", 1)[1]
+    wrong = client.get("/audit/?action=no_such_thing!").content.decode()
+    assert "The filters are wrong, nothing is listed: Action: Select a valid choice" in wrong
+    exported = list(csv.DictReader(io.StringIO(streamed(client.get("/audit/export.csv")))))
+    assert exported and {r["via"] for r in exported} <= {"pages", "API", "admin", "command", "worker"}
 
 
 def test_reading_needs_the_view_permission_and_exporting_the_export_permission(actor):
@@ -272,7 +293,7 @@ def test_a_bad_filter_is_an_error_naming_it_and_lists_nothing(actor):
     api = APIClient()
     api.force_authenticate(b.user("lead2", "audit.view_auditentry"))
     response = api.get("/api/audit/", {"via": "telepathy"})
-    assert response.status_code == 400 and "via" in json.dumps(response.json())
+    assert response.status_code == 400 and "Via: " in json.dumps(response.json())
 
 
 def test_keyset_pages_walk_the_whole_filtered_log_both_ways(actor):

@@ -204,15 +204,18 @@ def test_an_unknown_filter_is_refused_with_a_400_naming_the_known_ones():
     n = b.node("gpu-1", cards=2)
     b.replica(b.profile(b.llama_8b()), n, [0], name="llama-1")
     api = client_for(b.user())
-    response = api.get("/api/replicas/?model=mistral-7b")
+    response = api.get("/api/replicas/?model_name=mistral-7b")
     assert response.status_code == 400
     body = response.json()
     assert body["code"] == "unknown_filter"
-    assert "Unknown query parameter model:" in body["detail"]
-    assert "profile__model__name" in body["detail"] and "state" in body["detail"]
+    assert "Unknown query parameter model_name:" in body["detail"]
+    assert "filtered by format, limit, model, offset, profile, state." in body["detail"]
+    assert "profile__model__name" not in body["detail"]  # an ORM path: still read, not offered
     # The known ones still filter, and the pager's parameters are known too.
     assert api.get("/api/replicas/?profile__model__name=mistral-7b&limit=5").json()["count"] == 0
     assert api.get("/api/replicas/?profile__model__name=llama-3.1-8b").json()["count"] == 1
+    assert api.get("/api/replicas/?model=llama-3.1-8b").json()["count"] == 1
+    assert api.get("/api/replicas/?model=mistral-7b").json()["count"] == 0
     assert api.get("/api/operations/?modell=x").status_code == 400
 
 

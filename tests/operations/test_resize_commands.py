@@ -48,7 +48,7 @@ def test_gpus_prints_the_change_and_is_audited_as_cli_with_the_as_name():
     p = llama(gpus=1)
     out = run("gpus", "llama-3.1-8b", "2", "--as", "ops-bot")
     assert out.splitlines()[:3] == [
-        "changed llama-3.1-8b/h100 (vllm on h100-80g): 1 -> 2 card(s)",
+        "changed llama-3.1-8b/h100 (vllm on h100-80g): 1 → 2 card(s)",
         "  args: --max-model-len 32768",
         "  memory: 12.6 GiB on each of 2 cards, of 71.7 GiB usable on each",
     ]
@@ -76,7 +76,7 @@ def test_a_dry_run_prints_what_would_change_and_writes_nothing():
     p = llama(gpus=1)
     before = state(p)
     out = run("gpus", "llama-3.1-8b", "2", "--dry-run")
-    assert out.startswith("would change llama-3.1-8b/h100 (vllm on h100-80g): 1 -> 2 card(s)")
+    assert out.startswith("would change llama-3.1-8b/h100 (vllm on h100-80g): 1 → 2 card(s)")
     assert state(p) == before
 
 
@@ -107,7 +107,7 @@ def test_context_prints_the_change_in_tokens_and_is_audited_as_set_context():
     p = llama(gpus=1)
     out = run("context", "llama-3.1-8b", "65536", "--as", "ops-bot")
     assert out.splitlines()[:2] == [
-        "changed llama-3.1-8b/h100 (vllm on h100-80g): 32768 -> 65536 tokens",
+        "changed llama-3.1-8b/h100 (vllm on h100-80g): 32768 → 65536 tokens",
         "  args: --max-model-len 65536",
     ]
     assert state(p)[2:] == (["--max-model-len", "65536"], 2, 1)

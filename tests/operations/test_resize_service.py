@@ -162,7 +162,7 @@ def test_a_resize_saves_the_new_layout_bumps_the_revision_and_writes_one_resize_
     assert (entry.before["gpus_per_node"], entry.after["gpus_per_node"]) == (2, 4)
     assert (entry.before["revision"], entry.after["revision"]) == (1, 2)
     assert "-tp=2" in entry.before["args"] and "-tp=2" not in entry.after["args"]
-    assert "2 -> 4 cards" in entry.message
+    assert "2 → 4 cards" in entry.message
     assert verify_chain() == []
 
 

@@ -107,7 +107,7 @@ def test_a_rollback_restarts_only_the_replicas_that_run_other_settings(split):
     assert "revision 2's settings, which differ in arguments" in restarted.why
     op = RestartOperation.objects.get(pk=done.operation)
     assert [s.old_replica.name for s in op.steps.all()] == ["llama-2"]
-    assert op.cause == f"rollback of {MODEL}/h100 to revision 1's settings (revision 2 -> 3)"
+    assert op.cause == f"rollback of {MODEL}/h100 to revision 1's settings (revision 2 → 3)"
     step = op.steps.get()
     assert (restarted.node, list(restarted.cards), restarted.in_place) == (
         step.planned_node,
@@ -259,12 +259,12 @@ def test_the_command_rolls_back_says_which_replicas_adopt_and_exits_1_when_refus
     out = io.StringIO()
     call_command("rollback", MODEL, "1", "--profile", "h100", "--dry-run", "--as", "deployer", stdout=out)
     said = out.getvalue()
-    assert "would roll" in said and "revision 2 -> 3" in said and not RestartOperation.objects.exists()
+    assert "would roll" in said and "revision 2 → 3" in said and not RestartOperation.objects.exists()
     assert "llama-1: adopts revision 3 without a restart (it runs revision 1's settings, the same)" in said
     assert "llama-2: restarted on gpu-a card(s) 0" in said or "llama-2: restarted on gpu-a" in said
     out = io.StringIO()
     call_command("rollback", MODEL, "1", "--profile", "h100", "--no-wait", "--as", "deployer", stdout=out)
-    assert "rolled" in out.getvalue() and "revision 2 -> 3" in out.getvalue()
+    assert "rolled" in out.getvalue() and "revision 2 → 3" in out.getvalue()
     assert "restarting: operation #" in out.getvalue()
     assert AuditEntry.objects.get(action="rollback").via == "cli"
     with pytest.raises(CommandError) as err:

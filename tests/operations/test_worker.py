@@ -286,7 +286,7 @@ def test_the_restart_command_waits_for_the_worker_and_its_exit_code_follows_the_
             call_command(
                 "restart", MODEL, "--ready-timeout", "30", "--as", "ops-bot", stdout=out, stderr=StringIO()
             )
-            assert "llama-1 -> llama-2" in out.getvalue() and "Succeeded" in out.getvalue()
+            assert "llama-1 → llama-2" in out.getvalue() and "Succeeded" in out.getvalue()
             assert "1 of 1 replica(s) restarted" in out.getvalue()
 
             fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "0.2", "STANDIN_NEVER_READY": "1"})
@@ -315,7 +315,7 @@ def test_the_gpus_and_context_commands_follow_the_restart_they_start(tmp_path, a
             # It waited for the worker: the restart had ended when the command returned.
             op = RestartOperation.objects.get(model__name=MODEL, profile__tp=2)
             assert op.state == "succeeded" and f"restart #{op.pk} Succeeded" in text
-            assert "llama-1 -> llama-2 on " in text
+            assert "llama-1 → llama-2 on " in text
 
             out = StringIO()
             call_command("context", MODEL, "8192", "--no-wait", stdout=out, stderr=StringIO())

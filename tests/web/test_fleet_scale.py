@@ -85,8 +85,8 @@ REQUESTS = [
     # The leads' audit pages: the newest page, the oldest, filtered and not, an entry, the API.
     ("GET", "/audit/", None),
     ("GET", "/audit/?after=0", None),
-    ("GET", "/audit/?action=profile.update&via=api", None),
-    ("GET", "/audit/?action=profile.update&after=0", None),
+    ("GET", "/audit/?action=update&object_type=profile&via=api", None),
+    ("GET", "/audit/?action=update&object_type=profile&after=0", None),
     ("GET", "/audit/ENTRY/", None),
     ("GET", "/api/audit/", None),
 ]

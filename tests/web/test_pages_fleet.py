@@ -26,7 +26,7 @@ def test_the_model_page_shows_shape_profiles_replicas_and_the_card_memory_bar(vi
     Profile.objects.filter(model=m).update(revision=3)
     page = viewer.get("/models/llama-3.1-8b/").content.decode()
     assert "<dt>Weights</dt><dd>15.0 GiB</dd>" in page
-    assert "<dt>KV cache a token</dt><dd>128 KiB</dd>" in page
+    assert "<dt>KV cache per token</dt><dd>128 KiB</dd>" in page
     assert "<dt>Attention</dt><dd>GQA</dd>" in page
     assert "<dd>32 attention, 8 KV</dd>" in page and "<dt>Head size</dt><dd>128</dd>" in page
     assert "<dt>Context</dt><dd>131072 tokens</dd>" in page
@@ -36,7 +36,7 @@ def test_the_model_page_shows_shape_profiles_replicas_and_the_card_memory_bar(vi
     )
     assert "weights 15.0 GiB" in page and "KV cache 4.0 GiB (32768 tokens)" in page
     # 14.96 + 4.0 + vLLM's terms at TP 1 (outside PyTorch 0.35, CUDA graphs 1), each its own segment
-    assert "20.3 GiB a card of 71.7 GiB usable (28%)" in page
+    assert "20.3 GiB per card of 71.7 GiB usable (28%)" in page
     assert "outside PyTorch 0.3 GiB" in page and "CUDA graphs 1.0 GiB" in page
     assert "Budget: 79.65 GiB x --gpu-memory-utilization 0.9, capped by the class" in page
     assert replica.name in page and 'href="/nodes/gpu-1/"' in page
@@ -158,7 +158,7 @@ def test_the_replica_page_shows_planned_and_measured_side_by_side(viewer):
     }
     replica.save()
     page = viewer.get(f"/replicas/{replica.name}/").content.decode()
-    assert "Memory a card: planned and measured" in page
+    assert "Memory per card: planned and measured" in page
     assert "its profile as planned now" in page
     # weights: planned 16060522496 bytes (14.96 GiB) beside the 14.96 logged
     assert (

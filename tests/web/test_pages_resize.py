@@ -25,7 +25,7 @@ def test_a_count_that_fits_previews_before_after_the_bar_and_the_nodes_with_room
     assert "<html" not in text
     assert "1 → <strong>4</strong> cards" in text
     # 3.74 + 1.0 + outside PyTorch 0.35 + NVLink buffers 1.8 + CUDA graphs 1
-    assert "weights 3.7 GiB" in text and "7.9 GiB a card of 71.7 GiB usable" in text
+    assert "weights 3.7 GiB" in text and "7.9 GiB per card of 71.7 GiB usable" in text
     assert "communication buffers 1.8 GiB" in text
     # the whole argument list the engine gets, the TP width included (the program itself is the
     # node agent's own, from its configuration: the launch policy never takes it from the catalog)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from agentclient.client import AgentCallFailed, AgentClient
 from base.commands import ActorCommand
 from catalog.models import Node, Replica, Shard
 from catalog.services import catalog as services
+from demo.management.commands.demo_foreign_process import stop_foreign_processes
 from operations.services.placement import replica_placement
 from operations.services.specs import running_spec
 from operations.tasks import operations_sweep
@@ -87,6 +89,22 @@ def agent_config(node: Node, directory: Path) -> str:
             f"command = {_toml_value([sys.executable, str(STANDIN)])}",
         ]
     return "\n".join(lines) + "\n"
+
+
+def demo_metrics_token(root: Path) -> str:
+    """The demo's token for ``/metrics``: made once, kept in ``root/metrics-token`` (mode 0600) so a
+    Prometheus set up against one ``make run`` still scrapes the next."""
+    path = root / "metrics-token"
+    if path.is_file():
+        token = path.read_text(encoding="utf-8").strip()
+        if len(token) >= 32:
+            return token
+    token = secrets.token_urlsafe(32)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        out.write(token + "\n")
+    return token
 
 
 def port_clashes() -> list[tuple[Replica, int]]:
@@ -213,9 +231,17 @@ class Command(ActorCommand):
         web = [sys.executable, "manage.py", "runserver", options["addr"]]
         if not options["reload"]:
             web.append("--noreload")
-        self._spawn("web", web, root / "web.log")
+        metrics_token = settings.LLMGW_METRICS_TOKEN or demo_metrics_token(root)
+        self._spawn("web", web, root / "web.log", env={"LLMGW_METRICS_TOKEN": metrics_token})
         self.stdout.write(f"worker: python manage.py db_worker (log {root / 'worker.log'})")
         self.stdout.write(f"web: http://{options['addr']}/ (log {root / 'web.log'}); API docs at /api/docs/")
+        self.stdout.write(
+            f"metrics: curl -H 'Authorization: Bearer {metrics_token}' http://{options['addr']}/metrics"
+        )
+        self.stdout.write(
+            "a process the catalog does not know on a card: "
+            "python manage.py demo_foreign_process gpu-h1 --card 5 (--stop ends it)"
+        )
         self.stdout.write("Ctrl-C stops the web server, the worker, the agents and their replicas.")
 
         while True:
@@ -311,5 +337,14 @@ class Command(ActorCommand):
             except subprocess.TimeoutExpired:
                 os.killpg(child.process.pid, signal.SIGKILL)
                 child.process.wait(timeout=10)
+        foreign = [
+            pid
+            for directory in Path(settings.VAR_DIR, "demo").glob("*/gpus")
+            for pid in stop_foreign_processes(directory)
+        ]
         if self.children:
-            self.stdout.write("stopped: " + ", ".join(c.name for c in order))
+            self.stdout.write(
+                "stopped: "
+                + ", ".join(c.name for c in order)
+                + (f", foreign process(es) {', '.join(map(str, foreign))}" if foreign else "")
+            )

@@ -26,8 +26,13 @@ class Command(ActorCommand):
         parser.add_argument(
             "--users",
             action="store_true",
-            help="also create one account per role (viewer, operator, editor, lead, admin) with a fresh password, "
-            "and print them",
+            help="also create one account per role (viewer, operator, editor, lead, admin); a password is made "
+            "and printed only for an account that has none, and kept in var/demo-passwords.txt (mode 0600)",
+        )
+        parser.add_argument(
+            "--new-passwords",
+            action="store_true",
+            help="with --users: make new passwords for every demo account (the old ones stop working)",
         )
 
     def act(self, *args: Any, **options: Any) -> None:
@@ -126,17 +131,37 @@ class Command(ActorCommand):
             f"demo fleet: {created} object(s) created" if created else "demo fleet: already loaded"
         )
         if options["users"]:
-            self._users()
+            self._users(new_passwords=options["new_passwords"])
 
-    def _users(self) -> None:
+    def _users(self, *, new_passwords: bool) -> None:
+        """One account per role. A password is made only for an account without one (or for all with
+        ``new_passwords``), printed then and kept in the demo's password file, so every ``make run``
+        signs in with the same ones."""
         User = get_user_model()
-        lines = []
+        path = fleet.passwords_file()
+        kept = fleet.read_passwords(path)
+        made = {}
         for username in fleet.USERS:
             user = User.objects.filter(username=username).first() or User(username=username)
             user.is_superuser = user.is_staff = username == "admin"
-            password = secrets.token_urlsafe(12)
-            user.set_password(password)
+            if new_passwords or user.pk is None or not user.has_usable_password():
+                made[username] = secrets.token_urlsafe(12)
+                user.set_password(made[username])
             user.save()
             user.groups.set([Group.objects.get(name=username)])
-            lines.append(f"  {username:<9} {password}   ({role(username).does})")
-        self.stdout.write("sign in at http://127.0.0.1:8000/ with one of:\n" + "\n".join(lines))
+        if made:
+            fleet.write_passwords(path, {**kept, **made})
+            lines = [f"  {name:<9} {password}   ({role(name).does})" for name, password in made.items()]
+            self.stdout.write(
+                "sign in at http://127.0.0.1:8000/ with one of (new passwords, kept in "
+                f"{path}, readable by you alone):\n" + "\n".join(lines)
+            )
+        elif path.is_file():
+            self.stdout.write(
+                f"the demo's accounts ({', '.join(fleet.USERS)}) keep their passwords: they are in {path}"
+            )
+        else:
+            self.stdout.write(
+                f"the demo's accounts ({', '.join(fleet.USERS)}) keep their passwords, printed when they were "
+                f"made ({path} is gone); `manage.py seed_demo --users --new-passwords` makes new ones"
+            )

@@ -9,7 +9,7 @@ def describe(change: Change, *, dry_run: bool) -> str:
     unit = "card(s)" if change.kind == "gpus" else "tokens"
     lines = [
         f"{'would change' if dry_run else 'changed'} {change.model}/{change.profile} ({change.engine} on "
-        f"{change.gpu_class or 'CPU'}): {change.before if change.before is not None else '?'} -> {change.after} {unit}",
+        f"{change.gpu_class or 'CPU'}): {change.before if change.before is not None else '?'} → {change.after} {unit}",
         f"  args: {' '.join(change.args) or '(none)'}",
     ]
     if change.per_card:

@@ -37,7 +37,7 @@ class Command(ActorCommand):
         verb = "would roll" if options["dry_run"] else "rolled"
         self.stdout.write(
             f"{verb} {done.profile} back to revision {done.to_revision}'s settings: revision {done.from_revision} "
-            f"-> {done.new_revision}"
+            f"→ {done.new_revision}"
             + (f"; restarting: operation #{done.operation}" if done.operation else "")
         )
         for line in plan_lines(done):
