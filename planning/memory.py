@@ -247,7 +247,15 @@ def engine_budget(
         how = "the class's usable memory"
         return usable, how, None
     given = _float_value(eng, args, mem.budget_flag)
-    if rule == "fraction":
+    pool = _int_value(eng, args, mem.kv_pool_flag)
+    if rule == "fraction" and pool is not None:
+        # The engine sizes its KV cache from the flag and ignores the fraction.
+        own = held + pool
+        how = (
+            f"{gib(held, 2)} GiB held + the KV pool {mem.kv_pool_flag} {gib(pool, 2)} GiB "
+            f"({mem.budget_flag} is not used)"
+        )
+    elif rule == "fraction":
         fraction = given if given is not None and 0 < given <= 1 else mem.budget_default
         own = int(total * fraction)
         how = f"{gib(total, 2)} GiB x {mem.budget_flag} {fraction:g}"
@@ -364,8 +372,10 @@ def overhead_terms(
                 Term(
                     "cuda_graph",
                     round(mem.cuda_graph_gib * GIB),
-                    "captured graphs",
+                    "captured graphs"
+                    + ("" if mem.cuda_graph_inside else ", after the KV cache is sized: outside the budget"),
                     mem.sources["cuda_graph"],
+                    inside=mem.cuda_graph_inside,
                 )
             )
     if mem.runtime_gib:

@@ -8,9 +8,9 @@ from functools import lru_cache
 
 from base.errors import DomainError
 from catalog.models import Profile, ServedModel
-from catalog.selectors import profile_spec, shape_of
+from catalog.selectors import profile_release, profile_spec, shape_of
 from planning import CardMemory, Shape, card_memory, context_of, engine
-from planning.engines import Engine
+from planning.engines import Engine, terms_for
 from planning.units import gib, gib_short
 
 
@@ -20,7 +20,7 @@ def profile_memory(profile: Profile, model: ServedModel | None = None) -> CardMe
     if profile.gpu_class_id is None:
         return None
     try:
-        eng = engine(profile.engine)
+        eng = terms_for(engine(profile.engine), profile_release(profile))
     except DomainError:
         return None
     model = model or ServedModel.objects.get(pk=profile.model_id)

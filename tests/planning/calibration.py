@@ -14,11 +14,12 @@ memory over vLLM's "Maximum concurrency" for that context.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from catalog.modelfiles import shape_from_config
-from planning.engines import engine
+from planning.engines import terms_for
 from planning.memory import card_memory
 from planning.types import CardMemory, Shape
 
@@ -77,8 +78,9 @@ class Compared:
 def plan(point: Logged) -> Compared:
     """The planner's figures for the point's start-up, on its card, with its settings."""
     args = point.args if point.cuda_graph is not None else (*point.args, "--enforce-eager")
+    release = re.search(r"\d+\.\d+(?:\.\d+)*", point.version)
     memory = card_memory(
-        engine(point.engine),
+        terms_for(point.engine, release[0] if release else None),
         point.shape,
         point.tp,
         point.context,
