@@ -281,14 +281,17 @@ _SMI_LOCK = threading.Lock()
 SMI_TTL = 5.0  # seconds an nvidia-smi answer is reused: a status poll must stay cheap
 
 
-def gpu_process_bytes() -> dict[int, int]:
+def gpu_process_bytes(pid: int | None = None) -> dict[int, int]:
     """Bytes each process holds on the cards, from nvidia-smi; empty where
-    there is none (no driver, or the stand-in on a machine without a GPU)."""
+    there is none (no driver, or the stand-in on a machine without a GPU).
+    An answer is reused for SMI_TTL seconds, unless it lacks ``pid`` (a process
+    that started since) and is a quarter of a second old."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return {}
     with _SMI_LOCK:
-        if time.monotonic() - _SMI_CACHE["at"] < SMI_TTL:
+        age = time.monotonic() - _SMI_CACHE["at"]
+        if age < SMI_TTL and (pid is None or pid in _SMI_CACHE["held"] or age < 0.25):
             return dict(_SMI_CACHE["held"])
         try:
             out = subprocess.run(
@@ -332,7 +335,7 @@ def memory_report(
     if engine and (missing := missing_figures(engine, found, args)):
         found["missing"] = missing
     if pid is not None:
-        held = gpu_process_bytes().get(pid)
+        held = gpu_process_bytes(pid).get(pid)
         if held is not None:
             found["card_bytes"] = held // max(cards, 1)
     return found
