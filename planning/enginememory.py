@@ -44,6 +44,8 @@ class EngineMemory:
     comm_buffers_gib: float = 0.0
     comm_buffers_min_card_gib: float = 0.0
     cuda_graph_gib: float = 0.0
+    # Captured graphs grow with the model: this fraction of one card's weights beside cuda_graph_gib.
+    cuda_graph_per_weight: float = 0.0
     eager_flags: tuple[str, ...] = ()
     runtime_gib: float = 0.0
     kv_block: int = 1
@@ -103,6 +105,7 @@ _FLOATS = {
     "comm_buffers_gib": (0.0, 1024.0),
     "comm_buffers_min_card_gib": (0.0, 10_000.0),
     "cuda_graph_gib": (0.0, 1024.0),
+    "cuda_graph_per_weight": (0.0, 1.0),
     "runtime_gib": (0.0, 1024.0),
     "kv_group_ratio": (0.0, 100.0),
 }
@@ -252,6 +255,7 @@ def _terms_used(values: dict[str, Any]) -> list[str]:
         ("non_torch_gib", "non_torch"),
         ("comm_buffers_gib", "comm_buffers"),
         ("cuda_graph_gib", "cuda_graph"),
+        ("cuda_graph_per_weight", "cuda_graph"),
         ("runtime_gib", "runtime"),
     ):
         if values.get(key):

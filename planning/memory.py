@@ -365,14 +365,20 @@ def overhead_terms(
                 mem.sources["comm_buffers"],
             )
         )
-    if mem.cuda_graph_gib:
+    if mem.cuda_graph_gib or mem.cuda_graph_per_weight:
         eager = next((f for f in mem.eager_flags if _flag_given(eng, args, f)), None)
         if eager is None:
+            weights = weights_per_card(eng, shape, n) or 0
             terms.append(
                 Term(
                     "cuda_graph",
-                    round(mem.cuda_graph_gib * GIB),
+                    round(mem.cuda_graph_gib * GIB + mem.cuda_graph_per_weight * weights),
                     "captured graphs"
+                    + (
+                        f": {mem.cuda_graph_gib:g} GiB + {mem.cuda_graph_per_weight:g} x the card's weights"
+                        if mem.cuda_graph_per_weight
+                        else ""
+                    )
                     + ("" if mem.cuda_graph_inside else ", after the KV cache is sized: outside the budget"),
                     mem.sources["cuda_graph"],
                     inside=mem.cuda_graph_inside,
