@@ -849,14 +849,40 @@ NOT_HELD = (
 )
 
 
+def terms_of(point: Logged) -> str:
+    """The release range of the memory terms that plan ``point`` (engines.toml)."""
+    release = re.search(r"\d+\.\d+(?:\.\d+)*", point.version)
+    return terms_for(point.engine, release[0] if release else None).memory.version
+
+
 def table() -> str:
-    """The markdown table of docs/memory-model.md."""
-    rows = [
+    """The markdown tables of docs/memory-model.md: one a release range of the memory terms, the
+    current releases first."""
+    header = [
         "| # | model | what | engine | TP | card | context | logged need | planned | error | "
         "weights x 1.2 + 2 | terms logged / planned | source |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for i, point in enumerate(POINTS, 1):
+    numbered = list(enumerate(POINTS, 1))
+    ranges = sorted({terms_of(p) for p in POINTS}, key=lambda v: [terms_of(p) for p in POINTS].index(v))
+    current = terms_for("vllm", None).memory.version
+    ranges.sort(key=lambda v: (v != current, "0.11" not in v))
+    tables = []
+    for described in ranges:
+        rows = [f"#### {described}", "", *header]
+        rows += _rows([(i, p) for i, p in numbered if terms_of(p) == described])
+        tables.append("\n".join(rows))
+    for described in (current,):
+        if described not in ranges:
+            tables.insert(
+                0, f"#### {described}\n\nNo logged start-up with a card total was found for this range."
+            )
+    return "\n\n".join(tables)
+
+
+def _rows(points: list[tuple[int, Logged]]) -> list[str]:
+    rows = []
+    for i, point in points:
         c = plan(point)
         beside = c.terms.get("non_torch", 0) + c.terms.get("comm_buffers", 0)
         terms = [
@@ -879,13 +905,15 @@ def table() -> str:
             terms.append(f"graphs {point.cuda_graph:.2f}/{c.terms.get('cuda_graph', 0):.2f}")
         else:
             terms.append("graphs not in the profile")
-        error = f"{c.error:+.1%}" + (" (not held)" if point.excluded else "")
+        error = f"{c.error:+.1%}" + (
+            " (not held)" if point.excluded else " (held out)" if point.held_out else ""
+        )
         rows.append(
             f"| {i} | {point.model} | {point.kind} | vLLM {point.version} | {point.tp} | {point.card_gib} GiB | "
             f"{point.context} | {point.need:.2f} | {c.planned:.2f} | {error} | {c.rule:.2f} | "
             f"{'; '.join(terms)} | {point.source} |"
         )
-    return "\n".join(rows)
+    return rows
 
 
 if __name__ == "__main__":  # pragma: no cover - prints the docs table
