@@ -73,6 +73,11 @@ class EngineMemory:
     # A flag that pins the KV pool in bytes, in place of the budget's fraction
     # (vLLM's --kv-cache-memory-bytes).
     kv_pool_flag: str | None = None
+    # A flag that has the engine fit itself to the card (llama.cpp's --fit on): the budget is then
+    # the card less a margin (fit_target_flag in MiB, or fit_target_default_mib).
+    fit_flags: tuple[str, ...] = ()
+    fit_target_flag: str | None = None
+    fit_target_default_mib: float = 0.0
 
     def covers(self, release: tuple[int, ...]) -> bool:
         """Whether ``release`` (as ``release_key`` reads it) is in this table's range."""
@@ -106,6 +111,7 @@ _FLOATS = {
     "comm_buffers_min_card_gib": (0.0, 10_000.0),
     "cuda_graph_gib": (0.0, 1024.0),
     "cuda_graph_per_weight": (0.0, 1.0),
+    "fit_target_default_mib": (0.0, 1_048_576.0),
     "runtime_gib": (0.0, 1024.0),
     "kv_group_ratio": (0.0, 100.0),
 }
@@ -116,8 +122,15 @@ _INTS = {
     "max_seqs_default_large": 1,
     "kv_block": 1,
 }
-_FLAGS = {"budget_flag", "batch_tokens_flag", "max_seqs_flag", "kv_block_flag", "kv_pool_flag"}
-_FLAG_LISTS = {"eager_flags", "kv_dtype_flags"}
+_FLAGS = {
+    "budget_flag",
+    "batch_tokens_flag",
+    "max_seqs_flag",
+    "kv_block_flag",
+    "kv_pool_flag",
+    "fit_target_flag",
+}
+_FLAG_LISTS = {"eager_flags", "kv_dtype_flags", "fit_flags"}
 _STRINGS = {"version", "budget_rule", "sliding"}
 _OTHER = {
     "large_card_except",

@@ -243,6 +243,17 @@ def engine_budget(
     rule = mem.budget_rule
     source = mem.sources.get("budget", "")
     outside = None
+    fit = next((v for v in (_value(eng, args, f) for f in mem.fit_flags) if v is not None), None)
+    if rule == "none" and total and fit is not None and fit.lower() in ("on", "1", "true"):
+        # llama.cpp --fit on: it fits its layers and buffers to the card, leaving the target free.
+        margin = _float_value(eng, args, mem.fit_target_flag)
+        margin_mib = margin if margin is not None and margin >= 0 else mem.fit_target_default_mib
+        own = total - round(margin_mib * MIB)
+        how = f"{gib(total, 2)} GiB less {mem.fit_target_flag} {margin_mib:g} MiB ({mem.fit_flags[0]} {fit})"
+        if usable is not None and usable < own:
+            how += f", capped by the class's {gib(usable, 2)} GiB usable"
+            own = usable
+        return own, how, None
     if rule == "none" or not total:
         how = "the class's usable memory"
         return usable, how, None

@@ -93,3 +93,28 @@ def test_an_older_table_without_its_end_is_refused(tmp_path):
     path.write_text(text)
     with pytest.raises(RegistryError, match="older_memory.*needs below"):
         load_registry(path)
+
+
+def test_llamacpp_fitting_itself_to_the_card_is_planned_against_the_card_less_its_margin():
+    from planning.engines import engine
+
+    llamacpp = engine("llamacpp")
+    total = round(44.99 * GIB)
+    plain = card_memory(llamacpp, LLAMA_3_8B, 1, 8192, round(40 * GIB), total=total)
+    fitted = card_memory(llamacpp, LLAMA_3_8B, 1, 8192, round(44.5 * GIB), total=total, args=("-fit", "on"))
+    target = card_memory(
+        llamacpp,
+        LLAMA_3_8B,
+        1,
+        8192,
+        round(44.5 * GIB),
+        total=total,
+        args=("--fit", "on", "--fit-target", "4096"),
+    )
+    assert plain is not None and fitted is not None and target is not None
+    assert plain.budget == round(40 * GIB) and plain.budget_how == "the class's usable memory"
+    assert fitted.budget == total - 1024 * 2**20 and "--fit-target 1024 MiB (--fit on)" in fitted.budget_how
+    assert target.budget == total - 4096 * 2**20
+    # the class's usable memory still caps it
+    capped = card_memory(llamacpp, LLAMA_3_8B, 1, 8192, round(30 * GIB), total=total, args=("--fit", "on"))
+    assert capped is not None and capped.budget == round(30 * GIB) and "capped" in capped.budget_how
