@@ -147,7 +147,7 @@ def model_list(request: HttpRequest) -> HttpResponse:
 def _replicas_of(model: ServedModel) -> list[Replica]:
     from planning.measured import compare
     from planning.units import gib
-    from web.views.replicas import planned_of
+    from web.views.replicas import missing_said, planned_of
 
     shards = Prefetch("shards", queryset=Shard.objects.select_related("card__node").order_by("card__index"))
     replicas = list(
@@ -188,22 +188,6 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
                     f"{need.difference:+.1%}",
                 )
     return replicas
-
-
-# The figures an engine's start-up should print, as an operator reads them.
-_FIGURES = {
-    "weights": "weights",
-    "kv_cache": "KV cache",
-    "kv_tokens": "cache tokens",
-    "sequences": "concurrency",
-    "cuda_graph": "CUDA graphs",
-}
-
-
-def missing_said(measured: dict[str, Any] | None) -> str:
-    """The start-up lines the engine should have printed and did not, in words; "" when none."""
-    missing = (measured or {}).get("missing") or []
-    return ", ".join(_FIGURES.get(m, m) for m in missing)
 
 
 def replicas_section(model: ServedModel) -> tuple[SafeString, int]:
