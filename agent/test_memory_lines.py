@@ -55,7 +55,9 @@ SGLANG_TWO_KINDS = """\
 """
 
 # vLLM 0.10.2 to 0.31: the profile's breakdown line in its two spellings, the graph estimate
-# (inside the budget from 0.21) and the concurrency on the tokens' line (verbatim).
+# (inside the budget from 0.21) and the concurrency on the tokens' line (verbatim). VLLM_CURRENT is a
+# published notebook's vLLM 0.31.0 start-up (Llama-3.1-8B on an A100) whose stored copy does not name
+# its repository, so it is a spelling test here and not a calibration point.
 VLLM_CURRENT = """\
 (EngineCore pid=326) INFO 10-06 17:00:11 [model_runner.py:407] Model loading took 15.0 GiB memory and 5.420225 seconds
 (EngineCore pid=326) INFO 10-06 17:00:33 [kv_cache_utils.py:2464] GPU KV cache size: 460,496 tokens, Maximum concurrency for 131,072 tokens per request: 3.51x
