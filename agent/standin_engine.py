@@ -37,6 +37,10 @@ from variables (a flag wins):
   --ignore-sigterm / STANDIN_IGNORE_SIGTERM=1    only SIGKILL stops it
   --generation-fails / STANDIN_GENERATION_FAILS=1  /health and /v1/models answer, every
                                                  completion fails (500): dead generation
+  --play ENGINE [--play-release RELEASE]      print ENGINE's start-up memory lines at RELEASE
+      (vllm, sglang, llamacpp, freetoken; a default release each) with figures that follow that
+      engine's accounting for its cards and model ($STANDIN_GPU_DIR's cards.json and models.json),
+      and hold that memory in the stand-in nvidia-smi (agent/standin_memory.py)
   STANDIN_MEMORY="weights=14.96,non_torch=0.35,activation=1.26,kv_cache=53.29,cuda_graph=0.64,
                   total=79.22,fraction=0.9,context=8192,sequences=13.3"
       print vLLM's start-up memory lines with these figures (GiB; the lines of
@@ -90,6 +94,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--crash-after", type=float, default=None)
     parser.add_argument("--ignore-sigterm", action="store_true", default=None)
     parser.add_argument("--generation-fails", action="store_true", default=None)
+    # The engine and release whose start-up memory lines it prints (agent/standin_memory.py).
+    parser.add_argument("--play", default="standin")
+    parser.add_argument("--play-release", default=None)
     args, unknown = parser.parse_known_args(argv)
 
     if args.port is None:
@@ -434,6 +441,30 @@ def hold_card_memory(unknown: list[str]) -> Path | None:
     return path
 
 
+def play_startup(args: argparse.Namespace, unknown: list[str]) -> Path | None:
+    """The start-up memory lines of the engine and release it plays, and that memory held on its
+    cards for the stand-in nvidia-smi; as ``hold_card_memory`` when it knows too little to play."""
+    import standin_memory  # beside this file
+
+    release = args.play_release or standin_memory.DEFAULT_RELEASES.get(args.play, "")
+    played = standin_memory.startup(args.play, release, unknown, os.getpid())
+    if not played.held_mib:
+        return hold_card_memory(unknown)
+    log(f"playing {args.play} {release}".rstrip())
+    for line in played.lines:
+        log(line)
+    directory = Path(os.environ["STANDIN_GPU_DIR"].strip())
+    path = directory / f"proc-{os.getpid()}.json"
+    entry = {
+        "pid": os.getpid(),
+        "cards": sorted(played.held_mib),
+        "used_mib": {str(card): mib for card, mib in played.held_mib.items()},
+        "name": f"python3 standin_engine.py ({args.play})",
+    }
+    path.write_text(json.dumps(entry))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, unknown = parse_args(argv)
@@ -495,7 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     memory = os.environ.get("STANDIN_MEMORY", "").strip()
     if memory:
         log_memory(memory_figures(memory))
-    held = hold_card_memory(unknown)
+        held = hold_card_memory(unknown)
+    else:
+        held = play_startup(args, unknown)
     state = "never ready" if args.never_ready else f"ready in {args.load_seconds:g}s"
     if args.generation_fails:
         state += ", every completion failing"

@@ -66,6 +66,8 @@ def _state(directory: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
             if int(index) not in totals:
                 continue
             used = entry.get("used_mib")
+            if isinstance(used, dict):  # what it holds card by card (agent/standin_memory.py)
+                used = used.get(str(index))
             if used is None:
                 used = round(float(entry.get("fraction", 0.9)) * totals[int(index)])
             processes.append(

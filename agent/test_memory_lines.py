@@ -8,7 +8,12 @@ import unittest
 from pathlib import Path
 
 from agent_testing import free_port
-from llmgw_agent.memory_lines import parse_memory_lines, parse_nvidia_smi_apps
+from llmgw_agent.memory_lines import (
+    missing_figures,
+    parse_memory_lines,
+    parse_memory_ranks,
+    parse_nvidia_smi_apps,
+)
 
 GIB = 2**30
 
@@ -34,6 +39,42 @@ SGLANG = """\
 [2026-07-15 13:14:53] Load weight end. elapsed=19.09 s, type=Qwen3MoeForCausalLM, avail mem=230.20 GB, mem usage=56.98 GB.
 [2026-07-15 13:14:54] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1669816, K size: 76.44 GB, V size: 76.44 GB
 [2025-07-29 18:14:43 TP0] Capture cuda graph end. Time elapsed: 19.50 s. mem usage=6.19 GB. avail mem=5.24 GB.
+"""
+
+
+# SGLang after 0.5.10: the captured kind named, one line a kind and rank (verbatim from published
+# logs: a TP 3 boot; a boot that captures prefill then decode graphs).
+SGLANG_RENAMED = """\
+[2026-07-21 13:35:33 TP1] Capture target decode CUDA graph end. elapsed=4.81 s, mem usage=0.27 GB, avail mem=5.34 GB.
+[2026-07-21 13:35:33 TP0] Capture target decode CUDA graph end. elapsed=4.83 s, mem usage=0.24 GB, avail mem=7.28 GB.
+[2026-10-10 11:59:41] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1226984, KV size: 9.21 GB
+"""
+SGLANG_TWO_KINDS = """\
+[2026-08-27 03:46:18] Capture target prefill CUDA graph end. elapsed=22.96 s, mem usage=1.71 GB, avail mem=10.88 GB.
+[2026-08-27 03:46:40] Capture target decode CUDA graph end. elapsed=18.62 s, mem usage=0.43 GB, avail mem=11.98 GB.
+"""
+
+# vLLM 0.10.2 to 0.31: the profile's breakdown line in its two spellings, the graph estimate
+# (inside the budget from 0.21) and the concurrency on the tokens' line (verbatim). VLLM_CURRENT is a
+# published notebook's vLLM 0.31.0 start-up (Llama-3.1-8B on an A100) whose stored copy does not name
+# its repository, so it is a spelling test here and not a calibration point.
+VLLM_CURRENT = """\
+(EngineCore pid=326) INFO 10-06 17:00:11 [model_runner.py:407] Model loading took 15.0 GiB memory and 5.420225 seconds
+(EngineCore pid=326) INFO 10-06 17:00:33 [kv_cache_utils.py:2464] GPU KV cache size: 460,496 tokens, Maximum concurrency for 131,072 tokens per request: 3.51x
+(EngineCore pid=326) INFO 10-06 17:00:41 [gpu_worker.py:955] Free memory on device (78.84/79.25 GiB) on startup. Desired GPU memory utilization is (0.92, 72.91 GiB). Actual usage is 15.26 GiB for consumed memory (weights + non-torch), 1.44 GiB for peak activation, and 0.23 GiB for CUDAGraph memory.
+(EngineCore pid=326) INFO 10-06 17:00:33 [gpu_worker.py:692] Available KV cache memory: 56.21 GiB
+"""
+VLLM_EARLIER_BREAKDOWN = """\
+(EngineCore_DP0 pid=3021) INFO 09-23 18:12:39 [gpu_worker.py:391] Free memory on device (78.66/79.19 GiB) on startup. Desired GPU memory utilization is (0.9, 71.27 GiB). Actual usage is 14.08 GiB for weight, 1.97 GiB for peak activation, 0.07 GiB for non-torch memory, and 0.67 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory=58333988249` to fit into requested memory.
+(Worker_TP1 pid=448) INFO 08-14 14:07:22 [gpu_model_runner.py:6806] Estimated CUDA graph memory: 0.36 GiB total
+"""
+
+# llama.cpp's buffers, one line a card, older and newer spellings (verbatim).
+LLAMACPP = """\
+llm_load_tensors:      CUDA0 buffer size =  7043.34 MiB
+llama_kv_cache_init:      CUDA0 KV buffer size =  1600.00 MiB
+llama_kv_cache_init:      CUDA1 KV buffer size =  1472.00 MiB
+llama_new_context_with_model:      CUDA0 compute buffer size =   368.01 MiB
 """
 
 
@@ -81,6 +122,40 @@ class MemoryLinesTest(unittest.TestCase):
             "kv_cache": round((76.44 + 76.44) * GIB),
             "cuda_graph": round(6.19 * GIB),
         }
+
+    def test_sglang_after_0_5_10_names_its_graphs_and_they_sum_per_rank(self):
+        ranks = parse_memory_ranks(SGLANG_RENAMED.splitlines())
+        assert ranks[1]["cuda_graph"] == round(0.27 * GIB)
+        assert ranks[0]["cuda_graph"] == round(0.24 * GIB)
+        assert (ranks[0]["kv_tokens"], ranks[0]["kv_cache"]) == (1226984, round(9.21 * GIB))
+        got = parse_memory_lines(SGLANG_TWO_KINDS.splitlines())
+        assert got["cuda_graph"] == round(1.71 * GIB) + round(0.43 * GIB)
+
+    def test_current_vllm_lines_give_the_profile_and_the_graphs(self):
+        got = parse_memory_lines(VLLM_CURRENT.splitlines())
+        assert got["weights"] == round(15.0 * GIB)
+        assert got["non_torch"] == round(15.26 * GIB) - round(15.0 * GIB)  # consumed less the weights
+        assert got["activation"] == round(1.44 * GIB) and got["cuda_graph"] == round(0.23 * GIB)
+        assert (got["total"], got["fraction"], got["budget"]) == (
+            round(79.25 * GIB),
+            0.92,
+            round(72.91 * GIB),
+        )
+        assert (got["kv_tokens"], got["context"], got["sequences"]) == (460496, 131072, 3.51)
+        assert got["kv_cache"] == round(56.21 * GIB)
+        earlier = parse_memory_ranks(VLLM_EARLIER_BREAKDOWN.splitlines())
+        assert earlier[0]["weights"] == round(14.08 * GIB) and earlier[0]["non_torch"] == round(0.07 * GIB)
+        assert earlier[1] == {"cuda_graph_estimate": round(0.36 * GIB)}
+
+    def test_llamacpp_buffers_are_read_card_by_card(self):
+        ranks = parse_memory_ranks(LLAMACPP.splitlines())
+        assert ranks[0] == {
+            "weights": round(7043.34 * 2**20),
+            "kv_cache": round(1600 * 2**20),
+            "activation": round(368.01 * 2**20),
+        }
+        assert ranks[1] == {"kv_cache": round(1472 * 2**20)}
+        assert missing_figures("llamacpp", ranks[1]) == ["weights"]
 
     def test_a_log_without_memory_lines_gives_nothing(self):
         assert parse_memory_lines(["INFO starting", "Uvicorn running on http://0.0.0.0:8000"]) == {}

@@ -30,7 +30,17 @@ def profile_spec(profile: Profile) -> ProfileSpec:
         pp=profile.pp,
         args=tuple(profile.args),
         env=tuple(sorted(profile.env.items())),
+        release=profile_release(profile),
     )
+
+
+def profile_release(profile: Profile) -> str:
+    """The engine release ``profile`` runs, for the memory terms that plan it
+    (``planning.engines.terms_for``); "" while the catalog names none (the
+    engine's current terms)."""
+    # engine_version is the release field of issue 21's "releases in the catalog"; a catalog
+    # without it plans every profile with its engine's current terms.
+    return str(getattr(profile, "engine_version", "") or "")
 
 
 def model_spec(model: ServedModel, profiles: list[Profile] | None = None) -> ModelSpec:

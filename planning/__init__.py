@@ -17,6 +17,7 @@ from planning.engines import (
     load_registry,
     refused,
     registry,
+    terms_for,
 )
 from planning.memory import card_memory, kv_cache_bytes, kv_per_card
 from planning.plan import plan_context, plan_resize
@@ -76,4 +77,5 @@ __all__ = [
     "room_for",
     "set_arg",
     "splits_heads",
+    "terms_for",
 ]

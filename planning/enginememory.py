@@ -8,6 +8,7 @@ from kept beside it in ``sources``; ``memory.py`` turns them into bytes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,8 @@ class EngineMemory:
     comm_buffers_gib: float = 0.0
     comm_buffers_min_card_gib: float = 0.0
     cuda_graph_gib: float = 0.0
+    # Captured graphs grow with the model: this fraction of one card's weights beside cuda_graph_gib.
+    cuda_graph_per_weight: float = 0.0
     eager_flags: tuple[str, ...] = ()
     runtime_gib: float = 0.0
     kv_block: int = 1
@@ -60,6 +63,40 @@ class EngineMemory:
     # grouping.
     kv_group_ratio: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
+    # The engine releases these figures describe: from ``since`` (inclusive)
+    # up to ``below`` (exclusive); None: open on that side.
+    since: tuple[int, ...] | None = None
+    below: tuple[int, ...] | None = None
+    # False: the engine captures its CUDA graphs outside its budget (after
+    # sizing the KV cache), so they take the card's headroom, not the budget.
+    cuda_graph_inside: bool = True
+    # A flag that pins the KV pool in bytes, in place of the budget's fraction
+    # (vLLM's --kv-cache-memory-bytes).
+    kv_pool_flag: str | None = None
+    # A flag that has the engine fit itself to the card (llama.cpp's --fit on): the budget is then
+    # the card less a margin (fit_target_flag in MiB, or fit_target_default_mib).
+    fit_flags: tuple[str, ...] = ()
+    fit_target_flag: str | None = None
+    fit_target_default_mib: float = 0.0
+
+    def covers(self, release: tuple[int, ...]) -> bool:
+        """Whether ``release`` (as ``release_key`` reads it) is in this table's range."""
+        return (self.since is None or release >= self.since) and (self.below is None or release < self.below)
+
+
+_RELEASE = re.compile(r"v?(\d+(?:\.\d+)*)")
+
+
+def release_key(text: str | None) -> tuple[int, ...] | None:
+    """ "0.19.1", "v0.10.1.1", "0.6.4.post1", "0.11.0rc2", "b6123" (llama.cpp's build) as
+    numbers to compare; None when it is blank or names no release."""
+    if not text or not isinstance(text, str):
+        return None
+    cleaned = text.strip()
+    if cleaned[:1] in ("b", "B") and cleaned[1:].isdigit():
+        return (int(cleaned[1:]),)
+    match = _RELEASE.match(cleaned)
+    return tuple(int(part) for part in match[1].split(".")) if match else None
 
 
 _FLOATS = {
@@ -73,6 +110,8 @@ _FLOATS = {
     "comm_buffers_gib": (0.0, 1024.0),
     "comm_buffers_min_card_gib": (0.0, 10_000.0),
     "cuda_graph_gib": (0.0, 1024.0),
+    "cuda_graph_per_weight": (0.0, 1.0),
+    "fit_target_default_mib": (0.0, 1_048_576.0),
     "runtime_gib": (0.0, 1024.0),
     "kv_group_ratio": (0.0, 100.0),
 }
@@ -83,10 +122,25 @@ _INTS = {
     "max_seqs_default_large": 1,
     "kv_block": 1,
 }
-_FLAGS = {"budget_flag", "batch_tokens_flag", "max_seqs_flag", "kv_block_flag"}
-_FLAG_LISTS = {"eager_flags", "kv_dtype_flags"}
+_FLAGS = {
+    "budget_flag",
+    "batch_tokens_flag",
+    "max_seqs_flag",
+    "kv_block_flag",
+    "kv_pool_flag",
+    "fit_target_flag",
+}
+_FLAG_LISTS = {"eager_flags", "kv_dtype_flags", "fit_flags"}
 _STRINGS = {"version", "budget_rule", "sliding"}
-_OTHER = {"large_card_except", "kv_dtype_bytes", "expert_padding", "sources"}
+_OTHER = {
+    "large_card_except",
+    "kv_dtype_bytes",
+    "expert_padding",
+    "sources",
+    "since",
+    "below",
+    "cuda_graph_inside",
+}
 
 
 def parse_memory(table: Any, fail: Callable[[str, str], Exception]) -> EngineMemory:
@@ -133,6 +187,22 @@ def parse_memory(table: Any, fail: Callable[[str, str], Exception]) -> EngineMem
     if "version" not in table or not table["version"].strip():
         raise fail("memory.version", "say which release of the engine these figures are for")
     values["version"] = table["version"]
+    for key in ("since", "below"):
+        if key in table:
+            release = release_key(table[key]) if isinstance(table[key], str) else None
+            if release is None:
+                raise fail(f"memory.{key}", f'must be an engine release such as "0.11", not {table[key]!r}')
+            values[key] = release
+    if (
+        values.get("since") is not None
+        and values.get("below") is not None
+        and values["since"] >= values["below"]
+    ):
+        raise fail("memory.below", "must be a later release than since")
+    inside = table.get("cuda_graph_inside", True)
+    if not isinstance(inside, bool):
+        raise fail("memory.cuda_graph_inside", f"must be true or false, not {inside!r}")
+    values["cuda_graph_inside"] = inside
     rule = table.get("budget_rule", "none")
     if rule not in BUDGET_RULES:
         raise fail("memory.budget_rule", f"must be one of {', '.join(BUDGET_RULES)}, not {rule!r}")
@@ -198,6 +268,7 @@ def _terms_used(values: dict[str, Any]) -> list[str]:
         ("non_torch_gib", "non_torch"),
         ("comm_buffers_gib", "comm_buffers"),
         ("cuda_graph_gib", "cuda_graph"),
+        ("cuda_graph_per_weight", "cuda_graph"),
         ("runtime_gib", "runtime"),
     ):
         if values.get(key):

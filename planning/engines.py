@@ -15,7 +15,7 @@ import functools
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from llmgw_policy import launch_args as policy_launch_args
 
 from base.errors import DomainError
 from planning.args import drop_where, get_where, parse_int
-from planning.enginememory import EngineMemory, parse_memory
+from planning.enginememory import EngineMemory, parse_memory, release_key
 from planning.units import and_list
 
 DEFAULT_PATH = Path(__file__).with_name("engines.toml")
@@ -54,13 +54,16 @@ class Engine:
     context_env: tuple[str, ...] = ()
     underscores_as_dashes: bool = False
     abbreviations: bool = False
+    # The memory models of older releases (``[[<engine>.older_memory]]``), each
+    # with its range; ``memory`` is the current releases' (and a blank release's).
+    older_memory: tuple[EngineMemory, ...] = ()
 
 
 # -- loading -----------------------------------------------------------------
 
 _REQUIRED = {"spread", "min_capability", "memory", "experts_on_card"}
 # memory_of: another engine whose memory model this one has (the stand-in plans as vLLM), in place of memory.
-_OPTIONAL: set[str] = {"memory_of"}
+_OPTIONAL: set[str] = {"memory_of", "older_memory"}
 
 
 def load_registry(path: Path | None = None, policy: Policy | None = None) -> dict[str, Engine]:
@@ -96,7 +99,11 @@ def load_registry(path: Path | None = None, policy: Policy | None = None) -> dic
                 raise where(
                     "memory_of", f"must name another engine with its own memory, not {table['memory_of']!r}"
                 )
-            table = {**{k: v for k, v in table.items() if k != "memory_of"}, "memory": other["memory"]}
+            table = {
+                **{k: v for k, v in table.items() if k != "memory_of"},
+                "memory": other["memory"],
+                **({"older_memory": other["older_memory"]} if "older_memory" in other else {}),
+            }
         engines[name] = _engine(name, table, policy, fail=where)
     return engines
 
@@ -126,6 +133,17 @@ def _engine(
         raise fail("min_capability", f'must be a string like "8.0", not {capability!r}')
 
     memory = parse_memory(table["memory"], fail)
+    older_tables = table.get("older_memory", [])
+    if not isinstance(older_tables, list):
+        raise fail(
+            "older_memory", "must be an array of tables ([[<engine>.older_memory]]), one a release range"
+        )
+    older = tuple(parse_memory(t, fail) for t in older_tables)
+    for mem in older:
+        if mem.below is None:
+            raise fail(
+                "older_memory", f"{mem.version!r} needs below: the first release it no longer describes"
+            )
 
     experts = table["experts_on_card"]
     if not isinstance(experts, bool):
@@ -145,6 +163,7 @@ def _engine(
         context_env=launch.context_env,
         underscores_as_dashes=launch.underscores_as_dashes,
         abbreviations=launch.abbreviations,
+        older_memory=older,
     )
 
 
@@ -165,6 +184,22 @@ def engine(name: str) -> Engine:
             "unknown_engine",
             f"There is no engine {name!r}; the registry knows {and_list(sorted(known))}.",
         ) from None
+
+
+def terms_for(eng: Engine | str, release: str | None) -> Engine:
+    """The engine with the memory model of ``release`` (such as "0.19.1"): the
+    older table whose range holds it, else the current releases' model, which
+    a blank or unreadable release also gets (the fleet's default release is the
+    caller's to pass). ``eng`` is an engine or its name (``unknown_engine``
+    when the registry has none)."""
+    eng = engine(eng) if isinstance(eng, str) else eng
+    key = release_key(release)
+    if key is None or eng.memory.covers(key):
+        return eng
+    for mem in eng.older_memory:
+        if mem.covers(key):
+            return replace(eng, memory=mem)
+    return eng
 
 
 def parse_capability(text: str) -> tuple[int, int] | None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+K = TypeVar("K", str, tuple[str, str])
 
 
 @dataclass(frozen=True)
@@ -86,11 +88,14 @@ def need_difference(planned: Mapping[str, Any], measured: Mapping[str, Any]) -> 
     return row.difference if row else None
 
 
-def drift(pairs: Iterable[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> dict[str, tuple[float, int]]:
-    """Per engine, the mean planned-over-measured difference of the need and
-    how many replicas it is over: whether the memory model drifts from what
-    the engines really take on these cards."""
-    sums: dict[str, list[float]] = {}
+def drift(
+    pairs: Iterable[tuple[K, Mapping[str, Any], Mapping[str, Any]]],
+) -> dict[K, tuple[float, int]]:
+    """Per engine (or per engine and release: any key), the mean
+    planned-over-measured difference of the need and how many replicas it is
+    over: whether the memory model drifts from what the engines really take on
+    these cards."""
+    sums: dict[K, list[float]] = {}
     for engine, planned, measured in pairs:
         diff = need_difference(planned, measured)
         if diff is not None:

@@ -243,11 +243,30 @@ def engine_budget(
     rule = mem.budget_rule
     source = mem.sources.get("budget", "")
     outside = None
+    fit = next((v for v in (_value(eng, args, f) for f in mem.fit_flags) if v is not None), None)
+    if rule == "none" and total and fit is not None and fit.lower() in ("on", "1", "true"):
+        # llama.cpp --fit on: it fits its layers and buffers to the card, leaving the target free.
+        margin = _float_value(eng, args, mem.fit_target_flag)
+        margin_mib = margin if margin is not None and margin >= 0 else mem.fit_target_default_mib
+        own = total - round(margin_mib * MIB)
+        how = f"{gib(total, 2)} GiB less {mem.fit_target_flag} {margin_mib:g} MiB ({mem.fit_flags[0]} {fit})"
+        if usable is not None and usable < own:
+            how += f", capped by the class's {gib(usable, 2)} GiB usable"
+            own = usable
+        return own, how, None
     if rule == "none" or not total:
         how = "the class's usable memory"
         return usable, how, None
     given = _float_value(eng, args, mem.budget_flag)
-    if rule == "fraction":
+    pool = _int_value(eng, args, mem.kv_pool_flag)
+    if rule == "fraction" and pool is not None:
+        # The engine sizes its KV cache from the flag and ignores the fraction.
+        own = held + pool
+        how = (
+            f"{gib(held, 2)} GiB held + the KV pool {mem.kv_pool_flag} {gib(pool, 2)} GiB "
+            f"({mem.budget_flag} is not used)"
+        )
+    elif rule == "fraction":
         fraction = given if given is not None and 0 < given <= 1 else mem.budget_default
         own = int(total * fraction)
         how = f"{gib(total, 2)} GiB x {mem.budget_flag} {fraction:g}"
@@ -357,15 +376,23 @@ def overhead_terms(
                 mem.sources["comm_buffers"],
             )
         )
-    if mem.cuda_graph_gib:
+    if mem.cuda_graph_gib or mem.cuda_graph_per_weight:
         eager = next((f for f in mem.eager_flags if _flag_given(eng, args, f)), None)
         if eager is None:
+            weights = weights_per_card(eng, shape, n) or 0
             terms.append(
                 Term(
                     "cuda_graph",
-                    round(mem.cuda_graph_gib * GIB),
-                    "captured graphs",
+                    round(mem.cuda_graph_gib * GIB + mem.cuda_graph_per_weight * weights),
+                    "captured graphs"
+                    + (
+                        f": {mem.cuda_graph_gib:g} GiB + {mem.cuda_graph_per_weight:g} x the card's weights"
+                        if mem.cuda_graph_per_weight
+                        else ""
+                    )
+                    + ("" if mem.cuda_graph_inside else ", after the KV cache is sized: outside the budget"),
                     mem.sources["cuda_graph"],
+                    inside=mem.cuda_graph_inside,
                 )
             )
     if mem.runtime_gib:

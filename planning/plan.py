@@ -19,6 +19,7 @@ from planning.engines import (
     launch_args,
     parse_capability,
     refusals,
+    terms_for,
     with_context,
 )
 from planning.memory import card_memory, longest_context_that_fits
@@ -93,7 +94,7 @@ def _refuse_forbidden(
 
 def _engine_of(p: ProfileSpec, change: Change, notes: Notes) -> Engine:
     try:
-        return engine(p.engine)
+        return terms_for(engine(p.engine), p.release)
     except DomainError as err:
         raise _with_change(err, change, notes) from None
 

@@ -89,6 +89,9 @@ class ProfileSpec:
     pp: int = 0
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    # The engine release the profile runs ("": the fleet's default, or the
+    # engine's current terms): which memory terms plan it (engines.terms_for).
+    release: str = ""
 
     @property
     def cards(self) -> int:

@@ -11,8 +11,9 @@ from typing import Any
 
 from base.errors import DomainError
 from catalog.models import Profile, ServedModel
-from catalog.selectors import model_spec, profile_spec
+from catalog.selectors import model_spec, profile_release, profile_spec
 from planning import CardMemory, Change, card_memory, context_of, engine
+from planning.engines import terms_for
 from planning.types import ROOM_NODES_NAMED
 from planning.units import gib
 
@@ -201,7 +202,7 @@ def served_contexts(model: ServedModel, profiles: list[Profile]) -> list[int]:
     served: set[int] = set()
     for p in profiles:
         try:
-            eng = engine(p.engine)
+            eng = terms_for(engine(p.engine), profile_release(p))
         except DomainError:
             continue
         tokens = context_of(spec, profile_spec(p), eng)
@@ -223,7 +224,7 @@ def profile_memory(model: ServedModel, profiles: list[Profile]) -> list[ProfileM
     out = []
     for p in profiles:
         try:
-            eng = engine(p.engine)
+            eng = terms_for(engine(p.engine), profile_release(p))
         except DomainError as err:
             out.append(ProfileMemory(p, None, None, err.message))
             continue

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from catalog.models import Card, Node, Replica
 from operations.models import RestartOperation, RestartStep
+from planning.measured import drift
 from telemetry.models import CardReading, NodeReading
 
 MIB = 2**20
@@ -40,6 +41,34 @@ class FleetCollector(Collector):
         yield from self._nodes()
         yield from self._card_telemetry()
         yield from self._restarts()
+        yield from self._memory_drift()
+
+    def _memory_drift(self) -> Iterator[Metric]:
+        """Per engine and release, how far the planned need is from what the engines said they
+        took (planned / measured - 1, averaged over the replicas that reported)."""
+        labels = ["engine", "release"]
+        ratio = GaugeMetricFamily(
+            "llmgw_memory_drift_ratio",
+            "Planned over measured memory need a card, less 1, averaged over the replicas that reported it.",
+            labels=labels,
+        )
+        count = GaugeMetricFamily(
+            "llmgw_memory_drift_replicas", "Replicas the memory drift is averaged over.", labels=labels
+        )
+        rows = (
+            Replica.objects.exclude(measured_memory={})
+            .exclude(planned_memory={})
+            .values_list("profile__engine", "planned_memory", "measured_memory")
+        )
+        found = drift(
+            ((engine, str(planned.get("release") or "default")), planned, measured)
+            for engine, planned, measured in rows
+        )
+        for (engine, release), (mean, n) in found.items():
+            ratio.add_metric([engine, release], mean)
+            count.add_metric([engine, release], n)
+        yield ratio
+        yield count
 
     def _cards(self) -> Iterator[Metric]:
         cards = GaugeMetricFamily(

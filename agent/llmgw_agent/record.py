@@ -80,7 +80,14 @@ class Replica:
             "log_file": str(self.log_path),
             # What the engine printed about its memory at start-up, per card
             # (agent/llmgw_agent/memory_lines.py), and what nvidia-smi says it holds.
-            "memory": memory_report(self.log_path, self.log_offset, self.pid, len(self.spec.cards))
+            "memory": memory_report(
+                self.log_path,
+                self.log_offset,
+                self.pid,
+                len(self.spec.cards),
+                self.spec.engine,
+                self.spec.args,
+            )
             if self.live
             else {},
         }

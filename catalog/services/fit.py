@@ -5,13 +5,28 @@ what is planned never say two things."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from base.errors import DomainError
 from catalog.models import Profile, ServedModel
-from catalog.selectors import profile_spec, shape_of
+from catalog.selectors import profile_release, profile_spec, shape_of
 from planning import CardMemory, Shape, card_memory, context_of, engine
-from planning.engines import Engine
+from planning.engines import Engine, terms_for
 from planning.units import gib, gib_short
+
+
+def planned_with_release(profile: Profile, planned: CardMemory | None) -> dict[str, Any]:
+    """What a replica of ``profile`` was planned to hold (the memory answer), with the engine
+    release it was planned for ("": the engine's current terms) and the release range of the
+    memory terms that planned it: the drift per release is read from these."""
+    if planned is None:
+        return {}
+    release = profile_release(profile)
+    try:
+        terms_of = terms_for(engine(profile.engine), release).memory.version
+    except DomainError:
+        terms_of = ""
+    return {**planned.as_dict(), "release": release, "terms_of": terms_of}
 
 
 def profile_memory(profile: Profile, model: ServedModel | None = None) -> CardMemory | None:
@@ -20,7 +35,7 @@ def profile_memory(profile: Profile, model: ServedModel | None = None) -> CardMe
     if profile.gpu_class_id is None:
         return None
     try:
-        eng = engine(profile.engine)
+        eng = terms_for(engine(profile.engine), profile_release(profile))
     except DomainError:
         return None
     model = model or ServedModel.objects.get(pk=profile.model_id)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from planning.engines import engine
+from planning.enginememory import release_key
+from planning.engines import engine, terms_for
 from planning.memory import kv_per_card
 from planning.types import Shape
 from tests.planning.calibration import GIB, GPT_OSS_120B, NOT_HELD, POINTS, QWEN3_235B_A22B, plan
@@ -189,3 +190,40 @@ def test_a_hybrid_models_padding_layers_take_cache_as_vllm_allocates_it():
     assert kv[0] / GIB == pytest.approx(25.39 / 461.21, rel=0.005), GEMMA_3_1B_KV_SOURCE
     # without the padding it would be 7% short
     assert 1024 * 26 * 2064 / GIB < 25.39 / 461.21 * 0.94
+
+
+# -- the current releases: vLLM 0.11 and later, each by its own terms (planning/engines.toml) ------------
+
+
+def _current(point) -> bool:
+    release = release_key(point.version.split()[0])
+    return not point.excluded and release is not None and release >= (0, 11)
+
+
+CURRENT = [p for p in POINTS if _current(p)]
+FIT = [p for p in CURRENT if not p.held_out]
+HELD_OUT = [p for p in CURRENT if p.held_out]
+
+
+@pytest.mark.parametrize("point", FIT, ids=[f"{p.model}-tp{p.tp}-{p.context}" for p in FIT])
+def test_a_current_releases_logged_start_up_is_planned_within_five_percent_and_never_under(point):
+    compared = plan(point)
+    assert 0 <= compared.error <= 0.05, (
+        f"{point.model} at TP {point.tp}, vLLM {point.version}: planned {compared.planned:.2f} GiB, logged "
+        f"{point.need:.2f} ({compared.error:+.1%}); {point.source}"
+    )
+
+
+@pytest.mark.parametrize("point", HELD_OUT, ids=[f"{p.model}-tp{p.tp}-{p.context}" for p in HELD_OUT])
+def test_a_held_out_start_up_of_a_current_release_is_within_ten_percent_and_not_five_under(point):
+    compared = plan(point)
+    assert -0.05 <= compared.error <= 0.10, (point.model, compared.error, point.source)
+
+
+def test_the_current_releases_are_planned_by_their_own_terms_and_counted():
+    # Every current-release point is planned by the 0.11-0.20 table, not the 0.6.4-0.10 one; the set is
+    # as small as the published logs found (docs/memory-model.md says how many).
+    for point in CURRENT:
+        assert terms_for("vllm", point.version.split()[0]).memory.version.startswith("vLLM 0.11 to 0.20")
+    assert len(FIT) == 5 and len(HELD_OUT) == 1
+    assert {p.tp for p in FIT} == {1, 2}

@@ -159,3 +159,27 @@ def test_the_grafana_dashboard_asks_only_for_figures_the_endpoint_serves():
         for name in re.findall(r"\bllmgw_[a-z_]+", t["expr"])
     }
     assert asked and asked <= served, asked - served
+
+
+def test_the_memory_drift_is_given_per_engine_and_release(live_server, settings):
+    settings.LLMGW_METRICS_TOKEN = TOKEN
+    call_command("seed_demo")
+    gib = 2**30
+    planned = {"weights": 15 * gib, "activation": 2 * gib, "non_torch": gib // 2}
+    # need planned 17.5 GiB; measured 15 + 1 + 0.5 = 16.5 GiB, then 17.5: +6.06% and 0
+    first = {"weights": 15 * gib, "activation": gib, "non_torch": gib // 2}
+    second = {"weights": 15 * gib, "activation": 2 * gib, "non_torch": gib // 2}
+    rows = [
+        ("llama-3.1-8b-1", {**planned, "release": "0.19.0"}, first),
+        ("llama-3.1-8b-2", {**planned, "release": "0.19.0"}, second),
+        ("qwen3-30b-a3b-1", {**planned, "release": ""}, second),
+    ]
+    for name, plan, measured in rows:
+        Replica.objects.filter(name=name).update(planned_memory=plan, measured_memory=measured)
+    got = samples(scrape(live_server.url).text)
+    key = (("engine", "vllm"), ("release", "0.19.0"))
+    assert got[("llmgw_memory_drift_ratio", key)] == pytest.approx((17.5 / 16.5 - 1 + 0) / 2)
+    assert got[("llmgw_memory_drift_replicas", key)] == 2
+    default = (("engine", "sglang"), ("release", "default"))
+    assert got[("llmgw_memory_drift_ratio", default)] == pytest.approx(0)
+    assert got[("llmgw_memory_drift_replicas", default)] == 1

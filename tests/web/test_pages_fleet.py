@@ -186,3 +186,34 @@ def test_a_replica_that_reported_nothing_says_so(viewer):
     page = viewer.get(f"/replicas/{replica.name}/").content.decode()
     assert "not reported yet" in page
     assert viewer.get("/replicas/no-such/").status_code == 404
+
+
+def test_the_replica_page_shows_each_rank_a_missing_line_and_the_drift_per_release(viewer):
+    m = llama_on_h100()
+    replica = m.profiles.get().replicas.get()
+    GIB = 2**30
+    rank = {"weights": round(7.48 * GIB), "kv_cache": round(61.41 * GIB), "activation": round(2.05 * GIB)}
+    replica.measured_memory = {
+        **rank,
+        "card_bytes": round(70.1 * GIB),
+        "ranks": {"0": rank, "1": {**rank, "kv_cache": round(61.0 * GIB)}},
+        "missing": ["sequences", "cuda_graph"],
+    }
+    replica.planned_memory = {
+        "weights": round(7.48 * GIB),
+        "activation": round(2.2 * GIB),
+        "need": round(20 * GIB),
+        "release": "0.19.0",
+        "terms_of": "vLLM 0.11 to 0.20 (V1 engine)",
+    }
+    replica.save()
+    page = viewer.get(f"/replicas/{replica.name}/").content.decode()
+    assert "Each rank, as its engine reported it" in page
+    assert '<tr><td>1</td><td class="num">7.48 GiB</td><td class="num">61.00 GiB</td>' in page
+    assert "The engine did not print its concurrency, CUDA graphs at start-up" in page
+    assert "Planned for release 0.19.0, by the memory terms of vLLM 0.11 to 0.20 (V1 engine)." in page
+    assert "Drift, per engine and release" in page and "vllm, 0.19.0: " in page
+    # the model page: the need beside the need measured, what the card holds, and the missing lines
+    model_page = viewer.get("/models/llama-3.1-8b/").content.decode()
+    assert "70.10 GiB held on the card" in model_page
+    assert "the engine did not print: concurrency, CUDA graphs" in model_page

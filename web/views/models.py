@@ -147,7 +147,7 @@ def model_list(request: HttpRequest) -> HttpResponse:
 def _replicas_of(model: ServedModel) -> list[Replica]:
     from planning.measured import compare
     from planning.units import gib
-    from web.views.replicas import planned_of
+    from web.views.replicas import missing_said, planned_of
 
     shards = Prefetch("shards", queryset=Shard.objects.select_related("card__node").order_by("card__index"))
     replicas = list(
@@ -162,6 +162,16 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
         r.nodes = list({s.card.node.name: s.card.node.state for s in r.shards.all()}.items())  # type: ignore[attr-defined]
         # The need planned beside the need measured, over the terms the engine logged.
         r.memory_need = None  # type: ignore[attr-defined]
+        r.memory_card = None  # type: ignore[attr-defined]
+        r.memory_missing = missing_said(r.measured_memory)  # type: ignore[attr-defined]
+        if r.measured_memory and r.measured_memory.get("card_bytes") is not None:
+            # What nvidia-smi says its process holds a card: for an engine that prints no memory lines
+            # the one measure, beside what was planned for the card.
+            planned_need = planned_of(r)[0].get("need")
+            r.memory_card = (  # type: ignore[attr-defined]
+                gib(planned_need, 2) if planned_need is not None else None,
+                gib(r.measured_memory["card_bytes"], 2),
+            )
         if r.measured_memory:
             need = next(
                 (row for row in compare(planned_of(r)[0], r.measured_memory) if row.term == "need"), None

@@ -39,6 +39,18 @@ def _fmt(n: int | None, term: str) -> str:
     return f"{n:,}" if term == "kv_tokens" else f"{gib(n, 2)} GiB"
 
 
+def missing_said(measured: dict[str, Any] | None) -> str:
+    """The start-up figures the engine should have printed and did not, in words; "" when none."""
+    words = {
+        "weights": "weights",
+        "kv_cache": "KV cache",
+        "kv_tokens": "cache tokens",
+        "sequences": "concurrency",
+        "cuda_graph": "CUDA graphs",
+    }
+    return ", ".join(words.get(m, m) for m in (measured or {}).get("missing") or [])
+
+
 @requires(VIEW_REPLICA)
 @require_GET
 def replica_detail(request: HttpRequest, name: str) -> HttpResponse:
@@ -57,7 +69,21 @@ def replica_detail(request: HttpRequest, name: str) -> HttpResponse:
         for r in compare(planned, replica.measured_memory)
     ]
     others = Replica.objects.select_related("profile").exclude(measured_memory={}).exclude(planned_memory={})
-    engines = drift((r.profile.engine, r.planned_memory, r.measured_memory) for r in others)
+    engines = drift(
+        ((r.profile.engine, str(r.planned_memory.get("release") or "")), r.planned_memory, r.measured_memory)
+        for r in others
+    )
+    measured = replica.measured_memory or {}
+    ranks = [
+        {
+            "rank": "a worker that did not say its rank" if rank == "-1" else rank,
+            **{
+                key: _fmt(figures.get(key), key)
+                for key in ("weights", "kv_cache", "kv_tokens", "activation", "cuda_graph")
+            },
+        }
+        for rank, figures in sorted((measured.get("ranks") or {}).items(), key=lambda item: int(item[0]))
+    ]
     placement: dict[str, list[int]] = {}
     for s in replica.shards.select_related("card__node").order_by("card__node__name", "card__index"):
         placement.setdefault(s.card.node.name, []).append(s.card.index)
@@ -74,8 +100,18 @@ def replica_detail(request: HttpRequest, name: str) -> HttpResponse:
             "rows": rows,
             "planned_from": planned_from,
             "measured": bool(replica.measured_memory),
+            "ranks": ranks,
+            "missing": missing_said(measured),
+            "release": str((replica.planned_memory or {}).get("release") or ""),
+            "terms_of": str((replica.planned_memory or {}).get("terms_of") or ""),
             "drift": [
-                {"engine": e, "mean": f"{mean:+.1%}", "count": count} for e, (mean, count) in engines.items()
+                {
+                    "engine": e,
+                    "release": release or "its default release",
+                    "mean": f"{mean:+.1%}",
+                    "count": count,
+                }
+                for (e, release), (mean, count) in engines.items()
             ],
         },
     )

@@ -29,12 +29,14 @@ import httpx
 import standin_nvidia_smi  # agent/, on the path (llmgw_web/__init__.py)
 from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
+from django.utils import timezone
 
 from agentclient.client import AgentCallFailed, AgentClient
 from base.commands import ActorCommand
-from catalog.models import Node, Replica, Shard
+from catalog.models import Node, Profile, Replica, ServedModel, Shard
 from catalog.services import catalog as services
 from demo.management.commands.demo_foreign_process import stop_foreign_processes
+from catalog.services.fit import planned_with_release, profile_memory
 from operations.services.placement import replica_placement
 from operations.services.specs import running_spec
 from operations.tasks import operations_sweep
@@ -86,7 +88,8 @@ def agent_config(node: Node, directory: Path) -> str:
         lines += [
             "",
             f"[engines.{_toml_value(name)}]",
-            f"command = {_toml_value([sys.executable, str(STANDIN)])}",
+            # The stand-in plays the engine: its start-up memory lines and the memory it holds.
+            f"command = {_toml_value([sys.executable, str(STANDIN), '--play', name])}",
         ]
     return "\n".join(lines) + "\n"
 
@@ -105,6 +108,42 @@ def demo_metrics_token(root: Path) -> str:
     with os.fdopen(descriptor, "w", encoding="utf-8") as out:
         out.write(token + "\n")
     return token
+
+
+def write_standin_models(directory: Path) -> None:
+    """What the stand-in engines know of the catalog's models (``models.json`` beside the stand-in
+    nvidia-smi's cards, by source): their sizes, so that the start-up lines and held memory they
+    play follow each engine's accounting (agent/standin_memory.py)."""
+    from catalog.selectors import shape_of
+
+    models = {}
+    for model in ServedModel.objects.order_by("name"):
+        shape = shape_of(model)
+        if shape.weight_bytes is None:
+            continue
+        models[model.source] = {
+            "weight_bytes": shape.weight_bytes,
+            "expert_bytes": shape.expert_bytes or 0,
+            "kv_bytes_per_token": shape.kv_bytes_per_token or 0,
+            "kv_heads": shape.kv_heads or 0,
+            "hidden_size": shape.hidden_size or 0,
+            "intermediate_size": shape.intermediate_size or 0,
+            "vocab_size": shape.vocab_size or 0,
+            "layers": shape.layers or 0,
+            "context_length": model.context_length or 0,
+        }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "models.json").write_text(json.dumps(models, indent=1), encoding="utf-8")
+
+
+def record_memory(replica: Replica, report: dict[str, Any]) -> None:
+    """Keep what the replica's cards were planned to hold beside what its engine said it took and
+    nvidia-smi shows (the agent's report), as the restart worker does for a replica it starts."""
+    profile = Profile.objects.select_related("model", "gpu_class").get(pk=replica.profile_id)
+    replica.planned_memory = planned_with_release(profile, profile_memory(profile, profile.model))
+    replica.measured_memory = report
+    replica.measured_at = timezone.now() if report else None
+    services.replica_save(instance=replica, message="demo: its memory at start-up, planned and measured")
 
 
 def port_clashes() -> list[tuple[Replica, int]]:
@@ -200,6 +239,7 @@ class Command(ActorCommand):
                 {"index": c.index, "name": c.gpu_class.name, "memory_mib": c.gpu_class.memory_mib}
                 for c in node.cards.select_related("gpu_class").order_by("index")
             ]
+            write_standin_models(directory / "gpus")
             self._spawn(
                 f"agent {node.name}",
                 [sys.executable, "-m", "llmgw_agent", "--config", str(config)],
@@ -304,6 +344,7 @@ class Command(ActorCommand):
                     continue
                 if state["state"] == "ready":
                     waiting.remove((replica, node))
+                    record_memory(replica, state.get("memory") or {})
                 elif state["state"] in ("failed", "stopped"):
                     waiting.remove((replica, node))
                     self._failed(replica, state.get("reason") or state["state"])

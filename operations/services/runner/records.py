@@ -25,7 +25,7 @@ from audit.services import audit_record, snapshot
 from base.actor import Actor
 from base.secrets import profile_secrets, redact
 from catalog.models import Card, Node, Profile, Replica, Shard
-from catalog.services.fit import profile_memory
+from catalog.services.fit import planned_with_release, profile_memory
 from operations.models import RestartOperation, RestartStep
 from operations.services.lease import Lease
 from operations.services.placement import free_port, lock_placement, replica_name
@@ -162,7 +162,7 @@ class Records:
             if memory is not None:
                 profile = Profile.objects.select_related("model", "gpu_class").get(pk=replica.profile_id)
                 planned = profile_memory(profile, profile.model)
-                replica.planned_memory = planned.as_dict() if planned is not None else {}
+                replica.planned_memory = planned_with_release(profile, planned)
                 replica.measured_memory = memory
                 replica.measured_at = timezone.now() if memory else None
                 fields += ["planned_memory", "measured_memory", "measured_at"]
