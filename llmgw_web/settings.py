@@ -442,6 +442,9 @@ LLMGW_AUDIT_CHECKPOINT_SECONDS = env_float("LLMGW_AUDIT_CHECKPOINT_SECONDS", 300
 LLMGW_TELEMETRY_SECONDS = env_float("LLMGW_TELEMETRY_SECONDS", 15.0, minimum=0.0)
 LLMGW_TELEMETRY_HISTORY_SECONDS = env_float("LLMGW_TELEMETRY_HISTORY_SECONDS", 3600.0, minimum=60.0)
 LLMGW_TELEMETRY_STALE_SECONDS = env_float("LLMGW_TELEMETRY_STALE_SECONDS", 300.0, minimum=5.0)
+# How often the pages that show what can change (the nodes grid, a node's page, the operations
+# list) ask for their polled part again (base/views.py, polled); an unchanged part answers 204.
+LLMGW_PAGE_POLL_SECONDS = env_int("LLMGW_PAGE_POLL_SECONDS", 5, minimum=1)
 # /metrics (web/views/metrics.py): off unless a token is set; Prometheus sends it as its bearer token.
 LLMGW_METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN") or ""
 if LLMGW_METRICS_TOKEN and len(LLMGW_METRICS_TOKEN) < 32:

@@ -30,6 +30,7 @@ from base.views import (
     RESIZE,
     RESTART,
     VIEW_OPERATION,
+    poll_attributes,
     redirect_or_location,
     render_page,
     wants_partial,
@@ -140,7 +141,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     page_number = request.GET.get("page")
     # Kept under the catalog's and the operations' versions (versions/cache.py), unless it shows an
     # active restart; nothing in it is the reader's.
-    rows, _ = remembered(
+    rows, active = remembered(
         "operation-rows",
         ["catalog", "operations"],
         [model, page_number],
@@ -148,10 +149,14 @@ def operation_list(request: HttpRequest) -> HttpResponse:
         request=request,
         keep=lambda answer: not answer[1],
     )
+    # While a restart on it is active the table polls itself (LLMGW_PAGE_POLL_SECONDS); the answer
+    # that shows none active comes without the trigger, which stops it.
+    poll = poll_attributes(request.get_full_path(), "active") if active else ""
     return render_page(
         request,
         "operations/operation_list.html",
-        {"section": "operations", "model_name": model, "rows": mark_safe(rows)},  # noqa: S308 - a template's
+        {"section": "operations", "model_name": model, "rows": mark_safe(rows), "poll": poll},  # noqa: S308 - a template's
+        partial="polled",
     )
 
 
