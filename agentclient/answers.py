@@ -236,7 +236,13 @@ def telemetry(body: Any, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
                 "index": card["index"],
                 **{
                     key: _int(card.get(key))
-                    for key in ("memory_used_mib", "memory_total_mib", "utilization_percent", "temperature_c")
+                    for key in (
+                        "memory_used_mib",
+                        "memory_total_mib",
+                        "utilization_percent",
+                        "temperature_c",
+                        "ecc_uncorrected",
+                    )
                 },
                 "processes": processes,
             }

@@ -109,6 +109,8 @@ CARD_ROW = (
     "shard__replica__state",
     "shard__replica__profile__model_id",
     "shard__replica__profile__model__name",
+    "cordoned",
+    "cordon_reason",
 )
 HOLDERS_NAMED = 8  # models named per class in the summary; the rest are counted together
 

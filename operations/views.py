@@ -36,6 +36,7 @@ from base.views import (
     wants_partial,
 )
 from catalog.models import Node, Profile, Replica, ServedModel
+from catalog.services import cards as card_services
 from operations.models import RestartOperation, RestartStep
 from operations.selectors import operations_with_steps
 from operations.services import drain
@@ -255,6 +256,36 @@ def node_uncordon(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def node_drain(request: HttpRequest, name: str) -> HttpResponse:
     return _node_change(request, name, drain.node_drain, _drained)
+
+
+@requires(RESTART)
+@require_POST
+def card_cordon(request: HttpRequest, name: str) -> HttpResponse:
+    """The node page's form: one card, by its index, and why."""
+    raw = request.POST.get("index", "")
+    if not raw.isdigit():
+        messages.error(request, "Choose the card to cordon by its number on this node.")
+        return redirect_or_location(request, reverse("node-detail", args=[name]))
+    index = int(raw)
+    return _node_change(
+        request,
+        name,
+        lambda node_name: card_services.card_cordon(
+            node_name=node_name, index=index, reason=request.POST.get("reason", "")
+        ),
+        lambda c: f"Card {c.index} of {c.node.name} is cordoned: no new replica is placed on it.",
+    )
+
+
+@requires(RESTART)
+@require_POST
+def card_uncordon(request: HttpRequest, name: str, index: int) -> HttpResponse:
+    return _node_change(
+        request,
+        name,
+        lambda node_name: card_services.card_uncordon(node_name=node_name, index=index),
+        lambda c: f"Card {c.index} of {c.node.name} takes placements again.",
+    )
 
 
 @requires(RESTART)

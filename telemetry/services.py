@@ -15,7 +15,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agentclient.client import AgentCallFailed, AgentClient
+from base.errors import DomainError
 from catalog.models import Card, Node, Shard, live_replicas_q
+from catalog.services.cards import card_cordon
 from telemetry.models import CardReading, CardSample, NodeReading
 
 log = logging.getLogger("telemetry")
@@ -36,11 +38,15 @@ def telemetry_record(*, node: Node, body: dict[str, Any]) -> list[CardReading]:
     ):
         known.setdefault(index, set()).add(name)
     readings = []
+    failing: dict[int, int] = {}  # card index: uncorrected ECC errors its agent reports
     for raw in body.get("cards") or []:
         at = raw.get("index") if isinstance(raw, dict) else None
         card = cards.get(at) if isinstance(at, int) else None
         if card is None:
             continue  # a card the catalog does not list: nothing to attach it to
+        ecc = _int(raw.get("ecc_uncorrected"))
+        if ecc and not card.cordoned:
+            failing[card.index] = ecc
         processes = []
         for p in raw.get("processes") or []:
             if not isinstance(p, dict):
@@ -104,7 +110,25 @@ def telemetry_record(*, node: Node, body: dict[str, Any]) -> list[CardReading]:
                 "source": str(body.get("source", ""))[:32],
             },
         )
+    for index, errors in sorted(failing.items()):
+        _cordon_failing(node, index, errors)
     return readings
+
+
+def _cordon_failing(node: Node, index: int, errors: int) -> None:
+    """A card whose agent reports uncorrected ECC errors takes no new replica: cordoned (audited, as
+    whoever samples: the worker or the command), what runs on it left running."""
+    try:
+        card_cordon(
+            node_name=node.name,
+            index=index,
+            reason=f"{errors} uncorrected ECC error{'s' if errors != 1 else ''} since its driver loaded "
+            "(nvidia-smi), seen by the telemetry",
+        )
+    except DomainError as err:  # cordoned meanwhile by another sampler or an operator
+        log.info("card %s of %s not cordoned by the telemetry: %s", index, node.name, err.message)
+    else:
+        log.warning("card %s of %s cordoned: %s uncorrected ECC errors", index, node.name, errors)
 
 
 def node_sample(node: Node) -> bool:

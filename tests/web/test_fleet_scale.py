@@ -121,7 +121,7 @@ KEPT = {
     "POST /models/gen-model-001/resize/preview/": 6,  # and the model and its profiles, for the form
     "GET /models/gen-model-002/": 4,  # and the model
     "GET /nodes/": 3,  # the filter form is kept too
-    "GET /nodes/gen-node-0003/": 5,  # and the node, and its drains
+    "GET /nodes/gen-node-0003/": 6,  # and the node, its drains, and its cards for the card cordon form
     "GET /nodes/?gpu_class=gen-h100-80g&state=ready&free=1": 3,
     "GET /nodes/?view=compact": 3,
     "GET /": 3,

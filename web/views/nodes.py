@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from django.core.paginator import Paginator
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
@@ -74,10 +75,13 @@ class Tile(NamedTuple):
     state: str | None
     model_id: int | None
     model: str | None
+    cordoned: bool = False  # cordoned on its own (card_cordon): no new placement on it
+    cordon_reason: str = ""
 
     @property
     def free(self) -> bool:
-        return self.replica is None
+        """No replica holds it and it takes placements (not cordoned)."""
+        return self.replica is None and not self.cordoned
 
 
 @dataclass
@@ -188,6 +192,18 @@ def tiles_html(
     for t in tiles:
         u = use.get((t.node_id, t.card))
         foreign = " foreign" if u is not None and u.foreign_mib else ""
+        flag = (
+            f'<span class="card-flag">cordoned{": " + escape(t.cordon_reason) if t.cordon_reason else ""}</span>'
+            if t.cordoned
+            else ""
+        )
+        cordoned = " cordoned-card" if t.cordoned else ""
+        if t.cordoned and t.replica is None and not compact:
+            out.append(
+                f'<li class="card cordoned-card{foreign}"><span class="idx">card {t.card}</span>'
+                f'<span class="holder">not placed on</span>{flag}{use_html(u, None, old=old)}</li>'
+            )
+            continue
         if t.free and u is not None and u.foreign_held:
             who = escape(foreign_said(u))
             if compact:
@@ -205,7 +221,9 @@ def tiles_html(
                 )
             else:
                 out.append(
-                    f'<i class="{hue(t.model_id)}{foreign}" title="card {t.card}: {escape(t.model)}"></i>'
+                    f'<i class="{hue(t.model_id)}{foreign}{cordoned}" title="card {t.card}: {escape(t.model)}"></i>'
+                    if t.replica is not None
+                    else f'<i class="free cordoned-card" title="card {t.card}: cordoned"></i>'
                 )
         elif t.free:
             out.append(
@@ -216,9 +234,9 @@ def tiles_html(
             rep, state = escape(t.replica), escape(t.state)
             busy = "" if t.state == "ready" else f" · {state}"
             out.append(
-                f'<li class="card held {hue(t.model_id)}{foreign}"><span class="idx">card {t.card}</span>'
+                f'<li class="card held {hue(t.model_id)}{foreign}{cordoned}"><span class="idx">card {t.card}</span>'
                 f'<a class="holder" href="{links(t.model or "")}">{escape(t.model)}</a>'
-                f'<span class="rep" title="{rep}, {state}">{rep}{busy}</span>'
+                f'<span class="rep" title="{rep}, {state}">{rep}{busy}</span>{flag}'
                 f"{use_html(u, planned.get(t.replica or ''), old=old)}</li>"
             )
     return mark_safe("".join(out))  # noqa: S308 - every name above is escaped
@@ -370,19 +388,33 @@ def _here(query: QueryDict) -> str:
     return f"{url}?{query.urlencode()}" if query else url
 
 
+def cordoned_free_by_class(foreign_held: set[int]) -> dict[str, int]:
+    """Cards cordoned on their own that no replica (nor a foreign process) holds, by class: not free."""
+    rows = (
+        Card.objects.filter(cordoned=True, shard__isnull=True)
+        .exclude(pk__in=foreign_held)
+        .values_list("gpu_class__name")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return dict(rows)
+
+
 def summary_of_fleet(foreign_held: set[int]) -> dict[str, Any]:
     """The fleet's summary (catalog.selectors.fleet_summary) as the operator must read it: a card a
     foreign process holds counted held, not free, and the nodes whose agent is not answering counted
     beside the states (an unreachable node keeps its state: the operator's word on its use)."""
     out = fleet_summary()
     held = foreign_held_free_by_class(foreign_held)
+    cordoned = cordoned_free_by_class(foreign_held)
     for c in out["classes"]:
         n = held.get(c["name"], 0)
-        c["free"] -= n
+        c["free"] -= n + cordoned.get(c["name"], 0)
         c["held"] += n
         c["foreign"] = n
-    out["free"] -= sum(held.values())
+    out["free"] -= sum(held.values()) + sum(cordoned.values())
     out["foreign"] = sum(held.values())
+    out["cordoned"] = sum(cordoned.values())
     out["unreachable"] = len(unreachable_node_ids())
     return out
 
@@ -472,6 +504,8 @@ def node_body(node: Node, stamp: str = "") -> SafeString:
                 replica.state if replica else None,
                 replica.profile.model_id if replica else None,
                 replica.profile.model.name if replica else None,
+                card.cordoned,
+                card.cordon_reason,
             )
         )
     grid = grids([node], rows)[0]
@@ -507,6 +541,7 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     )
     if polled:
         return fragment(body)
+    can_drain = request.user.has_perm(RESTART)
     return render_page(
         request,
         "catalog/node_detail.html",
@@ -515,7 +550,16 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
             "node": node,
             "unreachable": not node.reachable or bool(getattr(node, "reading", None) and node.reading.error),
             "body": body,
-            "can_drain": request.user.has_perm(RESTART),
+            "can_drain": can_drain,
+            # For the card cordon form: each card's index and whether it is cordoned (one query, and
+            # only for who may use it).
+            "cards": list(
+                Card.objects.filter(node=node)
+                .order_by("index")
+                .values_list("index", "cordoned", "cordon_reason")
+            )
+            if can_drain
+            else [],
             "drains": [
                 operation_views.progress_context(request, op)
                 for op in operations_with_steps()

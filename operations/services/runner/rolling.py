@@ -89,6 +89,7 @@ def _planned_cards(profile: Profile, node_name: str, indices: list[int]) -> tupl
             node__reachable=True,
             gpu_class_id=profile.gpu_class_id,
             shard__isnull=True,
+            cordoned=False,
             index__in=indices,
         )
         .exclude(pk__in=foreign_held_card_ids())  # a foreign process took one since the plan
