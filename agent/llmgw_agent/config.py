@@ -33,6 +33,8 @@ ENV_OVERRIDES = {
     "stop_grace_seconds": "LLMGW_AGENT_STOP_GRACE_SECONDS",
     "ready_poll_seconds": "LLMGW_AGENT_READY_POLL_SECONDS",
     "stop_children_on_exit": "LLMGW_AGENT_STOP_CHILDREN_ON_EXIT",
+    "log_attempts": "LLMGW_AGENT_LOG_ATTEMPTS",
+    "log_attempt_bytes": "LLMGW_AGENT_LOG_ATTEMPT_BYTES",
 }
 TOP_LEVEL_KEYS = set(ENV_OVERRIDES) | {"cards", "engines"}
 CARD_KEYS = {"index", "name", "memory_mib"}
@@ -75,6 +77,10 @@ class AgentConfig:
     cards: tuple[CardConfig, ...]
     engines: Mapping[str, EngineConfig]
     warnings: tuple[str, ...] = ()
+    # Each start attempt's log kept (attempts.py): the first and the latest, this many in all, each
+    # cut to its last log_attempt_bytes once it has ended.
+    log_attempts: int = 5
+    log_attempt_bytes: int = 1024 * 1024
 
 
 def load_config(path: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None) -> AgentConfig:
@@ -133,6 +139,10 @@ def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentCo
     stop_grace = _number(values, "stop_grace_seconds", default=10.0, low=0.0, high=3600.0)
     ready_poll = _number(values, "ready_poll_seconds", default=0.5, low=0.05, high=60.0)
     stop_children = _boolean(values, "stop_children_on_exit", default=False)
+    log_attempts = _number(values, "log_attempts", default=5, low=1, high=100)
+    log_attempt_bytes = _number(values, "log_attempt_bytes", default=1024 * 1024, low=4096, high=2**30)
+    if log_attempts != int(log_attempts) or log_attempt_bytes != int(log_attempt_bytes):
+        raise ConfigError("log_attempts and log_attempt_bytes must be whole numbers")
 
     return AgentConfig(
         node=node,
@@ -152,6 +162,8 @@ def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentCo
         cards=_cards(data.get("cards", [])),
         engines=_engines(data.get("engines", {})),
         warnings=tuple(warnings),
+        log_attempts=int(log_attempts),
+        log_attempt_bytes=int(log_attempt_bytes),
     )
 
 

@@ -63,3 +63,42 @@ def test_a_silent_agent_does_not_hold_the_page_it_is_said_not_answering(settings
         assert download.status_code == 504 and "Agent not answering" in download.content.decode()
     finally:
         silent.close()
+
+
+def test_each_start_attempts_log_is_kept_and_the_first_failure_of_a_crash_loop_can_be_read(
+    tmp_path, fast_restarts
+):
+    from catalog.models import Profile
+    from operations.services.specs import replica_spec
+
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=1) as fleet:
+        replica = b.replica(
+            fleet.profile, fleet.nodes["gpu-a"], [0], name="llama-1", port=free_port_of(fast_restarts)
+        )
+        agent = fleet.agents["gpu-a"]
+        spec = replica_spec(
+            Profile.objects.select_related("model").get(pk=fleet.profile.pk), port=replica.port, cards=[0]
+        )
+        for code in ("3", "4"):  # a crash loop: each start exits with its own code
+            spec["env"] = {**spec["env"], "STANDIN_EXIT_AT_START": code}
+            with agent.client() as http:
+                assert http.put("/v1/replicas/llama-1", json=spec).status_code == 201
+            agent.wait_for_state("llama-1", "failed")
+        Replica.objects.filter(pk=replica.pk).update(state="failed")
+        viewer = signed_in(b.user("viewer"))
+        time.sleep(0.6)  # past the agent's read interval for this replica's log
+        latest = viewer.get("/replicas/llama-1/log/", **HX).content.decode()
+        assert (
+            "Start attempts kept:" in latest and "#1 (the first kept)" in latest and "#2 (this run)" in latest
+        )
+        assert "exiting with code 4" in latest and "exiting with code 3" not in latest
+        first = viewer.get("/replicas/llama-1/log/?attempt=1", **HX).content.decode()
+        assert "of start attempt 1, which has ended," in first
+        assert "exiting with code 3" in first and "data-polling" not in first
+        download = viewer.get("/replicas/llama-1/log.txt?attempt=1")
+        assert download["Content-Disposition"] == 'attachment; filename="llama-1-attempt-1-log.txt"'
+        assert "exiting with code 3" in download.content.decode()
+
+
+def free_port_of(settings) -> int:
+    return settings.LLMGW_REPLICA_PORT_BASE + 7

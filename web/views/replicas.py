@@ -103,9 +103,18 @@ def log_length(request: HttpRequest) -> int:
     return int(raw) if raw.isdigit() and int(raw) in LOG_LENGTHS else LOG_LINES
 
 
-def read_log(replica: Replica, lines: int) -> tuple[Node | None, dict[str, Any], str]:
-    """Its node, the agent's answer (id, state, lines) and an error sentence ("" when it answered).
-    The agent is given LLMGW_LOG_TIMEOUT_SECONDS: a silent one is said not answering, quickly."""
+def log_attempt(request: HttpRequest) -> int | None:
+    """The earlier start attempt whose kept log the operator chose (``?attempt=``), or None."""
+    raw = request.GET.get("attempt", "")
+    return int(raw) if raw.isdigit() and 1 <= int(raw) <= 10**9 else None
+
+
+def read_log(
+    replica: Replica, lines: int, attempt: int | None = None, *, with_attempts: bool = False
+) -> tuple[Node | None, dict[str, Any], str]:
+    """Its node, the agent's answer (id, state, lines; with ``with_attempts``, ``attempts``: the
+    start attempts whose logs it keeps) and an error sentence ("" when it answered). The agent is
+    given LLMGW_LOG_TIMEOUT_SECONDS a call: a silent one is said not answering, quickly."""
     node = _node_of(replica)
     if node is None:
         return (
@@ -116,7 +125,10 @@ def read_log(replica: Replica, lines: int) -> tuple[Node | None, dict[str, Any],
     secrets = profile_secrets(replica.profile.engine, replica.profile.env or {})
     client = AgentClient.for_node(node, secrets=secrets, timeout=settings.LLMGW_LOG_TIMEOUT_SECONDS)
     try:
-        return node, client.log(replica.name, lines=lines), ""
+        body = client.log(replica.name, lines=lines, attempt=attempt)
+        if with_attempts:
+            body["attempts"] = client.attempts(replica.name)["attempts"]
+        return node, body, ""
     except AgentCallFailed as exc:
         if exc.code in ("agent_slow", "agent_down"):
             return node, {}, f"Agent not answering: {exc.message}"
@@ -134,9 +146,13 @@ def replica_log(request: HttpRequest, name: str) -> HttpResponse:
     body."""
     replica = get_object_or_404(Replica.objects.select_related("profile"), name=name)
     lines = log_length(request)
-    follow = request.GET.get("follow") == "1"
-    node, body, error = read_log(replica, lines)
+    attempt = log_attempt(request)
+    follow = request.GET.get("follow") == "1" and attempt is None  # an earlier attempt has ended
+    node, body, error = read_log(replica, lines, attempt, with_attempts=True)
     state = body.get("state") or replica.state
+    attempts = body.get("attempts", [])
+    current = next((a["attempt"] for a in attempts if a["current"]), None)
+    shown = attempt if attempt is not None and attempt != current else None
     context: dict[str, Any] = {
         "replica": replica,
         "node": node,
@@ -144,8 +160,11 @@ def replica_log(request: HttpRequest, name: str) -> HttpResponse:
         "error": error,
         "state": state,
         "follow": follow,
+        "attempts": attempts if len(attempts) > 1 or shown is not None else [],
+        "shown": shown,
+        "lines_chosen": lines,
         "query": urlencode({"lines": lines, **({"follow": "1"} if follow else {})}),
-        "polling": (follow or state in Replica.COMING_UP_STATES) and not error,
+        "polling": (follow or state in Replica.COMING_UP_STATES) and not error and shown is None,
         "poll": LOG_POLL,
     }
     return render(request, "catalog/replica_detail.html#log", context)
@@ -157,12 +176,14 @@ def replica_log_download(request: HttpRequest, name: str) -> HttpResponse:
     """The same tail as a text file (``?lines=`` as the page), secrets masked as on the page; 504
     with the sentence when its agent does not answer, 404 when there is no node to ask."""
     replica = get_object_or_404(Replica.objects.select_related("profile"), name=name)
-    node, body, error = read_log(replica, log_length(request))
+    node, body, error = read_log(replica, log_length(request), log_attempt(request))
     if error:  # no node to ask (404), or its agent did not answer (504, a gateway's timeout)
         status = 404 if node is None else 504
         return HttpResponse(error + "\n", status=status, content_type="text/plain; charset=utf-8")
     response = HttpResponse(
         "".join(f"{line}\n" for line in body.get("lines", [])), content_type="text/plain; charset=utf-8"
     )
-    response["Content-Disposition"] = f'attachment; filename="{replica.name}-log.txt"'
+    attempt = log_attempt(request)
+    which = f"-attempt-{attempt}" if attempt is not None else ""
+    response["Content-Disposition"] = f'attachment; filename="{replica.name}{which}-log.txt"'
     return response
