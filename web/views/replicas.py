@@ -126,13 +126,17 @@ def read_log(
     client = AgentClient.for_node(node, secrets=secrets, timeout=settings.LLMGW_LOG_TIMEOUT_SECONDS)
     try:
         body = client.log(replica.name, lines=lines, attempt=attempt)
-        if with_attempts:
-            body["attempts"] = client.attempts(replica.name)["attempts"]
-        return node, body, ""
     except AgentCallFailed as exc:
         if exc.code in ("agent_slow", "agent_down"):
             return node, {}, f"Agent not answering: {exc.message}"
         return node, {}, exc.message
+    if with_attempts:
+        # The log stands without the list: an agent older than the attempts' endpoint answers 404.
+        try:
+            body["attempts"] = client.attempts(replica.name)["attempts"]
+        except AgentCallFailed:
+            body["attempts"] = []
+    return node, body, ""
 
 
 @requires(VIEW_REPLICA)
