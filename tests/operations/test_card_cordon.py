@@ -105,6 +105,8 @@ def test_the_node_page_cordons_a_card_and_draws_it_cordoned():
     assert "Card 0 of gpu-1 is cordoned" in page
     assert 'class="card cordoned-card"' in page and "cordoned: Xid 48" in page
     assert "Uncordon card 0" in page and ">1 free<" in page  # card 1 only
+    assert "No node matches these filters." in operator.get("/nodes/?free=2").content.decode()
+    assert "1 node matches" in operator.get("/nodes/?free=1").content.decode()
     viewer = Client()
     viewer.force_login(b.user("viewer"))
     assert "Cordon this card" not in viewer.get("/nodes/gpu-1/").content.decode()
