@@ -107,3 +107,22 @@ class TheAttempts(unittest.TestCase):
             sorted(p.name for p in self.agent.log_dir.glob("r1.attempt-*.log")),
             ["r1.attempt-1.log", "r1.attempt-3.log", "r1.attempt-4.log"],
         )
+
+
+class TheAttemptSettings(unittest.TestCase):
+    def test_a_count_or_size_that_is_not_a_whole_number_in_bounds_is_refused_naming_it(self) -> None:
+        from llmgw_agent.config import ConfigError, load_config
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "agent.toml"
+            path.write_text(
+                'node = "n"\ntoken = "'
+                + "t" * 40
+                + '"\nlog_attempts = 2\n[engines.vllm]\ncommand = ["vllm", "serve"]\n'
+            )
+            self.assertEqual(load_config(path, environ={}).log_attempts, 2)
+            for bad in ("0", "2.5", "many"):
+                with self.assertRaises(ConfigError) as caught:
+                    load_config(path, environ={"LLMGW_AGENT_LOG_ATTEMPTS": bad})
+                self.assertIn("LLMGW_AGENT_LOG_ATTEMPTS", str(caught.exception))
+                self.assertIn("whole number from 1 to 100", str(caught.exception))

@@ -139,10 +139,8 @@ def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentCo
     stop_grace = _number(values, "stop_grace_seconds", default=10.0, low=0.0, high=3600.0)
     ready_poll = _number(values, "ready_poll_seconds", default=0.5, low=0.05, high=60.0)
     stop_children = _boolean(values, "stop_children_on_exit", default=False)
-    log_attempts = _number(values, "log_attempts", default=5, low=1, high=100)
-    log_attempt_bytes = _number(values, "log_attempt_bytes", default=1024 * 1024, low=4096, high=2**30)
-    if log_attempts != int(log_attempts) or log_attempt_bytes != int(log_attempt_bytes):
-        raise ConfigError("log_attempts and log_attempt_bytes must be whole numbers")
+    log_attempts = _whole(values, "log_attempts", default=5, low=1, high=100)
+    log_attempt_bytes = _whole(values, "log_attempt_bytes", default=1024 * 1024, low=4096, high=2**30)
 
     return AgentConfig(
         node=node,
@@ -206,6 +204,18 @@ def _roots(values: dict[str, tuple[Any, str]]) -> tuple[str, ...]:
         if not root.startswith("/"):
             raise ConfigError(f"{label}: {root!r} is not an absolute directory")
     return roots
+
+
+def _whole(values: dict[str, tuple[Any, str]], key: str, *, default: int, low: int, high: int) -> int:
+    """A whole number from ``low`` to ``high`` (a count, a size in bytes)."""
+    if key not in values:
+        return default
+    value, label = values[key]
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{label}: must be a whole number from {low} to {high}, got {value!r}")
+    return value
 
 
 def _number(
