@@ -5,7 +5,8 @@ It answers the two queries the agent makes, in nvidia-smi's own CSV form
 (``--format=csv,noheader,nounits``; fields as ``nvidia-smi --help-query-gpu`` and
 ``--help-query-compute-apps`` name them, driver 535+):
 
-  --query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu,temperature.gpu
+  --query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu,temperature.gpu,
+              ecc.errors.uncorrected.volatile.total
   --query-compute-apps=gpu_uuid,pid,used_memory,process_name
 
 from the files in ``$STANDIN_GPU_DIR``: ``cards.json`` (the node's cards: index, name,
@@ -14,7 +15,8 @@ memory_mib) and one ``proc-<pid>.json`` per process holding card memory
 instead of ``used_mib``). The stand-in engine writes its own file as it starts (vLLM takes
 its ``--gpu-memory-utilization`` of each card, 0.9 by default); a test simulates a foreign
 process by writing one for a process of its own. A file whose process is gone is ignored.
-Utilisation and temperature are simulated from the memory held.
+Utilisation and temperature are simulated from the memory held. ``ecc.json``, when there, gives
+cards uncorrected ECC errors (``{"2": 3}``: card 2 has had 3), as a failing card reports them.
 """
 
 from __future__ import annotations
@@ -91,6 +93,10 @@ def main(argv: list[str]) -> int:
         print("NVIDIA-SMI has failed: STANDIN_GPU_DIR/cards.json is missing (stand-in)", file=sys.stderr)
         return 9
     cards, processes = _state(directory)
+    try:
+        ecc = {int(k): int(v) for k, v in json.loads((directory / "ecc.json").read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        ecc = {}
     query = next((a for a in argv if a.startswith("--query-")), "")
     kind, _, fields_text = query.partition("=")
     fields = [f.strip() for f in fields_text.split(",") if f.strip()]
@@ -110,6 +116,7 @@ def main(argv: list[str]) -> int:
                     "memory.used": used,
                     "utilization.gpu": util,
                     "temperature.gpu": 32 + util // 2,
+                    "ecc.errors.uncorrected.volatile.total": ecc.get(index, 0),
                 }
             )
     elif kind == "--query-compute-apps":

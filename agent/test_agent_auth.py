@@ -82,7 +82,7 @@ class TheAgent(WithAnAgent):
 
         assert secret not in json.dumps(state)
         assert secret in Path(f"/proc/{state['pid']}/environ").read_text()  # the engine gets it
-        header = (agent.log_dir / "r1.log").read_text().splitlines()[0]
+        header = (agent.log_dir / "r1.attempt-1.log").read_text().splitlines()[0]
         assert "llmgw-agent: starting replica r1" in header
         assert "VLLM_API_KEY" in header and secret not in header
         assert secret not in agent.output()

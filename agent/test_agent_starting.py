@@ -63,7 +63,7 @@ class TheAgent(WithAnAgent):
             str(port),
             "qwen-7b",
         )
-        assert "CUDA_VISIBLE_DEVICES=2,1" in (agent.log_dir / "qwen-a.log").read_text()
+        assert "CUDA_VISIBLE_DEVICES=2,1" in (agent.log_dir / "qwen-a.attempt-1.log").read_text()
 
         cards = {card["index"]: card["replica"] for card in http.get("/v1/node").json()["cards"]}
         assert cards == {0: None, 1: "qwen-a", 2: "qwen-a", 3: None}

@@ -49,7 +49,9 @@ class TheAgent(WithAnAgent):
             started = time.monotonic()
             deleting = pool.submit(http.delete, "/v1/replicas/r1", params={"grace": 1})
             # The engine logs the SIGTERM it ignores: the agent has begun stopping it.
-            wait_until(lambda: "SIGTERM received and ignored" in (agent.log_dir / "r1.log").read_text())
+            wait_until(
+                lambda: "SIGTERM received and ignored" in (agent.log_dir / "r1.attempt-1.log").read_text()
+            )
             # While it is being stopped, its id, cards and port are still taken.
             again = http.put("/v1/replicas/r1", json=spec)
             other = http.put("/v1/replicas/r2", json={**spec, "env": {}})
@@ -65,7 +67,7 @@ class TheAgent(WithAnAgent):
         assert state["exit_code"] == -9
         assert "SIGKILL" in state["reason"]
         assert process_gone(pid)
-        assert "SIGTERM received and ignored" in (agent.log_dir / "r1.log").read_text()
+        assert "SIGTERM received and ignored" in (agent.log_dir / "r1.attempt-1.log").read_text()
 
     def test_delete_stops_gracefully_and_a_second_delete_is_harmless(self) -> None:
         agent = self.agent

@@ -18,11 +18,15 @@ class TheParsers(unittest.TestCase):
     def test_nvidia_smis_csv_lines_become_cards_and_processes(self) -> None:
         # As nvidia-smi 550 prints them with --format=csv,noheader,nounits.
         gpus = parse_gpus(
-            "0, GPU-6a1b, 73412, 81559, 97, 64\n1, GPU-7c2d, 0, 81559, 0, 31\n2, GPU-8e3f, [N/A], 81559, [N/A], 40\n"
+            "0, GPU-6a1b, 73412, 81559, 97, 64, 0\n1, GPU-7c2d, 0, 81559, 0, 31, 2\n"
+            "2, GPU-8e3f, [N/A], 81559, [N/A], 40, [N/A]\n"
         )
         self.assertEqual(
-            [(g["index"], g["memory_used_mib"], g["utilization_percent"]) for g in gpus],
-            [(0, 73412, 97), (1, 0, 0), (2, None, None)],
+            [
+                (g["index"], g["memory_used_mib"], g["utilization_percent"], g["ecc_uncorrected"])
+                for g in gpus
+            ],
+            [(0, 73412, 97, 0), (1, 0, 0, 2), (2, None, None, None)],  # card 2: no ECC to count
         )
         apps = parse_apps("GPU-6a1b, 4242, 73400, /usr/bin/python3 -m vllm.entrypoints, openai\n")
         self.assertEqual(apps[0]["pid"], 4242)
@@ -59,6 +63,11 @@ class TheTelemetry(unittest.TestCase):
         self.assertEqual(
             [(p["pid"], p["used_mib"], p["replica"]) for p in cards[2]["processes"]], [(pid, 30000, None)]
         )
+
+    def test_a_cards_uncorrected_ecc_errors_are_reported(self) -> None:
+        (self.gpus / "ecc.json").write_text('{"1": 3}')  # the stand-in's card 1 has had three
+        cards = {c["index"]: c for c in self.telemetry()["cards"]}
+        self.assertEqual([cards[i]["ecc_uncorrected"] for i in range(3)], [0, 3, 0])
 
     def test_the_sample_is_reused_within_the_interval_so_polling_cannot_run_nvidia_smi_hot(self) -> None:
         first = self.telemetry()

@@ -191,6 +191,23 @@ def log_tail(body: Any, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
     }
 
 
+def attempt_list(body: Any, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
+    """``GET /v1/replicas/{id}/attempts``: the start attempts whose logs the agent keeps."""
+    raw = _required(body, "attempts")
+    attempts = [
+        {
+            "attempt": a["attempt"],
+            "started_at": text(a.get("started_at"), 40) or None,
+            "bytes": _int(a.get("bytes")),
+            "current": a.get("current") is True,
+            "cut": a.get("cut") is True,
+        }
+        for a in _items(raw["attempts"])
+        if isinstance(a, dict) and _int(a.get("attempt")) is not None
+    ]
+    return {"id": _name(raw.get("id")), "attempts": attempts}
+
+
 def node_info(body: Any, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
     """``GET /v1/node``: the node, its cards, the agent's version and the policy's digest."""
     raw = _required(body, "cards")
@@ -236,7 +253,13 @@ def telemetry(body: Any, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
                 "index": card["index"],
                 **{
                     key: _int(card.get(key))
-                    for key in ("memory_used_mib", "memory_total_mib", "utilization_percent", "temperature_c")
+                    for key in (
+                        "memory_used_mib",
+                        "memory_total_mib",
+                        "utilization_percent",
+                        "temperature_c",
+                        "ecc_uncorrected",
+                    )
                 },
                 "processes": processes,
             }

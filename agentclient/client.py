@@ -83,14 +83,25 @@ class AgentClient:
             secrets=(new_token,),
         )
 
-    def log(self, replica_id: str, *, lines: int = 200) -> dict[str, Any]:
-        """GET /v1/replicas/{id}/log: the last ``lines`` lines of its engine's log, secrets redacted."""
+    def log(self, replica_id: str, *, lines: int = 200, attempt: int | None = None) -> dict[str, Any]:
+        """GET /v1/replicas/{id}/log: the last ``lines`` lines of its engine's log, secrets redacted;
+        of a kept earlier start attempt's with ``attempt``."""
+        params = {"lines": str(lines), **({"attempt": str(attempt)} if attempt is not None else {})}
         return self._call(
             "GET",
             self._path(replica_id) + "/log",
-            params={"lines": str(lines)},
+            params=params,
             what=f"reading replica {replica_id}'s log",
             shape=answers.log_tail,
+        )
+
+    def attempts(self, replica_id: str) -> dict[str, Any]:
+        """GET /v1/replicas/{id}/attempts: the start attempts whose logs the agent keeps."""
+        return self._call(
+            "GET",
+            self._path(replica_id) + "/attempts",
+            what=f"listing replica {replica_id}'s start attempts",
+            shape=answers.attempt_list,
         )
 
     def telemetry(self) -> dict[str, Any]:

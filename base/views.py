@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils.cache import patch_vary_headers
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from versions.cache import remembered
+from versions.cache import key_of, remembered
 
 RESIZE = "catalog.resize_model"
 RESTART = "catalog.restart_model"
@@ -87,3 +91,45 @@ def kept_filters(
         lambda: render_to_string(f"{template}#filters", {"form": form(query or None)}),
         request=request,
     )
+
+
+# -- parts of a page that poll themselves (docs/design.md, "Pages that stay true") -------------------
+
+SHOWN_HEADER = "X-Llmgw-Shown"  # the stamp of what the polling part shows now
+
+
+def stamp_of(name: str, areas: Iterable[str], parts: Iterable[Any], *, request: HttpRequest) -> str:
+    """A short stamp of a kept part's key (its areas' versions and what else it depends on): the
+    same stamp, the same part. The versions are the request's one read of them."""
+    return hashlib.sha256(key_of(name, areas, parts, request=request).encode()).hexdigest()[:20]
+
+
+def poll_attributes(url: str, stamp: str) -> SafeString:
+    """The attributes that make an element ask ``url`` for itself again every
+    LLMGW_PAGE_POLL_SECONDS and swap in the answer, sending the stamp of what it shows."""
+    return format_html(
+        ' hx-get="{}" hx-trigger="every {}s" hx-swap="outerHTML" hx-headers="{}" data-polling="{}"',
+        url,
+        settings.LLMGW_PAGE_POLL_SECONDS,
+        json.dumps({SHOWN_HEADER: stamp}),
+        settings.LLMGW_PAGE_POLL_SECONDS,
+    )
+
+
+def polled_part(request: HttpRequest) -> str:
+    """The id of the element an htmx request will swap (its ``HX-Target``), or "" for a page."""
+    if not wants_partial(request):
+        return ""
+    return request.headers.get("HX-Target") or ""
+
+
+def still_shown(request: HttpRequest, stamp: str) -> bool:
+    """The polling part already shows this: the view answers ``unchanged()`` (htmx swaps nothing)."""
+    return wants_partial(request) and request.headers.get(SHOWN_HEADER) == stamp
+
+
+def unchanged() -> HttpResponse:
+    """What a poll of a part that has not changed gets: no body, and htmx leaves the page alone."""
+    response = HttpResponse(status=204)
+    patch_vary_headers(response, ("HX-Request",))
+    return response

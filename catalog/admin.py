@@ -488,7 +488,9 @@ class ShardInline(admin.TabularInline):
 
 @admin.register(Card)
 class CardAdmin(ServiceAdmin):
-    list_display = ["__str__", "gpu_class", "node"]
+    list_display = ["__str__", "gpu_class", "node", "cordoned"]
+    # Changed by card_cordon / card_uncordon only (the node page, the API, the commands), audited there.
+    readonly_fields = ["cordoned", "cordon_reason"]
     list_filter = ["gpu_class", "node"]
     search_fields = ["node__name"]
     list_select_related = ["node", "gpu_class"]

@@ -119,6 +119,8 @@ CARD_ROW = (
     "shard__replica__state",
     "shard__replica__profile__model_id",
     "shard__replica__profile__model__name",
+    "cordoned",
+    "cordon_reason",
 )
 HOLDERS_NAMED = 8  # models named per class in the summary; the rest are counted together
 
@@ -187,9 +189,10 @@ def nodes_matching(filters: dict[str, Any] | None = None) -> QuerySet[Node]:
         qs = qs.filter(pk__in=Card.objects.filter(shard__replica__profile__model__name=model).values("node"))
     if f.get("free") is not None:
         # Counted only when asked: the count joins every card, and the page reads its own anyway.
-        qs = qs.annotate(free_count=Count("cards", filter=Q(cards__shard__isnull=True))).filter(
-            free_count__gte=f["free"]
-        )
+        # A card cordoned on its own is not free (a foreign process's card is the telemetry's to say,
+        # which the catalog does not read: the grid counts it held, this filter does not know it).
+        free = Q(cards__shard__isnull=True, cards__cordoned=False)
+        qs = qs.annotate(free_count=Count("cards", filter=free)).filter(free_count__gte=f["free"])
     return qs.order_by("name")
 
 

@@ -470,6 +470,12 @@ LLMGW_TELEMETRY_NODES_PER_THREAD = env_int("LLMGW_TELEMETRY_NODES_PER_THREAD", 3
 LLMGW_TELEMETRY_MAX_PARALLEL = env_int("LLMGW_TELEMETRY_MAX_PARALLEL", 32, minimum=1)
 LLMGW_TELEMETRY_BATCH = env_int("LLMGW_TELEMETRY_BATCH", 200, minimum=1)
 LLMGW_TELEMETRY_HISTORY_SAMPLES = env_int("LLMGW_TELEMETRY_HISTORY_SAMPLES", 240, minimum=1)
+# How often the pages that show what can change (the nodes grid, a node's page, the operations
+# list) ask for their polled part again (base/views.py, polled); an unchanged part answers 204.
+LLMGW_PAGE_POLL_SECONDS = env_int("LLMGW_PAGE_POLL_SECONDS", 5, minimum=1)
+# How long a replica's page waits for its node's agent to answer for the engine's log before it says
+# the agent is not answering (a page must not hang on a silent agent).
+LLMGW_LOG_TIMEOUT_SECONDS = env_float("LLMGW_LOG_TIMEOUT_SECONDS", 3.0, minimum=0.1)
 # /metrics (web/views/metrics.py): off unless a token is set; Prometheus sends it as its bearer token.
 LLMGW_METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN") or ""
 if LLMGW_METRICS_TOKEN and len(LLMGW_METRICS_TOKEN) < 32:

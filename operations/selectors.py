@@ -55,20 +55,21 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
     ] = []  # the model's live replicas' cards: node, class, index, replica
     # A card a process the catalog does not know holds memory on is not free, whatever the catalog says.
     foreign = foreign_held_card_ids()
-    for card_id, node, cls, index, holder in Card.objects.values_list(
-        "id", "node_id", "gpu_class_id", "index", "shard__replica_id"
+    # A card cordoned on its own (card_cordon) takes no replacement: neither free nor room in place.
+    for card_id, node, cls, index, holder, cordoned in Card.objects.values_list(
+        "id", "node_id", "gpu_class_id", "index", "shard__replica_id", "cordoned"
     ).order_by("index"):
         count = counts.setdefault((node, cls), [0, 0, 0])
         count[0] += 1
         if holder is None and card_id not in foreign:
-            count[1] += 1
+            count[1] += not cordoned
         elif holder in model_live:
-            count[2] += model_live[holder][1]
+            count[2] += model_live[holder][1] and not cordoned
             held.append((nodes[node][0], classes[cls], index, holder))
         if cls == restarted_class:
             indices, free = by_node.setdefault(node, ([], []))
             indices.append(index)
-            if holder is None and card_id not in foreign:
+            if holder is None and card_id not in foreign and not cordoned:
                 free.append(index)
     rooms = sorted(
         (

@@ -30,11 +30,13 @@ from base.views import (
     RESIZE,
     RESTART,
     VIEW_OPERATION,
+    poll_attributes,
     redirect_or_location,
     render_page,
     wants_partial,
 )
 from catalog.models import Node, Profile, Replica, ServedModel
+from catalog.services import cards as card_services
 from operations.models import RestartOperation, RestartStep
 from operations.selectors import operations_with_steps
 from operations.services import drain
@@ -140,7 +142,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     page_number = request.GET.get("page")
     # Kept under the catalog's and the operations' versions (versions/cache.py), unless it shows an
     # active restart; nothing in it is the reader's.
-    rows, _ = remembered(
+    rows, active = remembered(
         "operation-rows",
         ["catalog", "operations"],
         [model, page_number],
@@ -148,10 +150,14 @@ def operation_list(request: HttpRequest) -> HttpResponse:
         request=request,
         keep=lambda answer: not answer[1],
     )
+    # While a restart on it is active the table polls itself (LLMGW_PAGE_POLL_SECONDS); the answer
+    # that shows none active comes without the trigger, which stops it.
+    poll = poll_attributes(request.get_full_path(), "active") if active else ""
     return render_page(
         request,
         "operations/operation_list.html",
-        {"section": "operations", "model_name": model, "rows": mark_safe(rows)},  # noqa: S308 - a template's
+        {"section": "operations", "model_name": model, "rows": mark_safe(rows), "poll": poll},  # noqa: S308 - a template's
+        partial="polled",
     )
 
 
@@ -305,6 +311,36 @@ def replica_move_preview(request: HttpRequest, name: str) -> HttpResponse:
             "back_label": f"Back to {replica.name}",
             "what": "Its replacement starts on the node shown and is ready there before it stops.",
         },
+    )
+
+
+@requires(RESTART)
+@require_POST
+def card_cordon(request: HttpRequest, name: str) -> HttpResponse:
+    """The node page's form: one card, by its index, and why."""
+    raw = request.POST.get("index", "")
+    if not raw.isdigit():
+        messages.error(request, "Choose the card to cordon by its number on this node.")
+        return redirect_or_location(request, reverse("node-detail", args=[name]))
+    index = int(raw)
+    return _node_change(
+        request,
+        name,
+        lambda node_name: card_services.card_cordon(
+            node_name=node_name, index=index, reason=request.POST.get("reason", "")
+        ),
+        lambda c: f"Card {c.index} of {c.node.name} is cordoned: no new replica is placed on it.",
+    )
+
+
+@requires(RESTART)
+@require_POST
+def card_uncordon(request: HttpRequest, name: str, index: int) -> HttpResponse:
+    return _node_change(
+        request,
+        name,
+        lambda node_name: card_services.card_uncordon(node_name=node_name, index=index),
+        lambda c: f"Card {c.index} of {c.node.name} takes placements again.",
     )
 
 

@@ -4,12 +4,14 @@ card's latest reading for a page (one query for any number of cards)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from django.conf import settings
+from django.db.models import Count, Q
 from django.utils import timezone
 
+from catalog.models import Card, Node
 from telemetry.models import CardReading, NodeReading
 
 
@@ -34,6 +36,26 @@ class CardUse(NamedTuple):
     utilization: int | None
     temperature: int | None
     foreign_mib: int
+    at: datetime | None = None  # when it was read
+    foreign: tuple[
+        tuple[str, int | None], ...
+    ] = ()  # each foreign process: its name and PID, as nvidia-smi gave them
+    fresh: bool = True  # younger than LLMGW_TELEMETRY_STALE_SECONDS: placement heeds its foreign memory
+
+    @property
+    def foreign_held(self) -> bool:
+        """A process the catalog does not know holds memory on it, as a reading placement heeds says."""
+        return self.fresh and self.foreign_mib > 0
+
+
+def _foreign(processes: object) -> tuple[tuple[str, int | None], ...]:
+    if not isinstance(processes, list):
+        return ()
+    return tuple(
+        (str(p.get("name") or "a process"), p.get("pid") if isinstance(p.get("pid"), int) else None)
+        for p in processes
+        if isinstance(p, dict) and p.get("foreign")
+    )
 
 
 def card_use_of_nodes(node_ids: list[int]) -> dict[tuple[int, int], CardUse]:
@@ -46,11 +68,38 @@ def card_use_of_nodes(node_ids: list[int]) -> dict[tuple[int, int], CardUse]:
         "utilization_percent",
         "temperature_c",
         "foreign_mib",
+        "at",
+        "processes",
     )
+    stale = timezone.now() - timedelta(seconds=settings.LLMGW_TELEMETRY_STALE_SECONDS)
     return {
-        (node, index): CardUse(used, total, util, temp, foreign or 0)
-        for node, index, used, total, util, temp, foreign in rows
+        (node, index): CardUse(
+            used, total, util, temp, foreign or 0, at, _foreign(processes) if foreign else (), at >= stale
+        )
+        for node, index, used, total, util, temp, foreign, at, processes in rows
     }
+
+
+def foreign_held_free_by_class(card_ids: set[int]) -> dict[str, int]:
+    """Of these cards (held by foreign processes), those no replica holds, counted by GPU class:
+    the fleet's summary counts them held, not free. One query, none when there are none."""
+    if not card_ids:
+        return {}
+    rows = (
+        Card.objects.filter(pk__in=card_ids, shard__isnull=True)
+        .values_list("gpu_class__name")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return dict(rows)
+
+
+def unreachable_node_ids() -> set[int]:
+    """Nodes whose agent is not answering: the reconciler marked it unreachable, or the last
+    telemetry request to it failed (whichever noticed first). One query."""
+    return set(
+        Node.objects.filter(Q(reachable=False) | Q(reading__error__gt="")).values_list("pk", flat=True)
+    )
 
 
 def last_seen_of_nodes(node_ids: list[int]) -> dict[int, NodeReading]:

@@ -38,7 +38,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agentclient.client import AgentCallFailed, AgentClient
+from base.errors import DomainError
 from catalog.models import Card, Node, Shard, live_replicas_q
+from catalog.services.cards import card_cordon
 from telemetry.models import CardReading, CardSample, NodeReading
 
 log = logging.getLogger("telemetry")
@@ -61,16 +63,26 @@ def _int(value: Any) -> int | None:
 
 
 def _readings_of(
-    body: dict[str, Any], cards: dict[int, int], known: dict[int, set[str]], now: datetime
+    body: dict[str, Any],
+    cards: dict[int, tuple[int, bool]],
+    known: dict[int, set[str]],
+    now: datetime,
+    failing: dict[int, int],
 ) -> list[CardReading]:
-    """The cards' readings in one agent's answer; ``cards``: the node's card ids by index,
-    ``known``: the live replicas' names by card id."""
+    """The cards' readings in one agent's answer; ``cards``: the node's card ids (and whether each
+    is cordoned) by index, ``known``: the live replicas' names by card id. ``failing`` gains the
+    index of each card not yet cordoned whose agent reports uncorrected ECC errors, with their
+    count."""
     readings = []
     for raw in body.get("cards") or []:
         at = raw.get("index") if isinstance(raw, dict) else None
-        card_id = cards.get(at) if isinstance(at, int) else None
-        if card_id is None:
+        found = cards.get(at) if isinstance(at, int) else None
+        if found is None:
             continue  # a card the catalog does not list: nothing to attach it to
+        card_id, cordoned = found
+        ecc = _int(raw.get("ecc_uncorrected"))
+        if ecc and not cordoned and isinstance(at, int):
+            failing[at] = ecc
         processes = []
         for p in raw.get("processes") or []:
             if not isinstance(p, dict):
@@ -113,18 +125,23 @@ def readings_write(
     now = at or timezone.now()
     answered = [(node, body) for node, body in outcomes if isinstance(body, dict)]
     ids = [node.pk for node, _ in answered]
-    cards: dict[int, dict[int, int]] = {}
+    cards: dict[int, dict[int, tuple[int, bool]]] = {}
     known: dict[int, set[str]] = {}
     if ids:
-        for card_id, node_id, index in Card.objects.filter(node_id__in=ids).values_list(
-            "id", "node_id", "index"
+        for card_id, node_id, index, cordoned in Card.objects.filter(node_id__in=ids).values_list(
+            "id", "node_id", "index", "cordoned"
         ):
-            cards.setdefault(node_id, {})[index] = card_id
+            cards.setdefault(node_id, {})[index] = (card_id, cordoned)
         for card_id, name in Shard.objects.filter(
             live_replicas_q("replica__"), card__node_id__in=ids
         ).values_list("card_id", "replica__name"):
             known.setdefault(card_id, set()).add(name)
-    readings = [r for node, body in answered for r in _readings_of(body, cards.get(node.pk, {}), known, now)]
+    failing: dict[int, dict[int, int]] = {}  # node id: {card index: uncorrected ECC errors}
+    readings = [
+        r
+        for node, body in answered
+        for r in _readings_of(body, cards.get(node.pk, {}), known, now, failing.setdefault(node.pk, {}))
+    ]
     with transaction.atomic():
         if readings:
             CardReading.objects.bulk_create(
@@ -166,6 +183,10 @@ def readings_write(
             NodeReading.objects.bulk_create(
                 silent, update_conflicts=True, unique_fields=["node"], update_fields=["asked_at", "error"]
             )
+    # Cordons after the readings' commit, each its own audited write (rare: a card's first report).
+    for node, _ in answered:
+        for index, errors in sorted(failing.get(node.pk, {}).items()):
+            _cordon_failing(node, index, errors)
     return readings
 
 
@@ -226,6 +247,22 @@ def _ask(node: Node) -> Outcome:
     except AgentCallFailed as exc:
         return exc.message
     return body if isinstance(body, dict) else {}
+
+
+def _cordon_failing(node: Node, index: int, errors: int) -> None:
+    """A card whose agent reports uncorrected ECC errors takes no new replica: cordoned (audited, as
+    whoever samples: the worker or the command), what runs on it left running."""
+    try:
+        card_cordon(
+            node_name=node.name,
+            index=index,
+            reason=f"{errors} uncorrected ECC error{'s' if errors != 1 else ''} since its driver loaded "
+            "(nvidia-smi), seen by the telemetry",
+        )
+    except DomainError as err:  # cordoned meanwhile by another sampler or an operator
+        log.info("card %s of %s not cordoned by the telemetry: %s", index, node.name, err.message)
+    else:
+        log.warning("card %s of %s cordoned: %s uncorrected ECC errors", index, node.name, errors)
 
 
 def node_sample(node: Node) -> bool:

@@ -25,6 +25,7 @@ urlpatterns = [
     ),
     path("replicas/<str:name>/", replicas.replica_detail, name="replica-detail"),
     path("replicas/<str:name>/log/", replicas.replica_log, name="replica-log"),
+    path("replicas/<str:name>/log.txt", replicas.replica_log_download, name="replica-log-download"),
     path("nodes/", nodes.node_list, name="node-list"),
     path("nodes/<str:name>/", nodes.node_detail, name="node-detail"),
 ]

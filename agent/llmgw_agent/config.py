@@ -34,6 +34,8 @@ ENV_OVERRIDES = {
     "stop_drain_seconds": "LLMGW_AGENT_STOP_DRAIN_SECONDS",
     "ready_poll_seconds": "LLMGW_AGENT_READY_POLL_SECONDS",
     "stop_children_on_exit": "LLMGW_AGENT_STOP_CHILDREN_ON_EXIT",
+    "log_attempts": "LLMGW_AGENT_LOG_ATTEMPTS",
+    "log_attempt_bytes": "LLMGW_AGENT_LOG_ATTEMPT_BYTES",
 }
 TOP_LEVEL_KEYS = set(ENV_OVERRIDES) | {"cards", "engines"}
 CARD_KEYS = {"index", "name", "memory_mib"}
@@ -79,6 +81,10 @@ class AgentConfig:
     # How long a stop waits for a ready engine's requests in flight before SIGTERM (a DELETE's
     # ?drain= asks for another); supervisor.py, _drain.
     stop_drain_seconds: float = 30.0
+    # Each start attempt's log kept (attempts.py): the first and the latest, this many in all, each
+    # cut to its last log_attempt_bytes once it has ended.
+    log_attempts: int = 5
+    log_attempt_bytes: int = 1024 * 1024
 
 
 def load_config(path: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None) -> AgentConfig:
@@ -138,6 +144,8 @@ def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentCo
     stop_drain = _number(values, "stop_drain_seconds", default=30.0, low=0.0, high=3600.0)
     ready_poll = _number(values, "ready_poll_seconds", default=0.5, low=0.05, high=60.0)
     stop_children = _boolean(values, "stop_children_on_exit", default=False)
+    log_attempts = _whole(values, "log_attempts", default=5, low=1, high=100)
+    log_attempt_bytes = _whole(values, "log_attempt_bytes", default=1024 * 1024, low=4096, high=2**30)
 
     return AgentConfig(
         node=node,
@@ -158,6 +166,8 @@ def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentCo
         cards=_cards(data.get("cards", [])),
         engines=_engines(data.get("engines", {})),
         warnings=tuple(warnings),
+        log_attempts=int(log_attempts),
+        log_attempt_bytes=int(log_attempt_bytes),
     )
 
 
@@ -200,6 +210,18 @@ def _roots(values: dict[str, tuple[Any, str]]) -> tuple[str, ...]:
         if not root.startswith("/"):
             raise ConfigError(f"{label}: {root!r} is not an absolute directory")
     return roots
+
+
+def _whole(values: dict[str, tuple[Any, str]], key: str, *, default: int, low: int, high: int) -> int:
+    """A whole number from ``low`` to ``high`` (a count, a size in bytes)."""
+    if key not in values:
+        return default
+    value, label = values[key]
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{label}: must be a whole number from {low} to {high}, got {value!r}")
+    return value
 
 
 def _number(

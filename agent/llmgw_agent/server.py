@@ -208,7 +208,11 @@ class AgentHandler(BaseHTTPRequestHandler):
         if path.startswith(REPLICAS_PREFIX) and path.endswith("/log") and path.count("/") == 4:
             replica_id = unquote(path[len(REPLICAS_PREFIX) : -len("/log")])
             self._allow(method, "GET")
-            return 200, supervisor.log(replica_id, _lines(query))
+            return 200, supervisor.log(replica_id, _lines(query), _attempt(query))
+        if path.startswith(REPLICAS_PREFIX) and path.endswith("/attempts") and path.count("/") == 4:
+            replica_id = unquote(path[len(REPLICAS_PREFIX) : -len("/attempts")])
+            self._allow(method, "GET")
+            return 200, supervisor.attempts(replica_id)
         if path.startswith(REPLICAS_PREFIX) and "/" not in path[len(REPLICAS_PREFIX) :]:
             replica_id = unquote(path[len(REPLICAS_PREFIX) :])
             self._allow(method, "GET", "PUT", "DELETE")
@@ -323,6 +327,16 @@ def _drain(query: dict[str, list[str]]) -> float | None:
             400, "invalid_drain", f"drain must be a number of seconds from 0 to 3600, got {raw[:40]!r}."
         )
     return drain
+
+
+def _attempt(query: dict[str, list[str]]) -> int | None:
+    """``?attempt=N``: a kept start attempt's log instead of the current run's."""
+    if "attempt" not in query:
+        return None
+    raw = query["attempt"][-1]
+    if not raw.isdigit() or not 1 <= int(raw) <= 10**9:
+        raise AgentError(400, "invalid_attempt", f"attempt must be a whole number from 1, got {raw[:40]!r}.")
+    return int(raw)
 
 
 def _grace(query: dict[str, list[str]]) -> float | None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from llmgw_policy import Policy, check_spec, default_policy
 
+from . import attempts
 from .config import AgentConfig, CardConfig
 from .probe import in_flight, probe
 from .process import (
@@ -101,15 +102,41 @@ class Supervisor:
             for c in self.cards
         ]
 
-    def log(self, replica_id: str, lines: int) -> dict[str, Any]:
+    def attempts(self, replica_id: str) -> dict[str, Any]:
+        """The start attempts whose logs are kept (attempts.py), oldest first."""
+        with self._lock:
+            record = self._find(replica_id)
+        return {
+            "id": replica_id,
+            "attempts": attempts.describe(self.config.log_dir, replica_id, record.log_path),
+        }
+
+    def log(self, replica_id: str, lines: int, attempt: int | None = None) -> dict[str, Any]:
         """The last ``lines`` lines (at most ``LOG_MAX_LINES``, read from the last 64 KiB) this run of
         the replica wrote to its log, with the spec's secrets replaced by ``***``. Read from the file
         at most every ``LOG_MIN_INTERVAL`` seconds per replica, however often it is asked (a page
-        polls while the replica starts): the last answer is given meanwhile."""
+        polls while the replica starts): the last answer is given meanwhile. ``attempt``: a kept
+        earlier attempt's log instead (``attempts``), redacted with the current spec's secrets."""
         lines = max(1, min(lines, LOG_MAX_LINES))
         with self._lock:
             record = self._find(replica_id)
             state = record.state
+        if attempt is not None:
+            kept = dict(attempts.attempts_of(self.config.log_dir, replica_id))
+            if attempt not in kept:
+                raise AgentError(
+                    404,
+                    "not_found",
+                    f"No log of attempt {attempt} of replica {replica_id[:140]!r} is kept; the kept ones are "
+                    f"{', '.join(str(n) for n in kept) or 'none'}.",
+                )
+            if kept[attempt] != record.log_path:
+                return {
+                    "id": replica_id,
+                    "state": state,
+                    "attempt": attempt,
+                    "lines": record.redact_lines(attempts.tail_of(kept[attempt], lines)),
+                }
         now = time.monotonic()
         cached = self._log_cache.get(replica_id)
         if cached is not None and now - cached[0] < LOG_MIN_INTERVAL and cached[1] >= lines:
@@ -267,7 +294,12 @@ class Supervisor:
         env["LLMGW_REPLICA_PORT"] = str(spec.port)
         env["LLMGW_SERVED_MODEL"] = spec.model
 
-        log_path = self.config.log_dir / f"{replica_id}.log"
+        log_path = attempts.start_attempt(
+            self.config.log_dir,
+            replica_id,
+            keep=self.config.log_attempts,
+            max_bytes=self.config.log_attempt_bytes,
+        )
         started_at = now_iso()
         with log_path.open("ab") as log_file:
             offset = log_file.tell()

@@ -24,7 +24,18 @@ from typing import Any
 
 from .config import CardConfig
 
-GPU_FIELDS = ("index", "uuid", "memory.used", "memory.total", "utilization.gpu", "temperature.gpu")
+# ecc.errors.uncorrected.volatile.total: uncorrected ECC errors since the driver last loaded ("[N/A]"
+# on a card without ECC, or with it off). Xid errors have no query field: they are in the kernel's log
+# (NVRM: Xid lines, read by root) and DCGM, neither of which this unprivileged, stdlib-only agent reads.
+GPU_FIELDS = (
+    "index",
+    "uuid",
+    "memory.used",
+    "memory.total",
+    "utilization.gpu",
+    "temperature.gpu",
+    "ecc.errors.uncorrected.volatile.total",
+)
 APP_FIELDS = ("gpu_uuid", "pid", "used_memory", "process_name")
 MIN_INTERVAL = 2.0  # seconds between two runs of nvidia-smi
 TIMEOUT = 5.0
@@ -52,6 +63,7 @@ def parse_gpus(text: str) -> list[dict[str, Any]]:
                 "memory_total_mib": _number(values["memory.total"]),
                 "utilization_percent": _number(values["utilization.gpu"]),
                 "temperature_c": _number(values["temperature.gpu"]),
+                "ecc_uncorrected": _number(values["ecc.errors.uncorrected.volatile.total"]),
             }
         )
     return cards
@@ -133,6 +145,7 @@ class Telemetry:
                         "memory_total_mib": c.memory_mib,
                         "utilization_percent": None,
                         "temperature_c": None,
+                        "ecc_uncorrected": None,
                         "processes": [],
                     }
                     for c in self.cards

@@ -119,6 +119,18 @@ class Card(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="cards")
     index = models.PositiveSmallIntegerField()
     gpu_class = models.ForeignKey(GPUClass, on_delete=models.PROTECT, related_name="cards")
+    # A card taken out of placement on its own (a bad card: Xid or ECC errors), by card_cordon and
+    # card_uncordon only (operations/services/drain.py), or by the telemetry when its agent reports
+    # such errors; what runs on it keeps running.
+    cordoned = models.BooleanField(
+        default=False, help_text="No new replica is placed on it (card_cordon / card_uncordon)."
+    )
+    cordon_reason = models.CharField(
+        max_length=300,
+        blank=True,
+        default="",
+        help_text="Why it was cordoned, as the operator or telemetry said.",
+    )
 
     class Meta:
         ordering = ["node__name", "index"]

@@ -21,6 +21,14 @@ urlpatterns = [
     path("nodes/<str:name>/cordon/", views.NodeCordonView.as_view(), name="api-node-cordon"),
     path("nodes/<str:name>/uncordon/", views.NodeUncordonView.as_view(), name="api-node-uncordon"),
     path("nodes/<str:name>/drain/", views.NodeDrainView.as_view(), name="api-node-drain"),
+    path(
+        "nodes/<str:name>/cards/<int:index>/cordon/", views.CardCordonView.as_view(), name="api-card-cordon"
+    ),
+    path(
+        "nodes/<str:name>/cards/<int:index>/uncordon/",
+        views.CardUncordonView.as_view(),
+        name="api-card-uncordon",
+    ),
     path("replicas/<str:name>/move/", views.ReplicaMoveView.as_view(), name="api-replica-move"),
     path("", include(router.urls)),
 ]

@@ -18,6 +18,7 @@ from base.api.inputs import StrictInput, StrictIntegerField, StrictNumberField
 from base.rules import Rule
 from catalog.api.serializers import ErrorSerializer
 from catalog.models import Node, Profile, Replica, ServedModel
+from catalog.services import cards as card_services
 from operations.models import RestartOperation, RestartStep
 from operations.selectors import operations_with_steps
 from operations.services import drain
@@ -364,6 +365,68 @@ _not_json = {
         ErrorSerializer, description="unsupported_media_type: the body is not JSON (application/json)"
     )
 }
+
+
+class CardCordonInput(StrictInput):
+    reason = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=card_services.CORDON_REASON_MAX,
+        help_text="Why (e.g. 'Xid 79', 'ECC errors'), shown beside the card and in the audit log.",
+    )
+
+
+class CardStateSerializer(serializers.Serializer):
+    node = serializers.CharField(help_text="The node's name.")
+    index = serializers.IntegerField(help_text="The card's index on its node.")
+    cordoned = serializers.BooleanField(help_text="Whether new replicas are kept off it.")
+    cordon_reason = serializers.CharField(help_text="Why it is cordoned; empty when it is not.")
+
+
+_card_refusals = {
+    403: OpenApiResponse(ErrorSerializer, description="Not signed in, or without the restart permission"),
+    404: OpenApiResponse(ErrorSerializer, description="not_found: no such node, or no such card on it"),
+    409: OpenApiResponse(ErrorSerializer, description="card_cordoned, card_not_cordoned"),
+}
+
+
+def _card_answer(card: Any) -> Response:
+    return Response(
+        {
+            "node": card.node.name,
+            "index": card.index,
+            "cordoned": card.cordoned,
+            "cordon_reason": card.cordon_reason,
+        }
+    )
+
+
+class CardCordonView(APIView):
+    required_permission: Rule = "catalog.restart_model"
+    parser_classes = [JSONParser]  # as the drain's
+
+    @extend_schema(
+        request=CardCordonInput,
+        responses={200: CardStateSerializer, 400: _refusals[400], **_card_refusals, **_not_json},
+        summary="Cordon one card: no new replica is placed on it; what runs on it keeps running",
+    )
+    def post(self, request: Request, name: str, index: int) -> Response:
+        given = CardCordonInput(data=request.data)
+        given.is_valid(raise_exception=True)
+        return _card_answer(card_services.card_cordon(node_name=name, index=index, **given.validated_data))
+
+
+class CardUncordonView(APIView):
+    required_permission: Rule = "catalog.restart_model"
+
+    @extend_schema(
+        request=None,
+        responses={200: CardStateSerializer, **_card_refusals},
+        summary="Uncordon one card: it takes placements again",
+    )
+    def post(self, request: Request, name: str, index: int) -> Response:
+        return _card_answer(card_services.card_uncordon(node_name=name, index=index))
 
 
 class NodeDrainView(APIView):

@@ -65,7 +65,7 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
     whose agent answers (not cordoned, not down, not unreachable) that comes
     first by ``planning.placement.best_fit_key``, the order the restart's plan
     uses: one holding none of the model's other live replicas, then the fewest
-    free cards that still fit, then the name."""
+    free cards that still fit, then the name. A card cordoned on its own is passed over."""
     need = profile.cards
     siblings = set(
         Shard.objects.filter(live_replicas_q("replica__"), replica__profile__model_id=profile.model_id)
@@ -79,6 +79,7 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
             node__state=Node.State.READY,
             node__reachable=True,
             shard__isnull=True,
+            cordoned=False,  # a card cordoned on its own (card_cordon)
         )
         .exclude(pk__in=foreign_held_card_ids())  # held by a process the catalog does not know
         .select_related("node")
@@ -120,10 +121,11 @@ def replica_name(model: ServedModel, step: RestartStep | None = None) -> str:
 
 def in_place_cards(profile: Profile, old: Replica, node: Node) -> list[int] | str:
     """The cards of ``old``'s node the replacement will use once ``old`` is
-    stopped: its own cards first, then free ones (none a foreign process holds); a sentence when too few."""
+    stopped: its own cards first, then free ones (none a foreign process holds, none cordoned); a
+    sentence when too few."""
     need = profile.cards
     usable = (
-        Card.objects.filter(node=node, gpu_class_id=profile.gpu_class_id)
+        Card.objects.filter(node=node, gpu_class_id=profile.gpu_class_id, cordoned=False)
         .exclude(pk__in=foreign_held_card_ids())
         .order_by("index")
     )

@@ -45,11 +45,11 @@ Op = RestartOperation
 
 
 def launches(fleet: Fleet, name: str) -> int:
-    """How many times the agents started a process for replica ``name`` (their log's header lines)."""
+    """How many times the agents started a process for replica ``name`` (their logs' header lines:
+    one file per start attempt)."""
     count = 0
     for agent in fleet.agents.values():
-        log = agent.log_dir / f"{name}.log"
-        if log.exists():
+        for log in agent.log_dir.glob(f"{name}.attempt-*.log"):
             count += log.read_text(errors="replace").count(f"llmgw-agent: starting replica {name} ")
     return count
 

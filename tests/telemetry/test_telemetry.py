@@ -50,7 +50,11 @@ def test_a_foreign_process_is_shown_as_such_and_its_card_is_not_chosen_for_a_rep
             client = Client()
             client.force_login(viewer)
             page = client.get("/nodes/").content.decode()
-            assert page.count('class="card free foreign"') == 1  # card 1: free in the catalog, held
+            # Card 1: free in the catalog, held by the foreign process: said so, with its name and PID,
+            # and not counted free (3 cards, llama-1 on one, the foreign process on another).
+            assert page.count('class="card foreign-held foreign"') == 1
+            assert f"held by python3 foreign.py (PID {pid})" in page
+            assert "1 free, 1 held by foreign processes" in page
             assert "foreign process: 29.3 GiB" in page
             assert "used 71.7 of 79.6 GiB · planned " in page  # card 0: the agent's figure, the plan's
             assert "agent seen " in page

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from django.core.paginator import Paginator
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
@@ -33,7 +34,12 @@ from base.views import (
     fragment,
     kept_filters,
     normalized,
+    poll_attributes,
+    polled_part,
     render_page,
+    stamp_of,
+    still_shown,
+    unchanged,
     wants_partial,
 )
 from catalog.models import Card, Node, Replica
@@ -42,7 +48,14 @@ from catalog.services.fit import profile_memory
 from operations import views as operation_views
 from operations.selectors import operations_with_steps
 from telemetry.models import NodeReading
-from telemetry.selectors import CardUse, card_use_of_nodes, last_seen_of_nodes
+from telemetry.selectors import (
+    CardUse,
+    card_use_of_nodes,
+    foreign_held_card_ids,
+    foreign_held_free_by_class,
+    last_seen_of_nodes,
+    unreachable_node_ids,
+)
 from versions.cache import remembered
 from web.display import hue
 from web.forms import NodeFilterForm
@@ -62,10 +75,13 @@ class Tile(NamedTuple):
     state: str | None
     model_id: int | None
     model: str | None
+    cordoned: bool = False  # cordoned on its own (card_cordon): no new placement on it
+    cordon_reason: str = ""
 
     @property
     def free(self) -> bool:
-        return self.replica is None
+        """No replica holds it and it takes placements (not cordoned)."""
+        return self.replica is None and not self.cordoned
 
 
 @dataclass
@@ -75,10 +91,12 @@ class NodeGrid:
     html: SafeString = mark_safe("")  # noqa: S308 - empty
     row: SafeString = mark_safe("")  # noqa: S308 - empty
     seen: NodeReading | None = None  # when its agent last answered a telemetry request
+    unreachable: bool = False  # its agent is not answering (the reconciler's or the sampler's word)
+    foreign_held: int = 0  # free cards a process the catalog does not know holds: not free
 
     @property
     def free(self) -> int:
-        return sum(t.free for t in self.tiles)
+        return sum(t.free for t in self.tiles) - self.foreign_held
 
     @property
     def classes(self) -> str:
@@ -108,9 +126,14 @@ def _gib(mib: int) -> str:
     return f"{mib / 1024:.1f}"
 
 
-def use_html(use: CardUse | None, planned: int | None) -> str:
+def _age(use: CardUse) -> str:
+    return f"read {timesince(use.at)} ago" if use.at is not None else "never read"
+
+
+def use_html(use: CardUse | None, planned: int | None, *, old: bool = False) -> str:
     """A card's memory in use (from its agent) against what the plan holds on it, as a bar and a
-    line: "used 72.0 of 79.6 GiB · planned 14.9 · 85% · 61 °C"; foreign memory said as such."""
+    line: "used 72.0 of 79.6 GiB · planned 14.9 · 85% · 61 °C"; foreign memory said as such.
+    ``old``: its agent is not answering, so the reading is greyed and says its age."""
     if use is None or use.used_mib is None or not use.total_mib:
         if planned is None:
             return ""
@@ -128,15 +151,24 @@ def use_html(use: CardUse | None, planned: int | None) -> str:
         words.append(f"{use.utilization}%")
     if use.temperature is not None:
         words.append(f"{use.temperature} °C")
+    if old:
+        words.append(_age(use))
     foreign = (
         f'<span class="foreign-note">foreign process: {_gib(use.foreign_mib)} GiB</span>'
         if use.foreign_mib
         else ""
     )
+    stale = " stale" if old else ""
     return (
-        f'<span class="usebar" aria-hidden="true">{"".join(marks)}</span>'
-        f'<span class="use">{" · ".join(words)}</span>{foreign}'
+        f'<span class="usebar{stale}" aria-hidden="true">{"".join(marks)}</span>'
+        f'<span class="use{stale}">{" · ".join(words)}</span>{foreign}'
     )
+
+
+def foreign_said(use: CardUse) -> str:
+    """Who holds a card the catalog thinks free: each process's name and PID, as nvidia-smi gave them."""
+    said = [f"{name} (PID {pid})" if pid is not None else name for name, pid in use.foreign]
+    return ", ".join(said) or "a process the catalog does not know"
 
 
 def tiles_html(
@@ -146,9 +178,12 @@ def tiles_html(
     compact: bool = False,
     use: dict[tuple[int, int], CardUse] | None = None,
     planned: dict[str, int] | None = None,
+    old: bool = False,
 ) -> SafeString:
     """One node's cards as HTML: a tile each (index, model, replica and its state, memory used
-    against planned), or a mark each. A card a foreign process holds memory on is marked."""
+    against planned), or a mark each. A card a foreign process holds memory on is marked; one no
+    replica holds is said held by it, with its name and PID (placement takes it no more than a
+    replica's). ``old``: the node's agent is not answering, its readings are shown greyed."""
     if not tiles:
         return mark_safe('<li class="muted">No cards.</li>')  # noqa: S308 - constant
     use = use or {}
@@ -157,6 +192,28 @@ def tiles_html(
     for t in tiles:
         u = use.get((t.node_id, t.card))
         foreign = " foreign" if u is not None and u.foreign_mib else ""
+        flag = (
+            f'<span class="card-flag">cordoned{": " + escape(t.cordon_reason) if t.cordon_reason else ""}</span>'
+            if t.cordoned
+            else ""
+        )
+        cordoned = " cordoned-card" if t.cordoned else ""
+        if t.cordoned and t.replica is None and not compact:
+            out.append(
+                f'<li class="card cordoned-card{foreign}"><span class="idx">card {t.card}</span>'
+                f'<span class="holder">not placed on</span>{flag}{use_html(u, None, old=old)}</li>'
+            )
+            continue
+        if t.free and u is not None and u.foreign_held:
+            who = escape(foreign_said(u))
+            if compact:
+                out.append(f'<i class="foreign-held foreign" title="card {t.card}: held by {who}"></i>')
+            else:
+                out.append(
+                    f'<li class="card foreign-held foreign"><span class="idx">card {t.card}</span>'
+                    f'<span class="holder">held by {who}</span>{use_html(u, None, old=old)}</li>'
+                )
+            continue
         if compact:
             if t.free:
                 out.append(
@@ -164,21 +221,23 @@ def tiles_html(
                 )
             else:
                 out.append(
-                    f'<i class="{hue(t.model_id)}{foreign}" title="card {t.card}: {escape(t.model)}"></i>'
+                    f'<i class="{hue(t.model_id)}{foreign}{cordoned}" title="card {t.card}: {escape(t.model)}"></i>'
+                    if t.replica is not None
+                    else f'<i class="free cordoned-card" title="card {t.card}: cordoned"></i>'
                 )
         elif t.free:
             out.append(
                 f'<li class="card free{foreign}"><span class="idx">card {t.card}</span><span class="holder">free</span>'
-                f"{use_html(u, None)}</li>"
+                f"{use_html(u, None, old=old)}</li>"
             )
         else:
             rep, state = escape(t.replica), escape(t.state)
             busy = "" if t.state == "ready" else f" · {state}"
             out.append(
-                f'<li class="card held {hue(t.model_id)}{foreign}"><span class="idx">card {t.card}</span>'
+                f'<li class="card held {hue(t.model_id)}{foreign}{cordoned}"><span class="idx">card {t.card}</span>'
                 f'<a class="holder" href="{links(t.model or "")}">{escape(t.model)}</a>'
-                f'<span class="rep" title="{rep}, {state}">{rep}{busy}</span>'
-                f"{use_html(u, planned.get(t.replica or ''))}</li>"
+                f'<span class="rep" title="{rep}, {state}">{rep}{busy}</span>{flag}'
+                f"{use_html(u, planned.get(t.replica or ''), old=old)}</li>"
             )
     return mark_safe("".join(out))  # noqa: S308 - every name above is escaped
 
@@ -193,22 +252,38 @@ def seen_html(seen: NodeReading | None) -> str:
     return f'<span class="seen">{when}</span>'
 
 
+NOT_ANSWERING = '<span class="badge state-unreachable">Not answering</span>'
+
+
+def badges_html(node: Node, *, unreachable: bool, compact: bool = False) -> str:
+    """The node's badges: its state, except that a node whose agent is not answering is never
+    shown ready (a cordoned or down one says both)."""
+    state = escape(node.state)
+    said = node.state if compact else node.get_state_display()
+    badge = f'<span class="badge state-{state}">{escape(said)}</span>'
+    if unreachable:
+        return NOT_ANSWERING if node.state == Node.State.READY else f"{badge} {NOT_ANSWERING}"
+    return "" if compact and node.state == Node.State.READY else badge
+
+
 def node_html(g: NodeGrid, link: str, *, compact: bool = False) -> str:
-    """One node as the grid shows it: its name, state, classes and free count over its cards
-    (``g.html``), or, compact, a line of its name and a mark per card."""
+    """One node as the grid shows it: its name, state (or that its agent is not answering), classes
+    and free count over its cards (``g.html``), or, compact, a line of its name and a mark per card."""
     node = g.node
     name, state = escape(node.name), escape(node.state)
+    away = " unreachable" if g.unreachable else ""
+    badges = badges_html(node, unreachable=g.unreachable, compact=compact)
+    held = f'<span class="muted">{g.foreign_held} held by foreign processes</span>' if g.foreign_held else ""
     if compact:
-        badge = "" if node.state == Node.State.READY else f' <span class="badge state-{state}">{state}</span>'
         return (
-            f'<li class="strip state-{state}"><a href="{link}">{name}</a>{badge}'
+            f'<li class="strip state-{state}{away}"><a href="{link}">{name}</a> {badges}'
             f'<span class="marks" aria-label="{g.free} of {len(g.tiles)} cards free">{g.html}</span></li>'
         )
     return (
-        f'<section class="node state-{state}" aria-labelledby="node-{node.pk}">'
+        f'<section class="node state-{state}{away}" aria-labelledby="node-{node.pk}">'
         f'<header class="node-head"><h2 id="node-{node.pk}"><a href="{link}">{name}</a></h2>'
-        f'<span class="badge state-{state}">{escape(node.get_state_display())}</span>'
-        f'<span>{escape(g.classes)}</span><span class="muted">{g.free} free</span>{seen_html(g.seen)}</header>'
+        f'{badges}<span>{escape(g.classes)}</span><span class="muted free-count">{g.free} free</span>{held}'
+        f"{seen_html(g.seen)}</header>"
         f'<ol class="cards">{g.html}</ol></section>'
     )
 
@@ -241,13 +316,18 @@ def grids(nodes: list[Node], rows: list[tuple], *, compact: bool = False) -> lis
     ids = list(by_id)
     use = card_use_of_nodes(ids)
     seen = last_seen_of_nodes(ids)
+    away = {pk for pk in ids if not by_id[pk].node.reachable or (pk in seen and seen[pk].error)}
     planned = (
         {} if compact else planned_per_card({t.replica for g in by_id.values() for t in g.tiles if t.replica})
     )
     models, nodes_at = Links("model-detail"), Links("node-detail")
     for g in by_id.values():
         g.seen = seen.get(g.node.pk)
-        g.html = tiles_html(g.tiles, models, compact=compact, use=use, planned=planned)
+        g.unreachable = g.node.pk in away
+        g.foreign_held = sum(
+            t.free and (u := use.get((t.node_id, t.card))) is not None and u.foreign_held for t in g.tiles
+        )
+        g.html = tiles_html(g.tiles, models, compact=compact, use=use, planned=planned, old=g.unreachable)
         g.row = mark_safe(node_html(g, nodes_at(g.node.name), compact=compact))  # noqa: S308 - escaped
     return list(by_id.values())
 
@@ -273,9 +353,10 @@ def legend(node_grids: list[NodeGrid]) -> list[tuple[str, str, int, str]]:
 SEEN_WITHIN_SECONDS = 10
 
 
-def node_results(query: QueryDict) -> SafeString:
+def node_results(query: QueryDict, stamp: str = "") -> SafeString:
     """The nodes page's results (count, legend, the page of nodes with their cards, pager) for the
-    query's filters and page: what an htmx filter swaps in, and the page shows."""
+    query's filters and page: what an htmx filter swaps in, and the page shows. ``stamp``: of the
+    kept answer it is drawn for; the results poll with it (base/views.py, poll_attributes)."""
     form = NodeFilterForm.for_fleet(query or None)
     valid = form.is_bound and form.is_valid()
     data = form.cleaned_data if valid else {}
@@ -297,7 +378,68 @@ def node_results(query: QueryDict) -> SafeString:
             "compact": view == "compact",
             "filtered": bool(filters),
             "query": rest.urlencode(),
+            "poll": poll_attributes(_here(query), stamp) if stamp else "",
         },
+    )
+
+
+def _here(query: QueryDict) -> str:
+    url = reverse("node-list")
+    return f"{url}?{query.urlencode()}" if query else url
+
+
+def cordoned_free_by_class(foreign_held: set[int]) -> dict[str, int]:
+    """Cards cordoned on their own that no replica (nor a foreign process) holds, by class: not free."""
+    rows = (
+        Card.objects.filter(cordoned=True, shard__isnull=True)
+        .exclude(pk__in=foreign_held)
+        .values_list("gpu_class__name")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return dict(rows)
+
+
+def summary_of_fleet(foreign_held: set[int]) -> dict[str, Any]:
+    """The fleet's summary (catalog.selectors.fleet_summary) as the operator must read it: a card a
+    foreign process holds counted held, not free, and the nodes whose agent is not answering counted
+    beside the states (an unreachable node keeps its state: the operator's word on its use)."""
+    out = fleet_summary()
+    held = foreign_held_free_by_class(foreign_held)
+    cordoned = cordoned_free_by_class(foreign_held)
+    for c in out["classes"]:
+        n = held.get(c["name"], 0)
+        c["free"] -= n + cordoned.get(c["name"], 0)
+        c["held"] += n
+        c["foreign"] = n
+    out["free"] -= sum(held.values()) + sum(cordoned.values())
+    out["foreign"] = sum(held.values())
+    out["cordoned"] = sum(cordoned.values())
+    out["unreachable"] = len(unreachable_node_ids())
+    return out
+
+
+SUMMARY_AREAS = ["catalog", "telemetry"]  # the catalog's cards and nodes; telemetry: failed asks
+
+
+def summary_html(request: HttpRequest) -> tuple[str, SafeString]:
+    """The summary's stamp and the summary drawn, polling itself, kept under the fleet's versions and
+    the 10 s clock tick (a foreign process's reading stops counting as it ages past
+    LLMGW_TELEMETRY_STALE_SECONDS, which no write says)."""
+    parts = [int(time.time() // SEEN_WITHIN_SECONDS)]
+    stamp = stamp_of("nodes-summary", SUMMARY_AREAS, parts, request=request)
+    return stamp, remembered(
+        "nodes-summary",
+        SUMMARY_AREAS,
+        parts,
+        lambda: render_to_string(
+            "catalog/node_list.html#summary",
+            {
+                "summary": summary_of_fleet(foreign_held_card_ids()),
+                "poll": poll_attributes(reverse("node-list"), stamp),
+            },
+        ),
+        request=request,
     )
 
 
@@ -307,12 +449,21 @@ def node_list(request: HttpRequest) -> HttpResponse:
     # The summary and the results are kept under the fleet's versions (versions/cache.py): the
     # summary reads the catalog; the results also the cards' telemetry, and say how long ago each
     # agent answered. Neither holds anything of the reader's: the page around them is drawn anew.
+    # Both poll themselves (LLMGW_PAGE_POLL_SECONDS) with the stamp of what they show: a poll of
+    # a part whose versions and clock tick have not moved is a 204 after one query.
+    if polled_part(request) == "fleet-summary":
+        stamp, summary = summary_html(request)
+        return unchanged() if still_shown(request, stamp) else fragment(summary)
     query = normalized(request.GET)
+    parts = [query.urlencode(), int(time.time() // SEEN_WITHIN_SECONDS)]
+    stamp = stamp_of("nodes-results", ["catalog", "telemetry"], parts, request=request)
+    if still_shown(request, stamp):
+        return unchanged()
     results = remembered(
         "nodes-results",
         ["catalog", "telemetry"],
-        [query.urlencode(), int(time.time() // SEEN_WITHIN_SECONDS)],
-        lambda: node_results(query),
+        parts,
+        lambda: node_results(query, stamp),
         request=request,
     )
     if wants_partial(request):
@@ -323,14 +474,15 @@ def node_list(request: HttpRequest) -> HttpResponse:
         {
             "section": "nodes",
             "filters": kept_filters(request, "catalog/node_list.html", query, NodeFilterForm.for_fleet),
-            "summary": remembered("nodes-summary", ["catalog"], [], fleet_summary, request=request),
+            "summary": summary_html(request)[1],
             "results": results,
         },
     )
 
 
-def node_body(node: Node) -> SafeString:
-    """A node's page below its actions: the legend, its cards drawn, and the replicas on it."""
+def node_body(node: Node, stamp: str = "") -> SafeString:
+    """A node's page below its actions: the legend, its cards drawn, and the replicas on it;
+    polling itself with ``stamp`` (of the kept answer it is drawn for)."""
     cards = list(
         Card.objects.filter(node=node)
         .select_related("gpu_class", "shard__replica__profile__model")
@@ -352,38 +504,62 @@ def node_body(node: Node) -> SafeString:
                 replica.state if replica else None,
                 replica.profile.model_id if replica else None,
                 replica.profile.model.name if replica else None,
+                card.cordoned,
+                card.cordon_reason,
             )
         )
     grid = grids([node], rows)[0]
     replicas = sorted(held.values(), key=lambda pair: pair[0].name)
     return render_to_string(
         "catalog/node_detail.html#body",
-        {"node": node, "grid": grid, "replicas": replicas, "legend": legend([grid])},
+        {
+            "node": node,
+            "grid": grid,
+            "replicas": replicas,
+            "legend": legend([grid]),
+            "poll": poll_attributes(reverse("node-detail", args=[node.name]), stamp) if stamp else "",
+        },
     )
 
 
 @requires(VIEW_NODE)
 @require_GET
 def node_detail(request: HttpRequest, name: str) -> HttpResponse:
-    node = get_object_or_404(Node.objects.select_related("agent_contact"), name=name)
+    node = get_object_or_404(Node.objects.select_related("agent_contact", "reading"), name=name)
     # Its cards, their readings and its replicas are kept under the fleet's versions (as the nodes
     # page's results, and drawn anew as often, for the agent's "seen ... ago"); its actions (by
     # permission, with CSRF tokens), its drains' restarts and its history are drawn per request.
+    # It polls itself (LLMGW_PAGE_POLL_SECONDS) with the stamp of what it shows: an unchanged poll
+    # is a 204 after one query, a changed one the body alone.
+    parts = [node.pk, int(time.time() // SEEN_WITHIN_SECONDS)]
+    stamp = stamp_of("node-body", ["catalog", "telemetry"], parts, request=request)
+    polled = polled_part(request) == "node-body"
+    if polled and still_shown(request, stamp):
+        return unchanged()
     body = remembered(
-        "node-body",
-        ["catalog", "telemetry"],
-        [node.pk, int(time.time() // SEEN_WITHIN_SECONDS)],
-        lambda: node_body(node),
-        request=request,
+        "node-body", ["catalog", "telemetry"], parts, lambda: node_body(node, stamp), request=request
     )
+    if polled:
+        return fragment(body)
+    can_drain = request.user.has_perm(RESTART)
     return render_page(
         request,
         "catalog/node_detail.html",
         {
             "section": "nodes",
             "node": node,
+            "unreachable": not node.reachable or bool(getattr(node, "reading", None) and node.reading.error),
             "body": body,
-            "can_drain": request.user.has_perm(RESTART),
+            "can_drain": can_drain,
+            # For the card cordon form: each card's index and whether it is cordoned (one query, and
+            # only for who may use it).
+            "cards": list(
+                Card.objects.filter(node=node)
+                .order_by("index")
+                .values_list("index", "cordoned", "cordon_reason")
+            )
+            if can_drain
+            else [],
             "drains": [
                 operation_views.progress_context(request, op)
                 for op in operations_with_steps()

@@ -35,8 +35,8 @@ from agentclient.client import AgentCallFailed, AgentClient
 from base.commands import ActorCommand
 from catalog.models import Node, Profile, Replica, ServedModel, Shard
 from catalog.services import catalog as services
-from demo.management.commands.demo_foreign_process import stop_foreign_processes
 from catalog.services.fit import planned_with_release, profile_memory
+from demo.management.commands.demo_foreign_process import stop_foreign_processes
 from operations.services.placement import replica_placement
 from operations.services.specs import running_spec
 from operations.tasks import operations_sweep

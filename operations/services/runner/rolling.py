@@ -98,6 +98,7 @@ def _planned_cards(
             node__reachable=True,
             gpu_class_id=profile.gpu_class_id,
             shard__isnull=True,
+            cordoned=False,
             index__in=indices,
         )
         .exclude(pk__in=foreign)  # a foreign process took one since the plan
