@@ -81,7 +81,7 @@ def kept_latest_for(request: HttpRequest, model: ServedModel) -> tuple[RestartOp
 
     return remembered(
         "latest-restart",
-        ["catalog", "operations"],
+        ["structure", "replicas", "operations"],
         [model.pk],
         read,
         request=request,
@@ -142,7 +142,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     # active restart; nothing in it is the reader's.
     rows, _ = remembered(
         "operation-rows",
-        ["catalog", "operations"],
+        ["structure", "replicas", "operations"],
         [model, page_number],
         lambda: operation_rows(model, page_number),
         request=request,

@@ -23,6 +23,10 @@ from django.core.cache import caches
 from django.db import connection
 
 from versions.models import Version
+from versions.triggers import ORDER, REPLICAS, STRUCTURE
+
+# The whole catalog: its structure and its replicas (an answer that shows both).
+CATALOG = (STRUCTURE, REPLICAS)
 
 T = TypeVar("T")
 ALIAS = "answers"
@@ -47,6 +51,11 @@ def usable() -> bool:
 
 
 def key_of(name: str, areas: Iterable[str], parts: Iterable[Any], *, request: Any = None) -> str:
+    areas = tuple(areas)
+    unknown = sorted(set(areas) - set(ORDER))
+    if unknown:
+        # A counter nobody raises would keep the answer forever: a name from before the split, or a typo.
+        raise ValueError(f"{name}: no such version area {unknown}; the areas are {list(ORDER)}")
     versions = versions_of(request)
     stamp = ",".join(f"{a}={versions.get(a, 'none')}" for a in sorted(areas))
     digest = hashlib.sha256(repr(tuple(parts)).encode()).hexdigest()[:32]

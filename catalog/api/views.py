@@ -97,7 +97,11 @@ class NodeViewSet(ServiceViewSet):
 
     required_permission: Rule = model_permissions(Node)
     queryset = Node.objects.select_related("agent_contact").prefetch_related(_cards)
-    kept_areas = ("catalog", "operations")  # each node's last answer to the reconciler is operations'
+    kept_areas = (
+        "structure",
+        "replicas",
+        "operations",
+    )  # each node's last answer to the reconciler is operations'
 
     serializer_class = s.NodeSerializer
     filterset_fields = ["state", "name"]

@@ -310,7 +310,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
     query = normalized(request.GET)
     results = remembered(
         "nodes-results",
-        ["catalog", "telemetry"],
+        ["structure", "replicas", "readings"],
         [query.urlencode(), int(time.time() // SEEN_WITHIN_SECONDS)],
         lambda: node_results(query),
         request=request,
@@ -323,7 +323,9 @@ def node_list(request: HttpRequest) -> HttpResponse:
         {
             "section": "nodes",
             "filters": kept_filters(request, "catalog/node_list.html", query, NodeFilterForm.for_fleet),
-            "summary": remembered("nodes-summary", ["catalog"], [], fleet_summary, request=request),
+            "summary": remembered(
+                "nodes-summary", ["structure", "replicas"], [], fleet_summary, request=request
+            ),
             "results": results,
         },
     )
@@ -371,7 +373,7 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     # permission, with CSRF tokens), its drains' restarts and its history are drawn per request.
     body = remembered(
         "node-body",
-        ["catalog", "telemetry"],
+        ["structure", "replicas", "readings"],
         [node.pk, int(time.time() // SEEN_WITHIN_SECONDS)],
         lambda: node_body(node),
         request=request,
