@@ -34,8 +34,10 @@ _MEMO = "_llmgw_versions"  # on the request: the versions read once for all its 
 
 
 def versions_of(request: Any = None) -> dict[str, str]:
-    """Every area's version, ``born.n``: one query, once a request when ``request`` is given."""
+    """Every area's version, ``born.n``: one query, once a request when ``request`` is given (a DRF
+    request's memo is its Django request's: the permission gate and the view share one)."""
     if request is not None:
+        request = getattr(request, "_request", request)
         memo = getattr(request, _MEMO, None)
         if memo is not None:
             return memo

@@ -62,10 +62,18 @@ from typing import Any
 #   operations  restarts, their steps, each agent's last contact (the reconciler's every pass)
 #   readings    telemetry: node and card readings and samples (the sampler's every round)
 #   audit       the log's entries (the history panels)
+#   access      users, groups and their permissions (each signed-in user's permissions, kept)
 STRUCTURE, REPLICAS, OPERATIONS, READINGS, AUDIT = "structure", "replicas", "operations", "readings", "audit"
-ORDER = (STRUCTURE, REPLICAS, OPERATIONS, READINGS, AUDIT)
+ACCESS = "access"
+ORDER = (STRUCTURE, REPLICAS, OPERATIONS, READINGS, AUDIT, ACCESS)
 # Each app whose tables count, and the area its tables raise unless ``BY_MODEL`` says otherwise.
-AREAS = {"catalog": STRUCTURE, "operations": OPERATIONS, "telemetry": READINGS, "audit": AUDIT}
+AREAS = {
+    "catalog": STRUCTURE,
+    "operations": OPERATIONS,
+    "telemetry": READINGS,
+    "audit": AUDIT,
+    "auth": ACCESS,
+}
 BY_MODEL = {("catalog", "replica"): REPLICAS, ("catalog", "shard"): REPLICAS}
 # Of an app, only these models count (else all): of the audit app, the log, which the pages'
 # history panels read; not the row changes, which the database writes beside every catalog write
@@ -139,7 +147,10 @@ def tracked_tables(
     by_model = BY_MODEL if by_model is None else by_model
     out = {}
     for label, area in areas.items():
-        for model in apps.get_app_config(label).get_models():
+        if label not in apps.app_configs:
+            continue
+        # Many-to-many tables too (a user's groups, a group's permissions).
+        for model in apps.get_app_config(label).get_models(include_auto_created=True):
             if label in ONLY and model._meta.model_name not in ONLY[label]:
                 continue
             if not model._meta.proxy and model._meta.managed:

@@ -107,7 +107,8 @@ def test_the_nodes_results_are_kept_per_query_in_any_order(fleet):
     viewer = client()
     one = kept(viewer, "/nodes/?state=ready&name=gpu", HTTP_HX_REQUEST="true")
     other, queries = get(viewer, "/nodes/?name=gpu&state=ready", HTTP_HX_REQUEST="true")
-    assert other == one and queries == 5  # the session, the user, its permissions (two), the versions
+    # The session, the user, the versions: the viewer's permissions are kept too (base/rules.py).
+    assert other == one and queries == 3
     assert "3 nodes match" in one
     assert "1 node match" in kept(viewer, "/nodes/?name=gpu-1", HTTP_HX_REQUEST="true")
 
@@ -222,9 +223,10 @@ def test_a_kept_dry_run_after_a_card_is_taken_says_what_the_fleet_now_says(fleet
     first = dry_run(operator)
     with CaptureQueriesContext(connection) as warm:
         assert dry_run(operator) == first
-    # The session, the user, its permissions (two), the versions, the cards a foreign process holds; and
-    # the user's API rate count in the shared "throttle" cache (six, tests/web/test_fleet_scale.py).
-    assert len(warm.captured_queries) == 6 + 6
+    # The session, the user, the versions (for its kept permissions, then again for the kept dry run,
+    # which the service asks without the request), the cards a foreign process holds; and the user's
+    # API rate count in the shared "throttle" cache (six, tests/web/test_fleet_scale.py).
+    assert len(warm.captured_queries) == 5 + 6
     assert first["status"] == 200 and first["room"]["beside_count"] == 2  # gpu-1 and gpu-2 have 4 free
     other = Profile.objects.get(name="one")
     b.replica(other, Node.objects.get(name="gpu-1"), [0], name="other-1")  # a card taken (the ORM)
@@ -300,6 +302,7 @@ def test_an_active_restart_is_never_kept_since_its_abandoned_line_reads_the_cloc
     RestartOperation.objects.create(model=fleet["model"], profile=fleet["profile"], state="queued")
     viewer = client()
     for url in ("/operations/", "/api/operations/"):
+        get(viewer, url)  # the viewer's permissions kept: what follows differs only in what the page keeps
         _, cold = get(viewer, url)
         _, again = get(viewer, url)
         assert again == cold
@@ -499,3 +502,26 @@ def test_the_admin_audit_lists_count_is_kept_until_an_entry_is_appended(fleet):
     assert counted(first) == counted(second) == AuditEntry.objects.count()
     logged(fleet, "org/second")
     assert counted(get(editor, url)[0]) == AuditEntry.objects.count() == counted(first) + 1
+
+
+# -- permissions ---------------------------------------------------------------------------------------------
+
+
+def test_a_roles_permissions_are_read_once_and_read_again_when_its_roles_change(fleet):
+    """A viewer's permissions are kept under the access version (base/rules.py): its second request
+    reads none, and a role taken away is refused at the next request."""
+    from django.contrib.auth.models import Group, User
+
+    viewer = client()
+    get(viewer, "/nodes/")
+    with CaptureQueriesContext(connection) as ctx:
+        viewer.get("/nodes/")
+    assert not [q for q in ctx.captured_queries if "auth_permission" in q["sql"]]
+    user = User.objects.get(username="viewer")
+    user.groups.remove(Group.objects.get(name="viewer"))  # through the ORM: the access version rises
+    assert viewer.get("/nodes/").status_code == 403
+    user.groups.add(Group.objects.get(name="viewer"))
+    assert viewer.get("/nodes/").status_code == 200
+    with transaction.atomic(), connection.cursor() as c:  # behind the application's back
+        c.execute("DELETE FROM auth_user_groups WHERE user_id = %s", [user.pk])
+    assert viewer.get("/nodes/").status_code == 403
