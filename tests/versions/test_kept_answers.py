@@ -103,6 +103,63 @@ def test_the_nodes_grid_changes_with_the_cards_telemetry(fleet):
     assert "foreign process: 4.0 GiB" in kept(viewer, "/nodes/?name=gpu-1")
 
 
+def queries_of(c: Client, url: str) -> list[str]:
+    with CaptureQueriesContext(connection) as ctx:
+        assert c.get(url).status_code == 200
+    return [q["sql"] for q in ctx.captured_queries]
+
+
+def reading(card: Card, used: int) -> None:
+    sql(
+        "INSERT INTO telemetry_cardreading (card_id, at, memory_used_mib, memory_total_mib, foreign_mib, "
+        "processes) VALUES (%s, CURRENT_TIMESTAMP, %s, 81559, 0, '[]') "
+        "ON CONFLICT (card_id) DO UPDATE SET memory_used_mib = EXCLUDED.memory_used_mib",
+        [card.pk, used],
+    )
+
+
+@pytest.mark.parametrize("url", ["/nodes/", "/nodes/?view=compact", "/nodes/gpu-0/"])
+def test_a_reading_recomputes_only_the_readings_and_a_replica_only_the_grid(fleet, url):
+    """The grid (the structure and the replicas) and its readings are kept apart: a reading
+    written reads the readings again (two queries) and not the grid; a replica's state changed
+    reads the grid again and not the readings."""
+    viewer = client()
+    card = Card.objects.get(node__name="gpu-0", index=1)
+    reading(card, 1024)
+    queries_of(viewer, url)
+    warm = queries_of(viewer, url)
+    reading(card, 2048)
+    after_reading = queries_of(viewer, url)
+    assert len(after_reading) == len(warm) + 2, after_reading
+    assert not [q for q in after_reading if "catalog_card" in q and "telemetry" not in q]
+    if "compact" not in url:
+        assert "used 2.0 of 79.6 GiB" in viewer.get(url).content.decode()
+    sql("UPDATE catalog_replica SET state = 'loading'")
+    after_replica = queries_of(viewer, url)
+    assert len(after_replica) > len(warm)
+    assert not [q for q in after_replica if "telemetry_" in q], after_replica
+    if "compact" not in url:  # the compact view says which model holds a card, not its replica's state
+        assert "loading" in viewer.get(url).content.decode()
+    assert len(queries_of(viewer, url)) == len(warm)
+
+
+def test_the_readings_say_how_long_ago_without_the_grid_drawn_again(fleet, settings):
+    """ "seen ... ago" is drawn at each request from the kept reading: the clock never throws the
+    grid away."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    viewer = client()
+    sql(
+        "INSERT INTO telemetry_nodereading (node_id, asked_at, seen_at, error, source) "
+        "VALUES (%s, %s, %s, '', '')",
+        [fleet["nodes"][0].pk, timezone.now(), timezone.now() - timedelta(minutes=3)],
+    )
+    page = kept(viewer, "/nodes/")
+    assert "agent seen 3\xa0minutes ago" in page
+
+
 def test_the_nodes_results_are_kept_per_query_in_any_order(fleet):
     viewer = client()
     one = kept(viewer, "/nodes/?state=ready&name=gpu", HTTP_HX_REQUEST="true")

@@ -6,7 +6,6 @@ nodes with room, and the floor endpoint the benchmark measures against."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -21,7 +20,6 @@ from audit.services import verify_chain
 from catalog.models import Node, ServedModel
 from demo.scale import BENCH_USER, Sizes, audit_model, generate
 from tests.support import builders as b
-from web.views.nodes import SEEN_WITHIN_SECONDS
 
 pytestmark = pytest.mark.django_db
 
@@ -136,18 +134,9 @@ KEPT = {
 
 
 def cold_then_warm(client: Client, method: str, url: str, body: dict | None, **headers) -> tuple[int, int]:
-    """The queries of a request, then of the same again. The nodes pages' answers are kept per
-    SEEN_WITHIN_SECONDS window too (they say how long ago each agent answered), so a pair across
-    two windows computes twice: it is measured again from the next window's start, where nothing
-    is kept yet."""
-    for _ in range(2):
-        window = int(time.time() // SEEN_WITHIN_SECONDS)
-        cold = measured(client, method, url, body, **headers)[0]
-        warm = measured(client, method, url, body, **headers)[0]
-        if not url.startswith("/nodes/") or int(time.time() // SEEN_WITHIN_SECONDS) == window:
-            break
-        time.sleep(SEEN_WITHIN_SECONDS - time.time() % SEEN_WITHIN_SECONDS)
-    return cold, warm
+    """The queries of a request, then of the same again."""
+    cold = measured(client, method, url, body, **headers)[0]
+    return cold, measured(client, method, url, body, **headers)[0]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -10,7 +10,7 @@ link is built once per page.
 
 from __future__ import annotations
 
-import time
+import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -74,7 +74,6 @@ class NodeGrid:
     tiles: list[Tile] = field(default_factory=list)
     html: SafeString = mark_safe("")  # noqa: S308 - empty
     row: SafeString = mark_safe("")  # noqa: S308 - empty
-    seen: NodeReading | None = None  # when its agent last answered a telemetry request
 
     @property
     def free(self) -> int:
@@ -139,29 +138,32 @@ def use_html(use: CardUse | None, planned: int | None) -> str:
     )
 
 
+# Where a card's or a node's readings go in a drawn grid: the grid (the fleet's structure and its
+# replicas) is kept under their versions, the readings under theirs, and each request puts the one
+# into the other (``with_readings``), so a reading written throws away only the readings.
+#   f node card          " foreign" in a card's class when a foreign process holds memory on it
+#   t node card          ", foreign process" in a compact free card's title
+#   u node card planned  the card's memory bar and line (``use_html``; planned MiB, or "-")
+#   s node               when the node's agent last answered (``seen_html``)
+MARK = "\x1e"
+_MARKS = re.compile("\x1e([futs]):(\\d+)(?::(\\d+))?(?::(-|\\d+))?\x1e")
+
+
 def tiles_html(
-    tiles: list[Tile],
-    links: Links,
-    *,
-    compact: bool = False,
-    use: dict[tuple[int, int], CardUse] | None = None,
-    planned: dict[str, int] | None = None,
+    tiles: list[Tile], links: Links, *, compact: bool = False, planned: dict[str, int] | None = None
 ) -> SafeString:
     """One node's cards as HTML: a tile each (index, model, replica and its state, memory used
-    against planned), or a mark each. A card a foreign process holds memory on is marked."""
+    against planned), or a mark each, with marks where the readings go (``with_readings``)."""
     if not tiles:
         return mark_safe('<li class="muted">No cards.</li>')  # noqa: S308 - constant
-    use = use or {}
     planned = planned or {}
     out = []
     for t in tiles:
-        u = use.get((t.node_id, t.card))
-        foreign = " foreign" if u is not None and u.foreign_mib else ""
+        at = f"{t.node_id}:{t.card}"
+        foreign = f"{MARK}f:{at}{MARK}"
         if compact:
             if t.free:
-                out.append(
-                    f'<i class="free{foreign}" title="card {t.card}: free{foreign and ", foreign process"}"></i>'
-                )
+                out.append(f'<i class="free{foreign}" title="card {t.card}: free{MARK}t:{at}{MARK}"></i>')
             else:
                 out.append(
                     f'<i class="{hue(t.model_id)}{foreign}" title="card {t.card}: {escape(t.model)}"></i>'
@@ -169,18 +171,58 @@ def tiles_html(
         elif t.free:
             out.append(
                 f'<li class="card free{foreign}"><span class="idx">card {t.card}</span><span class="holder">free</span>'
-                f"{use_html(u, None)}</li>"
+                f"{MARK}u:{at}:-{MARK}</li>"
             )
         else:
             rep, state = escape(t.replica), escape(t.state)
             busy = "" if t.state == "ready" else f" · {state}"
+            need = planned.get(t.replica or "")
             out.append(
                 f'<li class="card held {hue(t.model_id)}{foreign}"><span class="idx">card {t.card}</span>'
                 f'<a class="holder" href="{links(t.model or "")}">{escape(t.model)}</a>'
                 f'<span class="rep" title="{rep}, {state}">{rep}{busy}</span>'
-                f"{use_html(u, planned.get(t.replica or ''))}</li>"
+                f"{MARK}u:{at}:{'-' if need is None else need}{MARK}</li>"
             )
     return mark_safe("".join(out))  # noqa: S308 - every name above is escaped
+
+
+class Readings(NamedTuple):
+    """What the agents last reported of some nodes: each card's use, each node's last answer."""
+
+    use: dict[tuple[int, int], CardUse]
+    seen: dict[int, NodeReading]
+
+
+def readings_of(node_ids: list[int]) -> Readings:
+    """Two queries, whatever the number of cards."""
+    return Readings(card_use_of_nodes(node_ids), last_seen_of_nodes(node_ids))
+
+
+def kept_readings(request: HttpRequest, node_ids: list[int]) -> Readings:
+    """These nodes' readings, kept under the readings' version alone (the clock is read when they
+    are drawn, by ``with_readings``)."""
+    return remembered(
+        "node-readings", ["readings"], [tuple(node_ids)], lambda: readings_of(node_ids), request=request
+    )
+
+
+def with_readings(html: str, readings: Readings) -> SafeString:
+    """A drawn grid with its readings put in at their marks (``tiles_html``, ``node_html``)."""
+
+    def fill(m: re.Match) -> str:
+        kind, node = m.group(1), int(m.group(2))
+        if kind == "s":
+            return seen_html(readings.seen.get(node))
+        use = readings.use.get((node, int(m.group(3))))
+        if kind == "u":
+            planned = m.group(4)
+            return use_html(use, None if planned in (None, "-") else int(planned))
+        foreign = use is not None and bool(use.foreign_mib)
+        if kind == "f":
+            return " foreign" if foreign else ""
+        return ", foreign process" if foreign else ""
+
+    return mark_safe(_MARKS.sub(fill, html))  # noqa: S308 - the grid is escaped, and so is each filling
 
 
 def seen_html(seen: NodeReading | None) -> str:
@@ -208,7 +250,7 @@ def node_html(g: NodeGrid, link: str, *, compact: bool = False) -> str:
         f'<section class="node state-{state}" aria-labelledby="node-{node.pk}">'
         f'<header class="node-head"><h2 id="node-{node.pk}"><a href="{link}">{name}</a></h2>'
         f'<span class="badge state-{state}">{escape(node.get_state_display())}</span>'
-        f'<span>{escape(g.classes)}</span><span class="muted">{g.free} free</span>{seen_html(g.seen)}</header>'
+        f'<span>{escape(g.classes)}</span><span class="muted">{g.free} free</span>{MARK}s:{node.pk}{MARK}</header>'
         f'<ol class="cards">{g.html}</ol></section>'
     )
 
@@ -233,21 +275,18 @@ def planned_per_card(replica_names: set[str]) -> dict[str, int]:
 
 
 def grids(nodes: list[Node], rows: list[tuple], *, compact: bool = False) -> list[NodeGrid]:
-    """Each node with its cards drawn, with what their agents last reported, and the node drawn
-    around them (``row``): three queries more, whatever the number of cards."""
+    """Each node with its cards drawn and the node drawn around them (``row``), marked where the
+    readings go (``with_readings``): one query more (the replicas' planned memory), whatever the
+    number of cards."""
     by_id = {n.pk: NodeGrid(n) for n in nodes}
     for row in rows:
         by_id[row[0]].tiles.append(Tile(*row))
-    ids = list(by_id)
-    use = card_use_of_nodes(ids)
-    seen = last_seen_of_nodes(ids)
     planned = (
         {} if compact else planned_per_card({t.replica for g in by_id.values() for t in g.tiles if t.replica})
     )
     models, nodes_at = Links("model-detail"), Links("node-detail")
     for g in by_id.values():
-        g.seen = seen.get(g.node.pk)
-        g.html = tiles_html(g.tiles, models, compact=compact, use=use, planned=planned)
+        g.html = tiles_html(g.tiles, models, compact=compact, planned=planned)
         g.row = mark_safe(node_html(g, nodes_at(g.node.name), compact=compact))  # noqa: S308 - escaped
     return list(by_id.values())
 
@@ -268,14 +307,15 @@ def legend(node_grids: list[NodeGrid]) -> list[tuple[str, str, int, str]]:
     return sorted(((name, colour, n, links(name)) for name, colour, n in seen.values()), key=lambda v: v[0])
 
 
-# The grid says when each node's agent last answered ("seen 3 minutes ago"): a kept grid is drawn
-# anew at least this often, so that line is never more than this many seconds behind the clock.
-SEEN_WITHIN_SECONDS = 10
+class Results(NamedTuple):
+    html: str  # marked where the readings go
+    node_ids: list[int]
 
 
-def node_results(query: QueryDict) -> SafeString:
+def node_results(query: QueryDict) -> Results:
     """The nodes page's results (count, legend, the page of nodes with their cards, pager) for the
-    query's filters and page: what an htmx filter swaps in, and the page shows."""
+    query's filters and page, marked where the readings go, and the nodes shown: what an htmx
+    filter swaps in, and the page shows."""
     form = NodeFilterForm.for_fleet(query or None)
     valid = form.is_bound and form.is_valid()
     data = form.cleaned_data if valid else {}
@@ -286,7 +326,7 @@ def node_results(query: QueryDict) -> SafeString:
     node_grids = grids(nodes, cards_of([n.pk for n in nodes]), compact=view == "compact")
     rest = query.copy()
     rest.pop("page", None)
-    return render_to_string(
+    html = render_to_string(
         "catalog/node_list.html#results",
         {
             "form": form,
@@ -299,22 +339,25 @@ def node_results(query: QueryDict) -> SafeString:
             "query": rest.urlencode(),
         },
     )
+    return Results(html, [n.pk for n in nodes])
 
 
 @requires(VIEW_NODE)
 @require_GET
 def node_list(request: HttpRequest) -> HttpResponse:
-    # The summary and the results are kept under the fleet's versions (versions/cache.py): the
-    # summary reads the catalog; the results also the cards' telemetry, and say how long ago each
-    # agent answered. Neither holds anything of the reader's: the page around them is drawn anew.
+    # Kept under the fleet's versions (versions/cache.py), each part under the areas it shows: the
+    # summary and the results' grid under the structure's and the replicas', the grid's readings
+    # under the readings' (a sampling round throws away only those), put in at each request with
+    # the clock's "seen ... ago". None holds anything of the reader's: the page around is drawn anew.
     query = normalized(request.GET)
-    results = remembered(
+    found = remembered(
         "nodes-results",
-        ["structure", "replicas", "readings"],
-        [query.urlencode(), int(time.time() // SEEN_WITHIN_SECONDS)],
+        ["structure", "replicas"],
+        [query.urlencode()],
         lambda: node_results(query),
         request=request,
     )
+    results = with_readings(found.html, kept_readings(request, found.node_ids))
     if wants_partial(request):
         return fragment(results)
     return render_page(
@@ -368,16 +411,13 @@ def node_body(node: Node) -> SafeString:
 @require_GET
 def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     node = get_object_or_404(Node.objects.select_related("agent_contact"), name=name)
-    # Its cards, their readings and its replicas are kept under the fleet's versions (as the nodes
-    # page's results, and drawn anew as often, for the agent's "seen ... ago"); its actions (by
-    # permission, with CSRF tokens), its drains' restarts and its history are drawn per request.
+    # Its cards and its replicas are kept under the structure's and the replicas' versions, their
+    # readings under the readings' (as the nodes page's results); its actions (by permission, with
+    # CSRF tokens), its drains' restarts and its history are drawn per request.
     body = remembered(
-        "node-body",
-        ["structure", "replicas", "readings"],
-        [node.pk, int(time.time() // SEEN_WITHIN_SECONDS)],
-        lambda: node_body(node),
-        request=request,
+        "node-body", ["structure", "replicas"], [node.pk], lambda: node_body(node), request=request
     )
+    body = with_readings(body, kept_readings(request, [node.pk]))
     return render_page(
         request,
         "catalog/node_detail.html",
