@@ -142,7 +142,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     # active restart; nothing in it is the reader's.
     rows, _ = remembered(
         "operation-rows",
-        ["structure", "replicas", "operations"],
+        ["structure", "operations"],  # the models' and profiles' names, the restarts and their steps
         [model, page_number],
         lambda: operation_rows(model, page_number),
         request=request,

@@ -582,3 +582,32 @@ def test_a_roles_permissions_are_read_once_and_read_again_when_its_roles_change(
     with transaction.atomic(), connection.cursor() as c:  # behind the application's back
         c.execute("DELETE FROM auth_user_groups WHERE user_id = %s", [user.pk])
     assert viewer.get("/nodes/").status_code == 403
+
+
+@pytest.mark.parametrize("url", ["/api/models/", "/api/profiles/", "/operations/", "/api/operations/"])
+def test_an_answer_that_shows_no_replica_is_kept_through_a_replicas_change(fleet, url):
+    """The structure's answers are kept apart from the replicas': a replica's state changed (as a
+    restart does every few seconds) leaves them kept."""
+    viewer = client()
+    get(viewer, url)
+    _, warm = get(viewer, url)
+    sql("UPDATE catalog_replica SET state = 'loading'")
+    assert get(viewer, url)[1] == warm
+    sql("UPDATE catalog_model SET source = 'org/changed'")
+    assert get(viewer, url)[1] > warm
+
+
+def test_the_model_pages_shape_and_profiles_are_kept_through_a_replicas_change(fleet):
+    viewer = client()
+    url = f"/models/{fleet['model'].name}/"
+    get(viewer, url)
+    _, warm = get(viewer, url)
+    sql("UPDATE catalog_replica SET state = 'loading'")
+    with CaptureQueriesContext(connection) as ctx:
+        page = viewer.get(url).content.decode()
+    assert "loading" in page
+    # The replicas section and the latest restart read again; the profiles (and their memory) not.
+    assert not [
+        q["sql"] for q in ctx.captured_queries if 'FROM "catalog_profile"' in q["sql"].split("WHERE")[0]
+    ]
+    assert len(ctx.captured_queries) > warm

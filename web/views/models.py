@@ -218,7 +218,7 @@ def kept_profiles(request: HttpRequest, model: ServedModel) -> tuple[list[Profil
         profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
         return profiles, profile_memory(model, profiles)
 
-    return remembered("model-profiles", ["structure", "replicas"], [model.pk], read, request=request)
+    return remembered("model-profiles", ["structure"], [model.pk], read, request=request)
 
 
 def _detail_context(
@@ -247,7 +247,7 @@ def _detail_context(
     # under the catalog's version, as the replicas section is (drawing them was most of a warm page).
     columns = remembered(
         "model-columns",
-        ["structure", "replicas"],
+        ["structure"],
         [model.pk],
         lambda: render_to_string(
             "catalog/model_detail.html#columns",
