@@ -79,7 +79,12 @@ def read_permissions_once(request: Any) -> None:
     def read() -> frozenset[str]:
         return frozenset(ModelBackend().get_all_permissions(user))
 
-    user._perm_cache = set(remembered("permissions", ["access"], [user.pk], read, request=request))
+    # A read shares the versions it reads here with the view's kept parts (one query for both); a
+    # write does not: the view may write before it asks for a kept part, which must then be
+    # looked up under the versions after the write, not before it.
+    reads = (getattr(request, "method", None) or "GET") in ("GET", "HEAD")
+    kept = remembered("permissions", ["access"], [user.pk], read, request=request if reads else None)
+    user._perm_cache = set(kept)
 
 
 def allows(user: Any, need: str | None) -> bool:

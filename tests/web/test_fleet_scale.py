@@ -167,6 +167,45 @@ def test_a_kept_answer_takes_a_fixed_few_queries_at_either_size():
     assert {r: warm for r, (_, warm) in counts().items()} == KEPT
 
 
+def role_for(request: str) -> str:
+    """The role a real user needs for a request (base/roles.py): the dry runs and the preview an
+    operator's, the audit log's pages a lead's, the rest a viewer's."""
+    if "/gpus/" in request or "/context/" in request or "preview" in request:
+        return "operator"
+    return "lead" if "audit" in request else "viewer"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("audit_flushable")
+def test_a_real_roles_kept_answer_takes_as_few_queries_as_a_superusers():
+    """A viewer's, operator's or lead's permissions are kept (base/rules.py): once read, their
+    requests ask what a superuser's do, at either size."""
+    from demo.scale import ROLE_USERS
+
+    generate(SMALL, say=quiet)
+    bodies = {f"{m} {u}": body for m, u, body in REQUESTS}
+    clients = {}
+    for role, name in ROLE_USERS.items():
+        clients[role] = Client()
+        clients[role].force_login(get_user_model().objects.get(username=name))
+
+    def counts() -> dict[str, int]:
+        out = {}
+        for request in KEPT:
+            method, url = request.split(" ", 1)
+            headers = {"HTTP_HX_REQUEST": "true"} if "preview" in url else {}
+            out[request] = cold_then_warm(
+                clients[role_for(request)], method, url, bodies[request], **headers
+            )[1]
+        return out
+
+    # A POST reads the versions for the permissions apart from the view's (base/rules.py): one more.
+    expected = {r: n + r.startswith("POST") for r, n in KEPT.items()}
+    assert counts() == expected
+    generate(LARGE, say=quiet)
+    assert counts() == expected
+
+
 def test_the_dry_run_names_ten_nodes_with_room_and_counts_them_all(bench):
     generate(LARGE, say=quiet)
     response = bench.post(
