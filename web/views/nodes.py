@@ -11,6 +11,7 @@ link is built once per page.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -193,17 +194,44 @@ class Readings(NamedTuple):
     seen: dict[int, NodeReading]
 
 
-def readings_of(node_ids: list[int]) -> Readings:
-    """Two queries, whatever the number of cards."""
+def readings_of(node_ids: list[int], *, compact: bool = False) -> Readings:
+    """Two queries, whatever the number of cards; compact, one: the compact view shows only which
+    cards a foreign process holds memory on."""
+    if compact:
+        return Readings(card_use_of_nodes(node_ids, foreign_only=True), {})
     return Readings(card_use_of_nodes(node_ids), last_seen_of_nodes(node_ids))
 
 
-def kept_readings(request: HttpRequest, node_ids: list[int]) -> Readings:
-    """These nodes' readings, kept under the readings' version alone (the clock is read when they
-    are drawn, by ``with_readings``)."""
-    return remembered(
-        "node-readings", ["readings"], [tuple(node_ids)], lambda: readings_of(node_ids), request=request
-    )
+# The grid says when each node's agent last answered ("seen 3 minutes ago"): a grid with its readings
+# put in is kept at most this long, so that line is never more than this many seconds behind the clock.
+SEEN_WITHIN_SECONDS = 10
+
+
+def kept_with_readings(
+    request: HttpRequest,
+    name: str,
+    parts: list[Any],
+    html: str,
+    node_ids: list[int],
+    *,
+    compact: bool = False,
+) -> SafeString:
+    """A drawn grid (kept under the structure's and the replicas' versions) with these nodes'
+    readings put in: the readings kept under the readings' version alone, as data; the grid with
+    them put in kept under all three and the clock's 10 s tick, so that a warm request does neither."""
+
+    def filled() -> SafeString:
+        readings = remembered(
+            "node-readings",
+            ["readings"],
+            [tuple(node_ids), compact],
+            lambda: readings_of(node_ids, compact=compact),
+            request=request,
+        )
+        return with_readings(html, readings)
+
+    tick = int(time.time() // SEEN_WITHIN_SECONDS)
+    return remembered(name, ["structure", "replicas", "readings"], [*parts, tick], filled, request=request)
 
 
 def with_readings(html: str, readings: Readings) -> SafeString:
@@ -310,6 +338,7 @@ def legend(node_grids: list[NodeGrid]) -> list[tuple[str, str, int, str]]:
 class Results(NamedTuple):
     html: str  # marked where the readings go
     node_ids: list[int]
+    compact: bool  # drawn compact: the only reading it shows is whether a foreign process holds memory
 
 
 def node_results(query: QueryDict) -> Results:
@@ -339,7 +368,7 @@ def node_results(query: QueryDict) -> Results:
             "query": rest.urlencode(),
         },
     )
-    return Results(html, [n.pk for n in nodes])
+    return Results(html, [n.pk for n in nodes], view == "compact")
 
 
 @requires(VIEW_NODE)
@@ -357,7 +386,9 @@ def node_list(request: HttpRequest) -> HttpResponse:
         lambda: node_results(query),
         request=request,
     )
-    results = with_readings(found.html, kept_readings(request, found.node_ids))
+    results = kept_with_readings(
+        request, "nodes-filled", [query.urlencode()], found.html, found.node_ids, compact=found.compact
+    )
     if wants_partial(request):
         return fragment(results)
     return render_page(
@@ -417,7 +448,7 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     body = remembered(
         "node-body", ["structure", "replicas"], [node.pk], lambda: node_body(node), request=request
     )
-    body = with_readings(body, kept_readings(request, [node.pk]))
+    body = kept_with_readings(request, "node-body-filled", [node.pk], body, [node.pk])
     return render_page(
         request,
         "catalog/node_detail.html",
