@@ -680,7 +680,7 @@ def _machine() -> str:
         mem = int(next(x for x in meminfo if x.startswith("MemTotal")).split()[1]) // 2**20
     except (OSError, StopIteration):
         mem = 0
-    return f"{cores} cores, {mem} GiB, load {os.getloadavg()[0]:.1f} at the end"
+    return f"{cores} cores, {mem} GiB"
 
 
 def _create_database(url: str, *, anew: bool = False) -> None:
