@@ -81,7 +81,7 @@ def kept_latest_for(request: HttpRequest, model: ServedModel) -> tuple[RestartOp
 
     return remembered(
         "latest-restart",
-        ["structure", "replicas", "operations"],
+        ["structure", "placement", "replicas", "operations"],
         [model.pk],
         read,
         request=request,

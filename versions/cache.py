@@ -23,10 +23,7 @@ from django.core.cache import caches
 from django.db import connection
 
 from versions.models import Version
-from versions.triggers import ORDER, REPLICAS, STRUCTURE
-
-# The whole catalog: its structure and its replicas (an answer that shows both).
-CATALOG = (STRUCTURE, REPLICAS)
+from versions.triggers import ORDER
 
 T = TypeVar("T")
 ALIAS = "answers"

@@ -1,7 +1,8 @@
 """The database raises an area's version in every transaction that writes one of its tables.
 
 The areas (``ORDER``, ``AREAS``, ``BY_MODEL``): the fleet's ``structure`` (the catalog's classes,
-nodes, cards, models, profiles), its ``replicas`` (replicas and the cards they hold), the
+nodes, cards, models, profiles), its ``placement`` (the cards replicas hold), its ``replicas``
+(their states), the
 ``operations`` (restarts, their steps, each agent's contact), the ``readings`` (telemetry's
 readings and samples) and the ``audit`` log (its entries: the history panels). A cached answer is kept under the versions of the areas it
 reads (``versions/cache.py``); a write to any of their tables, by the services or by raw SQL
@@ -58,14 +59,15 @@ from typing import Any
 # kept answers that show what it wrote:
 #   structure   the catalog's shape: GPU classes, nodes, cards, models, profiles (an operator's edits;
 #               a node's state and its agent's reachability, which change when a node does)
-#   replicas    replicas and the cards they hold (their states change every few seconds in a restart)
+#   placement   which cards each replica holds (shards: written when a replica starts, moves or ends)
+#   replicas    replicas: their states (they change every few seconds in a restart)
 #   operations  restarts, their steps, each agent's last contact (the reconciler's every pass)
 #   readings    telemetry: node and card readings and samples (the sampler's every round)
 #   audit       the log's entries (the history panels)
 #   access      users, groups and their permissions (each signed-in user's permissions, kept)
 STRUCTURE, REPLICAS, OPERATIONS, READINGS, AUDIT = "structure", "replicas", "operations", "readings", "audit"
-ACCESS = "access"
-ORDER = (STRUCTURE, REPLICAS, OPERATIONS, READINGS, AUDIT, ACCESS)
+PLACEMENT, ACCESS = "placement", "access"
+ORDER = (STRUCTURE, PLACEMENT, REPLICAS, OPERATIONS, READINGS, AUDIT, ACCESS)
 # Each app whose tables count, and the area its tables raise unless ``BY_MODEL`` says otherwise.
 AREAS = {
     "catalog": STRUCTURE,
@@ -74,7 +76,7 @@ AREAS = {
     "audit": AUDIT,
     "auth": ACCESS,
 }
-BY_MODEL = {("catalog", "replica"): REPLICAS, ("catalog", "shard"): REPLICAS}
+BY_MODEL = {("catalog", "replica"): REPLICAS, ("catalog", "shard"): PLACEMENT}
 # Of an app, only these models count (else all): of the audit app, the log, which the pages'
 # history panels read; not the row changes, which the database writes beside every catalog write
 # and no kept answer reads.

@@ -100,6 +100,7 @@ class NodeViewSet(ServiceViewSet):
     queryset = Node.objects.select_related("agent_contact").prefetch_related(_cards)
     kept_areas = (
         "structure",
+        "placement",
         "replicas",
         "operations",
     )  # each node's last answer to the reconciler is operations'

@@ -612,3 +612,23 @@ def test_the_model_pages_shape_and_profiles_are_kept_through_a_replicas_change(f
         q["sql"] for q in ctx.captured_queries if 'FROM "catalog_profile"' in q["sql"].split("WHERE")[0]
     ]
     assert len(ctx.captured_queries) > warm
+
+
+def test_the_nodes_summary_is_kept_through_a_replicas_state_and_not_through_a_card_taken(fleet):
+    """The summary counts which cards are held and by which model (the placement), not the
+    replicas' states: a state changed leaves it kept, a card taken draws it again."""
+    viewer = client()
+    get(viewer, "/nodes/")
+    get(viewer, "/nodes/")
+
+    def summary_read(url: str) -> bool:
+        with CaptureQueriesContext(connection) as ctx:
+            page = viewer.get(url).content.decode()
+        # The summary's own query: every card grouped by class and holder, no node named.
+        grouped = [q for q in ctx.captured_queries if "GROUP BY" in q["sql"] and "gpu_class_id" in q["sql"]]
+        return bool(grouped) and "12 cards" in page
+
+    sql("UPDATE catalog_replica SET state = 'loading'")
+    assert not summary_read("/nodes/")
+    b.replica(fleet["profile"], fleet["nodes"][1], [0], name="llama-2")  # a card taken
+    assert summary_read("/nodes/")

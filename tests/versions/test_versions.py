@@ -27,7 +27,7 @@ def test_the_tracked_tables_are_every_table_of_the_catalog_operations_and_teleme
             if model._meta.model_name not in ("replica", "shard"):
                 assert tables[model._meta.db_table] == area
     # A replica's state and the cards it holds change often: kept apart from the fleet's structure.
-    assert tables["catalog_replica"] == tables["catalog_shard"] == "replicas"
+    assert tables["catalog_replica"] == "replicas" and tables["catalog_shard"] == "placement"
     assert tables["catalog_node"] == tables["catalog_card"] == tables["catalog_model"] == "structure"
     assert tables["telemetry_cardreading"] == tables["telemetry_nodereading"] == "readings"
     assert "operations_restartstep" in tables  # the operations' tables under their app's names
@@ -73,7 +73,7 @@ def test_a_write_through_a_service_raises_the_structure_version_and_no_other(aud
         )
     after = versions_of()
     assert after.get("structure") != before.get("structure")
-    others = ("replicas", "operations", "readings")
+    others = ("placement", "replicas", "operations", "readings")
     assert [after.get(a) for a in others] == [before.get(a) for a in others]
 
 
@@ -91,7 +91,7 @@ def test_an_area_nobody_raises_is_refused():
         ("structure", 'UPDATE catalog_card SET "index" = "index" + 100'),
         ("structure", 'DELETE FROM catalog_card WHERE "index" = 7'),
         ("replicas", "UPDATE catalog_replica SET state = 'ready'"),
-        ("replicas", "DELETE FROM catalog_shard"),
+        ("placement", "DELETE FROM catalog_shard"),
         (
             "operations",
             "INSERT INTO operations_agentcontact (node_id, last_seen_at) SELECT id, CURRENT_TIMESTAMP FROM catalog_node",
@@ -109,7 +109,7 @@ def test_a_write_by_raw_sql_raises_its_area(audit_flushable, area, sql):
     before = versions_of()
     committed(sql)
     after = versions_of()
-    others = sorted({"structure", "replicas", "operations", "readings"} - {area})
+    others = sorted({"structure", "placement", "replicas", "operations", "readings"} - {area})
     assert after.get(area) != before.get(area)
     assert [after.get(a) for a in others] == [before.get(a) for a in others]
 

@@ -1,4 +1,4 @@
-"""The catalog's counter split in two, ``structure`` and ``replicas``, and telemetry's renamed
+"""The catalog's counter split in three, ``structure``, ``placement`` and ``replicas``, and telemetry's renamed
 ``readings`` (issue 25): a replica's state change no longer throws away the answers that show only
 the fleet's structure. Users, groups and permissions raise ``access``, under which each user's
 permissions are kept. Undone, the areas are the apps again."""
@@ -19,7 +19,7 @@ def split(apps, schema_editor):
 def join(apps, schema_editor):
     triggers.install_areas(apps, schema_editor, FORMER_AREAS, {}, FORMER_ORDER)
     schema_editor.execute(
-        "DELETE FROM versions_version WHERE area IN ('structure', 'replicas', 'readings', 'access')",
+        "DELETE FROM versions_version WHERE area IN ('structure', 'placement', 'replicas', 'readings', 'access')",
         params=None,
     )
     for table in (

@@ -130,7 +130,7 @@ def model_list(request: HttpRequest) -> HttpResponse:
     query = normalized(request.GET)
     results = remembered(
         "models-results",
-        ["structure", "replicas"],
+        ["structure", "placement", "replicas"],
         [query.urlencode()],
         lambda: model_results(query),
         request=request,
@@ -203,7 +203,7 @@ def kept_replicas_section(request: HttpRequest, model: ServedModel) -> tuple[Saf
     """``replicas_section``, kept under the catalog's version (it reads nothing else)."""
     return remembered(
         "model-replicas",
-        ["structure", "replicas"],
+        ["structure", "placement", "replicas"],
         [model.pk],
         lambda: replicas_section(model),
         request=request,

@@ -231,7 +231,9 @@ def kept_with_readings(
         return with_readings(html, readings)
 
     tick = int(time.time() // SEEN_WITHIN_SECONDS)
-    return remembered(name, ["structure", "replicas", "readings"], [*parts, tick], filled, request=request)
+    return remembered(
+        name, ["structure", "placement", "replicas", "readings"], [*parts, tick], filled, request=request
+    )
 
 
 def with_readings(html: str, readings: Readings) -> SafeString:
@@ -375,13 +377,14 @@ def node_results(query: QueryDict) -> Results:
 @require_GET
 def node_list(request: HttpRequest) -> HttpResponse:
     # Kept under the fleet's versions (versions/cache.py), each part under the areas it shows: the
-    # summary and the results' grid under the structure's and the replicas', the grid's readings
+    # summary under the structure's and the placement's (which cards are held, by which model: not
+    # the replicas' states), the results' grid under those and the replicas', the grid's readings
     # under the readings' (a sampling round throws away only those), put in at each request with
     # the clock's "seen ... ago". None holds anything of the reader's: the page around is drawn anew.
     query = normalized(request.GET)
     found = remembered(
         "nodes-results",
-        ["structure", "replicas"],
+        ["structure", "placement", "replicas"],
         [query.urlencode()],
         lambda: node_results(query),
         request=request,
@@ -398,7 +401,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
             "section": "nodes",
             "filters": kept_filters(request, "catalog/node_list.html", query, NodeFilterForm.for_fleet),
             "summary": remembered(
-                "nodes-summary", ["structure", "replicas"], [], fleet_summary, request=request
+                "nodes-summary", ["structure", "placement"], [], fleet_summary, request=request
             ),
             "results": results,
         },
@@ -446,7 +449,11 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     # readings under the readings' (as the nodes page's results); its actions (by permission, with
     # CSRF tokens), its drains' restarts and its history are drawn per request.
     body = remembered(
-        "node-body", ["structure", "replicas"], [node.pk], lambda: node_body(node), request=request
+        "node-body",
+        ["structure", "placement", "replicas"],
+        [node.pk],
+        lambda: node_body(node),
+        request=request,
     )
     body = kept_with_readings(request, "node-body-filled", [node.pk], body, [node.pk])
     return render_page(
