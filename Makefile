@@ -81,11 +81,14 @@ serve: install
 		--access-logfile - --graceful-timeout 10 --keep-alive 5
 
 # The benchmark (docs/benchmarks.md): the generated 1,000-node fleet on PostgreSQL, served by
-# make serve, every page against the floor; the restart fan-out against its ideal; and two web
-# processes and two workers sharing a fan-out, one worker killed. Each on a database of its own
-# (BENCH_DATABASE_URL, BENCH_FANOUT_DATABASE_URL, BENCH_SCALE_DATABASE_URL).
+# make serve, every page against the floor, each asked by the role it needs, warm, right after a
+# write and under the sampler's writes, the load average beside each; the restart fan-out against its
+# ideal; and two web processes and two workers sharing a fan-out, one worker killed. Each on a
+# database of its own (BENCH_DATABASE_URL, BENCH_FANOUT_DATABASE_URL, BENCH_SCALE_DATABASE_URL).
+# BENCH_PAGES_ARGS for the pages', e.g. "--nodes 200 --audit 100000" on a machine too busy for 1,000.
+BENCH_PAGES_ARGS ?=
 bench: install
-	$(PY) bench/pages.py
+	$(PY) bench/pages.py $(BENCH_PAGES_ARGS)
 	$(PY) bench/fanout.py
 	$(PY) bench/scale_out.py
 	$(PY) bench/telemetry_round.py

@@ -60,6 +60,33 @@ def rule_for(rule: Rule | None, method: str) -> str | None:
     return rule.get(method) or rule.get(_AS_GET.get(method, ""))
 
 
+def read_permissions_once(request: Any) -> None:
+    """The signed-in user's permissions, read once per version of the users', groups' and
+    permissions' tables (the ``access`` area) rather than at every request: Django's ModelBackend
+    reads them with two queries per request (the user's own, then its groups'), and every
+    ``has_perm`` after, the page's and the templates', uses the set put here. A superuser's need
+    no query; an inactive or anonymous user has none."""
+    from django.contrib.auth.backends import ModelBackend
+
+    from versions.cache import remembered
+
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated or not user.is_active or user.is_superuser:
+        return
+    if hasattr(user, "_perm_cache"):
+        return  # read already in this request
+
+    def read() -> frozenset[str]:
+        return frozenset(ModelBackend().get_all_permissions(user))
+
+    # A read shares the versions it reads here with the view's kept parts (one query for both); a
+    # write does not: the view may write before it asks for a kept part, which must then be
+    # looked up under the versions after the write, not before it.
+    reads = (getattr(request, "method", None) or "GET") in ("GET", "HEAD")
+    kept = remembered("permissions", ["access"], [user.pk], read, request=request if reads else None)
+    user._perm_cache = set(kept)
+
+
 def allows(user: Any, need: str | None) -> bool:
     """Whether ``user`` may do what ``need`` names."""
     if need == PUBLIC:
@@ -103,6 +130,8 @@ def declared_rule(callback: Any) -> Rule | None:
 def _page_gate(request: HttpRequest, rule: Rule | None) -> HttpResponse | None:
     """None when the request may go on; the sign-in redirect for anonymous; 403 otherwise."""
     need = rule_for(rule, request.method or "GET")
+    if need not in (PUBLIC, SIGNED_IN, None):
+        read_permissions_once(request)
     if allows(request.user, need):
         return None
     if not request.user.is_authenticated:
@@ -141,6 +170,8 @@ class RequiredPermission(BasePermission):
 
     def has_permission(self, request: Request, view: APIView) -> bool:
         need = rule_for(getattr(view, "required_permission", None), request.method or "GET")
+        if need not in (PUBLIC, SIGNED_IN, None):
+            read_permissions_once(request)
         if allows(request.user, need):
             return True
         if request.user and request.user.is_authenticated:

@@ -86,7 +86,7 @@ def kept_filters(
     quarter of a kept page's time. A GET form: no CSRF token in it."""
     return remembered(
         f"filters:{template}",
-        ["catalog"],
+        ["structure"],
         [query.urlencode()],
         lambda: render_to_string(f"{template}#filters", {"form": form(query or None)}),
         request=request,

@@ -1,18 +1,24 @@
-"""The pages and endpoints against the floor, on the generated fleet, served as in production.
+"""The pages and endpoints against the floor, on the generated fleet, served as in production,
+each asked by the role a real user needs, warm, right after a write, and under the sampler's writes.
 
 Run: `make bench` (which runs this, then bench/fanout.py), or
-`.venv/bin/python bench/pages.py [--database-url URL] [--rounds R] [--requests N] [--concurrency C]`.
+`.venv/bin/python bench/pages.py [--nodes N] [--audit A] [--database-url URL] [--rounds R]
+[--requests N] [--writes W] [--concurrency C] [--phases warm,replica,structure,sampler]`.
 
-1. Generates the fleet (manage.py generate_fleet: 1,000 nodes × 8 cards, 500 models, 1,500
-   profiles, 8,000 replicas, 2,000 restarts, 1,000,000 audit entries; bulk inserts, idempotent:
-   a second run adds nothing) in a database of its own.
+1. Generates the fleet (manage.py generate_fleet: by default 1,000 nodes × 8 cards, 500 models,
+   1,500 profiles, 8,000 replicas, 2,000 restarts, 1,000,000 audit entries, and a viewer, an
+   operator and a lead; bulk inserts, idempotent: a second run adds nothing) in a database of its
+   own (one per fleet size: the generator only adds).
 2. Serves it with `make serve` (gunicorn, 2 workers, debug off, whitenoise) on a free port.
 3. Counts the queries and bytes of each request once, in this process, through Django's test
-   client on the same database.
-4. Measures, interleaved: ``rounds`` times, every target in a new random order, ``requests``
-   requests at ``concurrency`` at once, each client with its own kept-alive connection and the
-   session of a signed-in superuser. The machine is shared, so each target's p50 is also given
-   as a ratio to the floor's (GET /api/whoami/), measured in the same rounds.
+   client on the same database, as its role.
+4. Measures each phase (``PHASES``): ``rounds`` times, every target in a new random order, the
+   floor (GET /api/whoami/, a signed-in DRF view that reads nothing) among them, each asked with
+   the session of the role it needs (``Target.role``: viewer, operator or lead; never a superuser,
+   who reads no permission). Warm and under the sampler: ``requests`` requests at ``concurrency``
+   at once. After a write: ``writes`` times one write (a replica's state, or a model's source)
+   then one request. The machine is shared: each p50 is given as a ratio to the floor's in the
+   same phase, and the 1-minute load average read beside each target's requests is given beside it.
 
 To measure one more page, add a line to TARGETS (a name, the method, the path, a body).
 """
@@ -32,6 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -53,8 +60,16 @@ class Target:
     def label(self) -> str:
         return f"{self.name}: {self.method} {self.path}"
 
+    @property
+    def role(self) -> str:
+        """The role a real user needs for it (base/roles.py): the dry runs and the preview an
+        operator's, the audit log's pages a lead's, the rest (the floor too) a viewer's."""
+        if "/gpus/" in self.path or "/context/" in self.path or "preview" in self.path:
+            return "operator"
+        return "lead" if "audit" in self.path else "viewer"
 
-def targets(audit: list[Target]) -> list[Target]:
+
+def targets(audit: list[Target], node: str = "gen-node-0500") -> list[Target]:
     return [
         Target("floor", "GET", "/api/whoami/"),
         Target(
@@ -80,7 +95,7 @@ def targets(audit: list[Target]) -> list[Target]:
         Target("nodes, first page", "GET", "/nodes/"),
         Target("nodes, filtered", "GET", "/nodes/?gpu_class=gen-a100-80g&state=ready&free=2"),
         Target("nodes, compact", "GET", "/nodes/?view=compact"),
-        Target("node page", "GET", "/nodes/gen-node-0500/"),
+        Target("node page", "GET", f"/nodes/{node}/"),
         Target("model list", "GET", "/"),
         Target("model list, filtered", "GET", "/?engine=sglang&gpu_class=gen-a100-80g"),
         Target("models API", "GET", "/api/models/"),
@@ -194,6 +209,7 @@ class Samples:
     latencies: list[float] = field(default_factory=list)
     wall: float = 0.0
     errors: int = 0
+    loads: list[float] = field(default_factory=list)  # the 1-minute load average beside each burst
 
 
 def burst(
@@ -311,48 +327,227 @@ def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
+PHASES = {
+    "warm": "warm: nothing written while reading",
+    "replica": "right after a replica's state changes (one write, then one request)",
+    "structure": "right after a model is edited (one write, then one request)",
+    "sampler": "while the sampler's writes run at the default rate",
+}
+
+
 def main() -> None:
     args = _arguments()
-    env = _setup(args.database_url, audit=args.audit)
-    from demo.scale import BENCH_PASSWORD, BENCH_USER
+    env = _setup(args)
+    from demo.scale import BENCH_PASSWORD, ROLE_USERS
 
-    chosen = [x for x in targets(audit_targets()) if x.name == "floor" or args.only in x.name]
-    shape = {x.label: count_in_process(x, BENCH_USER) for x in chosen}
+    node = f"gen-node-{args.nodes // 2:04d}"
+    chosen = [x for x in targets(audit_targets(), node) if x.name == "floor" or args.only in x.name]
+    shape = {x.label: count_in_process(x, ROLE_USERS[x.role]) for x in chosen}
     if args.in_process:
-        _in_process_report(
-            chosen, BENCH_USER, runs=args.in_process, out=Path(args.out).with_name("in_process.json")
-        )
+        _in_process_report(chosen, runs=args.in_process, out=Path(args.out).with_name("in_process.json"))
         return
-
-    samples = _served_rounds(
-        env,
-        chosen,
-        (BENCH_USER, BENCH_PASSWORD),
-        rounds=args.rounds,
-        requests=args.requests,
-        concurrency=args.concurrency,
-    )
-    rows = _rows(chosen, samples, shape)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    phases = [p for p in args.phases.split(",") if p]
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown:
+        raise SystemExit(f"no such phase {unknown}: the phases are {', '.join(PHASES)}")
     meta = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": _machine(),
+        "fleet": f"{args.nodes} nodes × 8 cards, {args.models} models, {args.audit:,} audit entries",
         "rounds": args.rounds,
         "requests": args.requests,
         "concurrency": args.concurrency,
+        "writes": args.writes,
+        "load_at_start": round(os.getloadavg()[0], 1),
     }
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    print(table(rows, meta))
+    port = free_port()
+    server = serve(env, port)
+    base = f"http://127.0.0.1:{port}"
+    results: dict[str, list[dict]] = {}
+    try:
+        sessions = {role: sign_in(base, name, BENCH_PASSWORD) for role, name in ROLE_USERS.items()}
+        for x in chosen:  # warm each worker's caches and connections
+            burst(base, sessions[x.role], x, 4, 2, Samples())
+        for phase in phases:
+            samples = _phase(phase, base, sessions, chosen, args)
+            results[phase] = _rows(chosen, samples, shape)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+    meta["load_at_end"] = round(os.getloadavg()[0], 1)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "phases": results}, indent=2))
+    print(table(results, meta))
+
+
+def _phase(
+    phase: str, base: str, sessions: dict[str, dict[str, str]], chosen: list[Target], args: argparse.Namespace
+) -> dict[str, Samples]:
+    """``rounds`` rounds of every target (the floor among them) in a new random order, each target's
+    requests asked as its role, the load average read beside each: bursts of ``requests`` at
+    ``concurrency`` (warm, sampler), or ``writes`` times a write then one request (replica, structure)."""
+    samples = {x.label: Samples() for x in chosen}
+    sampler = SamplerWrites(args.nodes) if phase == "sampler" else None
+    if sampler is not None:
+        sampler.start()
+    rng = random.Random(1)
+    try:
+        for r in range(args.rounds):
+            order = chosen[:]
+            rng.shuffle(order)
+            for x in order:
+                s = samples[x.label]
+                s.loads.append(os.getloadavg()[0])
+                if phase in ("replica", "structure"):
+                    for _ in range(args.writes):
+                        WRITES[phase]()
+                        burst(base, sessions[x.role], x, 1, 1, s)
+                else:
+                    burst(base, sessions[x.role], x, args.requests, args.concurrency, s)
+                s.loads.append(os.getloadavg()[0])
+            print(f"{phase}: round {r + 1} of {args.rounds} done", flush=True)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+            print(f"sampler: {sampler.recorded} nodes' readings written, {sampler.rounds} rounds", flush=True)
+    return samples
+
+
+# -- the writes -------------------------------------------------------------------------------------------
+
+
+def _flip_replica() -> None:
+    """One replica's state, ready ↔ loading, as the runner writes it during a restart: raises the
+    replicas' version (versions/triggers.py) and nothing else."""
+    from catalog.models import Replica
+
+    replica = Replica.objects.filter(name__startswith="gen-model-003-").order_by("name").first()
+    if replica is None:
+        raise SystemExit("the generated fleet has no replica of gen-model-003")
+    state = "loading" if replica.state == "ready" else "ready"
+    Replica.objects.filter(pk=replica.pk).update(state=state)
+
+
+def _edit_model() -> None:
+    """One model's source edited: raises the structure's version and nothing else."""
+    from catalog.models import ServedModel
+
+    model = ServedModel.objects.get(name="gen-model-003")
+    source = model.source[:-1] if model.source.endswith("~") else f"{model.source}~"
+    ServedModel.objects.filter(pk=model.pk).update(source=source)
+
+
+WRITES = {"replica": _flip_replica, "structure": _edit_model}
+
+
+class SamplerWrites:
+    """The telemetry sampler's writes without its agent calls: every node's readings recorded once
+    per ``LLMGW_TELEMETRY_SECONDS`` (the default, 15 s), as ``fleet_sample`` records what each agent
+    answers (``telemetry_record``), eight at a time, the round's nodes spread over the interval; a
+    round that takes longer than the interval is followed by the next at once, as the sampler's is."""
+
+    def __init__(self, nodes: int, parallel: int = 8) -> None:
+        self.parallel = parallel
+        self.recorded = 0
+        self.rounds = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._next = 0
+        from django.conf import settings
+
+        from catalog.models import Node
+
+        self.interval = settings.LLMGW_TELEMETRY_SECONDS
+        self.nodes = list(Node.objects.filter(name__startswith="gen-").order_by("name"))
+        self._round_start = time.monotonic()
+
+    def body(self, node: Any, rng: random.Random) -> dict[str, Any]:
+        return {
+            "source": "nvidia-smi",
+            "cards": [
+                {
+                    "index": i,
+                    "memory_used_mib": rng.randrange(1000, 80000),
+                    "memory_total_mib": 81559,
+                    "utilization_percent": rng.randrange(0, 100),
+                    "temperature_c": rng.randrange(30, 80),
+                    "processes": [],
+                }
+                for i in range(8)
+            ],
+        }
+
+    def _claim(self) -> tuple[Any, float] | None:
+        """The next node to record and when it is due, a new round begun after the last."""
+        with self._lock:
+            if self._next >= len(self.nodes):
+                self._next = 0
+                self.rounds += 1
+                self._round_start = max(self._round_start + self.interval, time.monotonic())
+            i = self._next
+            self._next += 1
+            return self.nodes[i], self._round_start + self.interval * i / max(1, len(self.nodes))
+
+    def _work(self) -> None:
+        from django.db import connection
+
+        from telemetry.services import telemetry_record
+
+        rng = random.Random(threading.get_ident())
+        try:
+            while not self._stop.is_set():
+                claimed = self._claim()
+                if claimed is None:
+                    return
+                node, due = claimed
+                wait = due - time.monotonic()
+                if wait > 0 and self._stop.wait(wait):
+                    return
+                telemetry_record(node=node, body=self.body(node, rng))
+                with self._lock:
+                    self.recorded += 1
+        finally:
+            connection.close()
+
+    def start(self) -> None:
+        self._round_start = time.monotonic()
+        self._threads = [threading.Thread(target=self._work, daemon=True) for _ in range(self.parallel)]
+        for t in self._threads:
+            t.start()
+        time.sleep(min(2.0, self.interval))  # under way before the first request
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
 
 
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_DB))
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=20, help="requests per target per round")
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL", ""),
+        help=f"default {DEFAULT_DB}, with _NODES after it for a fleet of other than 1,000 nodes",
+    )
+    parser.add_argument("--nodes", type=int, default=1000, help="the fleet's nodes of 8 cards (default 1000)")
+    parser.add_argument("--models", type=int, default=0, help="the fleet's models (default half the nodes)")
+    parser.add_argument(
+        "--operations", type=int, default=0, help="finished restarts (default twice the nodes)"
+    )
     parser.add_argument("--audit", type=int, default=1_000_000, help="audit entries to generate")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--requests", type=int, default=20, help="requests per target per round (warm, sampler)"
+    )
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--writes", type=int, default=4, help="writes, each then a request, per target per round"
+    )
+    parser.add_argument(
+        "--phases", default=",".join(PHASES), help=f"which to measure, of {', '.join(PHASES)} (default all)"
+    )
     parser.add_argument("--only", default="", help="measure only targets whose name contains this")
     parser.add_argument("--out", default=str(ROOT / "var" / "bench" / "pages.json"))
     parser.add_argument(
@@ -362,15 +557,20 @@ def _arguments() -> argparse.Namespace:
         metavar="RUNS",
         help="only measure in this process, one request at a time, cold and warm: the median of RUNS",
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.models = args.models or max(2, args.nodes // 2)
+    args.operations = args.operations or 2 * args.nodes
+    if not args.database_url:
+        args.database_url = DEFAULT_DB if args.nodes == 1000 else f"{DEFAULT_DB}_{args.nodes}"
+    return args
 
 
-def _setup(database_url: str, *, audit: int) -> dict[str, str]:
+def _setup(args: argparse.Namespace) -> dict[str, str]:
     """Django on the benchmark's database (created when missing), migrated, with the generated
-    fleet of ``audit`` audit entries; the environment ``make serve`` is given."""
+    fleet of ``args``' sizes; the environment ``make serve`` is given."""
     env = {
         **os.environ,
-        "DATABASE_URL": database_url,
+        "DATABASE_URL": args.database_url,
         "DJANGO_SECRET_KEY": SECRET,
         "DJANGO_DEBUG": "0",
         "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
@@ -381,7 +581,7 @@ def _setup(database_url: str, *, audit: int) -> dict[str, str]:
     }
     os.environ.update(env)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    _create_database(database_url)
+    _create_database(args.database_url)
     import django
 
     django.setup()
@@ -389,56 +589,37 @@ def _setup(database_url: str, *, audit: int) -> dict[str, str]:
 
     call_command("migrate", verbosity=0)
     t = time.monotonic()
-    call_command("generate_fleet", "--audit", str(audit))
+    call_command(
+        "generate_fleet",
+        "--nodes",
+        str(args.nodes),
+        "--models",
+        str(args.models),
+        "--operations",
+        str(args.operations),
+        "--audit",
+        str(args.audit),
+    )
     print(f"fleet ready in {time.monotonic() - t:.0f} s", flush=True)
     return env
 
 
-def _in_process_report(chosen: list[Target], username: str, *, runs: int, out: Path) -> None:
-    """``--in-process``: each target measured in this process, kept in ``out`` and printed as a table."""
-    measured = {x.label: in_process(x, username, runs=runs) for x in chosen}
+def _in_process_report(chosen: list[Target], *, runs: int, out: Path) -> None:
+    """``--in-process``: each target measured in this process, as its role, kept in ``out`` and printed."""
+    from demo.scale import ROLE_USERS
+
+    measured = {x.label: in_process(x, ROLE_USERS[x.role], runs=runs) for x in chosen}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(measured, indent=2))
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_machine()}")
     print(in_process_table(measured))
 
 
-def _served_rounds(
-    env: dict[str, str],
-    chosen: list[Target],
-    credentials: tuple[str, str],
-    *,
-    rounds: int,
-    requests: int,
-    concurrency: int,
-) -> dict[str, Samples]:
-    """The served measurement: ``make serve`` on a free port, each target warmed, then ``rounds``
-    rounds of every target in a new random order; the server stopped however it ends."""
-    port = free_port()
-    server = serve(env, port)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        headers = sign_in(base, *credentials)
-        samples = {x.label: Samples() for x in chosen}
-        for x in chosen:  # warm each worker's caches and connections
-            burst(base, headers, x, 4, 2, Samples())
-        rng = random.Random(1)
-        for r in range(rounds):
-            order = chosen[:]
-            rng.shuffle(order)
-            for x in order:
-                burst(base, headers, x, requests, concurrency, samples[x.label])
-            print(f"round {r + 1} of {rounds} done", flush=True)
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
-    return samples
-
-
 def _rows(
     chosen: list[Target], samples: dict[str, Samples], shape: dict[str, tuple[int, int, int]]
 ) -> list[dict]:
-    """A row a target: its latencies, its rate, its queries and size, and its p50 against the floor's."""
+    """A row a target: its role, latencies, queries and size, its p50 against the floor's in the
+    same phase, and the load average while it was measured (median of the readings beside it)."""
     floor = statistics.median(samples[chosen[0].label].latencies)
     rows = []
     for x in chosen:
@@ -448,33 +629,46 @@ def _rows(
         rows.append(
             {
                 "target": x.label,
+                "role": x.role,
                 "p50_ms": round(1000 * p50, 1),
                 "p95_ms": round(1000 * pct(s.latencies, 95), 1),
-                "rps": round(len(s.latencies) / s.wall, 1),
                 "queries": queries,
                 "warm_queries": warm_queries,
                 "bytes": size,
                 "ratio": round(p50 / floor, 2),
+                "load": round(statistics.median(s.loads), 1),
                 "errors": s.errors,
             }
         )
     return rows
 
 
-def table(rows: list[dict], meta: dict) -> str:
+def table(results: dict[str, list[dict]], meta: dict) -> str:
+    """One table: a row per target, a column per phase: p50 ms, × the floor's p50 in the same phase
+    (bold within 3×), and the load average (1 minute) while it was measured."""
+    phases = list(results)
     lines = [
-        f"{meta['when']}, {meta['machine']}; {meta['rounds']} rounds × {meta['requests']} requests a target, "
-        f"{meta['concurrency']} at once",
+        f"{meta['when']}, {meta['machine']}; {meta['fleet']}; load {meta['load_at_start']} at the start, "
+        f"{meta.get('load_at_end', '?')} at the end",
+        f"{meta['rounds']} rounds; warm and sampler: {meta['requests']} requests a target a round, "
+        f"{meta['concurrency']} at once; after a write: {meta['writes']} writes a target a round, each then "
+        "one request",
         "",
-        "| page or endpoint | p50 ms | p95 ms | req/s | queries cold / warm | bytes | × floor p50 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| page or endpoint | role | queries cold / warm | bytes | "
+        + " | ".join(PHASES[p].split(":")[0].split(" (")[0] for p in phases)
+        + " |",
+        "|---|---|---:|---:|" + "---:|" * len(phases),
     ]
-    for r in rows:
-        err = f" ({r['errors']} errors)" if r["errors"] else ""
+    for i, first in enumerate(results[phases[0]]):
+        cells = []
+        for p in phases:
+            r = results[p][i]
+            ratio = f"**{r['ratio']}**" if r["ratio"] <= 3 else f"{r['ratio']}"
+            err = f", {r['errors']} errors" if r["errors"] else ""
+            cells.append(f"{r['p50_ms']} ms · {ratio}× · load {r['load']}{err}")
         lines.append(
-            f"| {r['target']}{err} | {r['p50_ms']} | {r['p95_ms']} | {r['rps']} | "
-            f"{r['queries']} / {r.get('warm_queries', r['queries'])} | "
-            f"{r['bytes']:,} | {r['ratio']} |"
+            f"| {first['target']} | {first['role']} | {first['queries']} / {first['warm_queries']} | "
+            f"{first['bytes']:,} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines)
 
@@ -486,7 +680,7 @@ def _machine() -> str:
         mem = int(next(x for x in meminfo if x.startswith("MemTotal")).split()[1]) // 2**20
     except (OSError, StopIteration):
         mem = 0
-    return f"{cores} cores, {mem} GiB, load {os.getloadavg()[0]:.1f} at the end"
+    return f"{cores} cores, {mem} GiB"
 
 
 def _create_database(url: str, *, anew: bool = False) -> None:

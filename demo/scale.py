@@ -99,6 +99,7 @@ def generate(sizes: Sizes, *, say: Callable[[str], None] = print) -> dict[str, i
         profiles = _profiles(models, model_class, classes, step)
         _replicas(model_class, node_class, classes, profiles, rng, step)
         user = _bench_user()
+        _role_users()
         _operations(sizes, models, model_class, profiles, user, step)
 
     _append_audit(sizes.audit, user, rng, step)
@@ -290,6 +291,22 @@ def _replicas(
     by_name = dict(Replica.objects.filter(name__startswith=PREFIX).values_list("name", "pk"))
     _bulk(Shard, [Shard(replica_id=by_name[replicas[i].name], card=card) for i, card in shards])
     step("replicas", len(replicas))
+
+
+# A user of each role the pages ask for (base/roles.py), for the benchmark to request each page as
+# whoever would: a superuser reads no permission, and so measures less than anyone real.
+ROLE_USERS = {"viewer": "gen-viewer", "operator": "gen-operator", "lead": "gen-lead"}
+
+
+def _role_users() -> None:
+    """The benchmark's users of the roles, created when missing, with BENCH_PASSWORD."""
+    from django.contrib.auth.models import Group
+
+    for role, name in ROLE_USERS.items():
+        user = get_user_model().objects.filter(username=name).first()
+        if user is None:
+            user = get_user_model().objects.create_user(name, password=BENCH_PASSWORD)
+        user.groups.set([Group.objects.get(name=role)])
 
 
 def _bench_user():

@@ -15,6 +15,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
+from base.rules import read_permissions_once
+
 OPEN_ADMIN = "access.open_admin"
 
 
@@ -34,6 +36,7 @@ class AdminSite(admin.AdminSite):
     login_form = SignInForm
 
     def has_permission(self, request: HttpRequest) -> bool:
+        read_permissions_once(request)  # then every model's checks on the page use the one set
         user = request.user
         return bool(user.is_active and user.has_perm(OPEN_ADMIN))
 

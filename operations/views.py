@@ -83,7 +83,7 @@ def kept_latest_for(request: HttpRequest, model: ServedModel) -> tuple[RestartOp
 
     return remembered(
         "latest-restart",
-        ["catalog", "operations"],
+        ["structure", "placement", "replicas", "operations"],
         [model.pk],
         read,
         request=request,
@@ -144,7 +144,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     # active restart; nothing in it is the reader's.
     rows, active = remembered(
         "operation-rows",
-        ["catalog", "operations"],
+        ["structure", "operations"],  # the models' and profiles' names, the restarts and their steps
         [model, page_number],
         lambda: operation_rows(model, page_number),
         request=request,

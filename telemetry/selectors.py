@@ -58,9 +58,13 @@ def _foreign(processes: object) -> tuple[tuple[str, int | None], ...]:
     )
 
 
-def card_use_of_nodes(node_ids: list[int]) -> dict[tuple[int, int], CardUse]:
-    """Each card's latest reading on these nodes, by (node id, card index): one query."""
-    rows = CardReading.objects.filter(card__node_id__in=node_ids).values_list(
+def card_use_of_nodes(node_ids: list[int], *, foreign_only: bool = False) -> dict[tuple[int, int], CardUse]:
+    """Each card's latest reading on these nodes, by (node id, card index): one query.
+    ``foreign_only``: only the cards a foreign process holds memory on."""
+    found = CardReading.objects.filter(card__node_id__in=node_ids)
+    if foreign_only:
+        found = found.filter(foreign_mib__gt=0)
+    rows = found.values_list(
         "card__node_id",
         "card__index",
         "memory_used_mib",

@@ -23,6 +23,7 @@ from django.core.cache import caches
 from django.db import connection
 
 from versions.models import Version
+from versions.triggers import ORDER
 
 T = TypeVar("T")
 ALIAS = "answers"
@@ -30,8 +31,10 @@ _MEMO = "_llmgw_versions"  # on the request: the versions read once for all its 
 
 
 def versions_of(request: Any = None) -> dict[str, str]:
-    """Every area's version, ``born.n``: one query, once a request when ``request`` is given."""
+    """Every area's version, ``born.n``: one query, once a request when ``request`` is given (a DRF
+    request's memo is its Django request's: the permission gate and the view share one)."""
     if request is not None:
+        request = getattr(request, "_request", request)
         memo = getattr(request, _MEMO, None)
         if memo is not None:
             return memo
@@ -47,6 +50,11 @@ def usable() -> bool:
 
 
 def key_of(name: str, areas: Iterable[str], parts: Iterable[Any], *, request: Any = None) -> str:
+    areas = tuple(areas)
+    unknown = sorted(set(areas) - set(ORDER))
+    if unknown:
+        # A counter nobody raises would keep the answer forever: a name from before the split, or a typo.
+        raise ValueError(f"{name}: no such version area {unknown}; the areas are {list(ORDER)}")
     versions = versions_of(request)
     stamp = ",".join(f"{a}={versions.get(a, 'none')}" for a in sorted(areas))
     digest = hashlib.sha256(repr(tuple(parts)).encode()).hexdigest()[:32]

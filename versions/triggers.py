@@ -1,8 +1,10 @@
 """The database raises an area's version in every transaction that writes one of its tables.
 
-The areas are apps' tables (``AREAS``): the catalog's (classes, nodes, cards, models, profiles,
-replicas, shards), the operations' (restarts, their steps, each agent's contact), the
-telemetry's (readings and samples) and the audit log (its entries: the history panels). A cached answer is kept under the versions of the areas it
+The areas (``ORDER``, ``AREAS``, ``BY_MODEL``): the fleet's ``structure`` (the catalog's classes,
+nodes, cards, models, profiles), its ``placement`` (the cards replicas hold), its ``replicas``
+(their states), the
+``operations`` (restarts, their steps, each agent's contact), the ``readings`` (telemetry's
+readings and samples) and the ``audit`` log (its entries: the history panels). A cached answer is kept under the versions of the areas it
 reads (``versions/cache.py``); a write to any of their tables, by the services or by raw SQL
 behind the application's back, gives the next reader another key.
 
@@ -52,8 +54,29 @@ from __future__ import annotations
 
 from typing import Any
 
-# The app whose tables count, and the area each raises. The order is the order counters are taken.
-AREAS = {"catalog": "catalog", "operations": "operations", "telemetry": "telemetry", "audit": "audit"}
+# The areas, in the order counters are taken at commit (PostgreSQL), and which tables raise each.
+# What changes often is kept apart from what changes rarely, so that a write throws away only the
+# kept answers that show what it wrote:
+#   structure   the catalog's shape: GPU classes, nodes, cards, models, profiles (an operator's edits;
+#               a node's state and its agent's reachability, which change when a node does)
+#   placement   which cards each replica holds (shards: written when a replica starts, moves or ends)
+#   replicas    replicas: their states (they change every few seconds in a restart)
+#   operations  restarts, their steps, each agent's last contact (the reconciler's every pass)
+#   readings    telemetry: node and card readings and samples (the sampler's every round)
+#   audit       the log's entries (the history panels)
+#   access      users, groups and their permissions (each signed-in user's permissions, kept)
+STRUCTURE, REPLICAS, OPERATIONS, READINGS, AUDIT = "structure", "replicas", "operations", "readings", "audit"
+PLACEMENT, ACCESS = "placement", "access"
+ORDER = (STRUCTURE, PLACEMENT, REPLICAS, OPERATIONS, READINGS, AUDIT, ACCESS)
+# Each app whose tables count, and the area its tables raise unless ``BY_MODEL`` says otherwise.
+AREAS = {
+    "catalog": STRUCTURE,
+    "operations": OPERATIONS,
+    "telemetry": READINGS,
+    "audit": AUDIT,
+    "auth": ACCESS,
+}
+BY_MODEL = {("catalog", "replica"): REPLICAS, ("catalog", "shard"): PLACEMENT}
 # Of an app, only these models count (else all): of the audit app, the log, which the pages'
 # history panels read; not the row changes, which the database writes beside every catalog write
 # and no kept answer reads.
@@ -118,15 +141,22 @@ END;
 SQLITE_OPS = ("INSERT", "UPDATE", "DELETE")
 
 
-def tracked_tables(apps: Any) -> dict[str, str]:
+def tracked_tables(
+    apps: Any, areas: dict[str, str] | None = None, by_model: dict[tuple[str, str], str] | None = None
+) -> dict[str, str]:
     """Each table whose writes raise a version, and its area, from the apps' models."""
+    areas = AREAS if areas is None else areas
+    by_model = BY_MODEL if by_model is None else by_model
     out = {}
-    for label, area in AREAS.items():
-        for model in apps.get_app_config(label).get_models():
+    for label, area in areas.items():
+        if label not in apps.app_configs:
+            continue
+        # Many-to-many tables too (a user's groups, a group's permissions).
+        for model in apps.get_app_config(label).get_models(include_auto_created=True):
             if label in ONLY and model._meta.model_name not in ONLY[label]:
                 continue
             if not model._meta.proxy and model._meta.managed:
-                out[model._meta.db_table] = area
+                out[model._meta.db_table] = by_model.get((label, model._meta.model_name), area)
     return dict(sorted(out.items()))
 
 
@@ -136,10 +166,16 @@ def sqlite_trigger_name(table: str, op: str) -> str:
 
 def install(apps: Any, schema_editor: Any) -> None:
     """The triggers on every tracked table, and the areas' rows: idempotent."""
+    install_areas(apps, schema_editor, AREAS, BY_MODEL, ORDER)
+
+
+def install_areas(
+    apps: Any, schema_editor: Any, app_areas: dict[str, str], by_model: dict[tuple[str, str], str], order: Any
+) -> None:
     vendor = schema_editor.connection.vendor
-    tables = tracked_tables(apps)
+    tables = tracked_tables(apps, app_areas, by_model)
     if vendor == "postgresql":
-        areas = ", ".join(f"'{a}'" for a in AREAS.values())
+        areas = ", ".join(f"'{a}'" for a in order)
         schema_editor.execute(PG_FUNCTIONS.replace("{areas}", areas), params=None)
         for table, area in tables.items():
             schema_editor.execute(
@@ -148,7 +184,7 @@ def install(apps: Any, schema_editor: Any) -> None:
                 f"FOR EACH STATEMENT EXECUTE FUNCTION versions_touch('{area}');",
                 params=None,
             )
-        for area in AREAS.values():
+        for area in order:
             schema_editor.execute(
                 "INSERT INTO versions_version (area, n, born) VALUES (%s, 0, (random() * 9e15)::bigint) "
                 "ON CONFLICT (area) DO NOTHING",
@@ -162,7 +198,7 @@ def install(apps: Any, schema_editor: Any) -> None:
                 schema_editor.execute(
                     SQLITE_TRIGGER.format(name=name, op=op, table=table, area=area), params=None
                 )
-        for area in AREAS.values():
+        for area in order:
             schema_editor.execute(
                 "INSERT OR IGNORE INTO versions_version (area, n, born) VALUES (%s, 0, random())",
                 params=[area],

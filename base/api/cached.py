@@ -19,7 +19,7 @@ from versions.cache import remembered
 class KeptList:
     """A mixin for a viewset: ``list`` kept under ``kept_areas``' versions."""
 
-    kept_areas: ClassVar[tuple[str, ...]] = ("catalog",)
+    kept_areas: ClassVar[tuple[str, ...]] = ("structure", "placement", "replicas")
 
     def keep(self, data: Any) -> bool:
         """Whether an answer may be kept: False for one the clock changes, not only a write."""

@@ -76,6 +76,7 @@ class GPUClassViewSet(ServiceViewSet):
 
     required_permission: Rule = model_permissions(GPUClass)
     queryset = GPUClass.objects.all()
+    kept_areas = ("structure",)  # nothing of the replicas
     serializer_class = s.GPUClassSerializer
     filterset_fields = ["name", "compute_capability"]
     lookup_field = "name"
@@ -97,7 +98,12 @@ class NodeViewSet(ServiceViewSet):
 
     required_permission: Rule = model_permissions(Node)
     queryset = Node.objects.select_related("agent_contact").prefetch_related(_cards)
-    kept_areas = ("catalog", "operations")  # each node's last answer to the reconciler is operations'
+    kept_areas = (
+        "structure",
+        "placement",
+        "replicas",
+        "operations",
+    )  # each node's last answer to the reconciler is operations'
 
     serializer_class = s.NodeSerializer
     filterset_fields = ["state", "name"]
@@ -118,6 +124,7 @@ class ServedModelViewSet(ServiceViewSet):
     queryset = ServedModel.objects.prefetch_related(
         Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class"))
     )
+    kept_areas = ("structure",)  # the models and their profiles, nothing of the replicas
     serializer_class = s.ServedModelSerializer
     filterset_fields = ["declared", "attention", "profiles__engine", "profiles__gpu_class__name"]
     lookup_field = "name"
@@ -135,6 +142,7 @@ class ProfileViewSet(ServiceViewSet):
 
     required_permission: Rule = model_permissions(Profile)
     queryset = Profile.objects.select_related("model", "gpu_class")
+    kept_areas = ("structure",)  # nothing of the replicas
     serializer_class = s.ProfileSerializer
     filterset_fields = ["engine", "model__name", "gpu_class__name"]
     save_service = staticmethod(services.profile_save)

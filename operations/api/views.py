@@ -213,7 +213,7 @@ class OperationFilter(django_filters.FilterSet):
 )
 class OperationViewSet(KeptList, viewsets.ReadOnlyModelViewSet):
     queryset = operations_with_steps()
-    kept_areas = ("catalog", "operations")
+    kept_areas = ("structure", "operations")  # the models' and profiles' names, the restarts, their steps
 
     def keep(self, data: Any) -> bool:
         # An active restart's "abandoned" figures are read from the clock: such a page is not kept.

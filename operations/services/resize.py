@@ -148,7 +148,9 @@ def _dry_run_kept(
             return None, (err.code, err.message, err.status, err.change)
 
     asked = (planner.__name__, name, profile, action, sorted(kw.items()), sorted(foreign_held_card_ids()))
-    change, refusal = remembered("dry-run", ["catalog", "operations"], asked, outcome)
+    change, refusal = remembered(
+        "dry-run", ["structure", "placement", "replicas", "operations"], asked, outcome
+    )
     if refusal is not None:
         code, message, status, worked_out = refusal
         raise DomainError(code, message, status=status, change=worked_out)

@@ -62,6 +62,10 @@ def _restore(database: str) -> None:
     q = connection.ops.quote_name
     with transaction.atomic(using=database), connection.cursor() as cursor:
         for table, columns, rows in _kept[database]:
+            if table == "versions_version" and connection.vendor == "postgresql":
+                # The counters, which the application's role may not write: the restore's own writes of
+                # the role groups raise the one they count under (access) from the emptied table.
+                continue
             # Empty already, but on SQLite the flush's own DELETEs may have raised a version counter.
             cursor.execute(f"DELETE FROM {q(table)}")
             cursor.executemany(

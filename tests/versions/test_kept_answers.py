@@ -103,11 +103,70 @@ def test_the_nodes_grid_changes_with_the_cards_telemetry(fleet):
     assert "foreign process: 4.0 GiB" in kept(viewer, "/nodes/?name=gpu-1")
 
 
+def queries_of(c: Client, url: str) -> list[str]:
+    with CaptureQueriesContext(connection) as ctx:
+        assert c.get(url).status_code == 200
+    return [q["sql"] for q in ctx.captured_queries]
+
+
+def reading(card: Card, used: int) -> None:
+    sql(
+        "INSERT INTO telemetry_cardreading (card_id, at, memory_used_mib, memory_total_mib, foreign_mib, "
+        "processes) VALUES (%s, CURRENT_TIMESTAMP, %s, 81559, 0, '[]') "
+        "ON CONFLICT (card_id) DO UPDATE SET memory_used_mib = EXCLUDED.memory_used_mib",
+        [card.pk, used],
+    )
+
+
+@pytest.mark.parametrize("url", ["/nodes/", "/nodes/?view=compact", "/nodes/gpu-0/"])
+def test_a_reading_recomputes_only_the_readings_and_a_replica_only_the_grid(fleet, url):
+    """The grid (the structure and the replicas) and its readings are kept apart: a reading
+    written reads the readings again (two queries, the compact view's one) and not the grid; a replica's state changed
+    reads the grid again and not the readings."""
+    viewer = client()
+    card = Card.objects.get(node__name="gpu-0", index=1)
+    reading(card, 1024)
+    queries_of(viewer, url)
+    warm = queries_of(viewer, url)
+    reading(card, 2048)
+    after_reading = queries_of(viewer, url)
+    # The readings: each card's and each node's; compact, only the cards a foreign process holds.
+    assert len(after_reading) == len(warm) + (1 if "compact" in url else 2), after_reading
+    assert not [q for q in after_reading if "catalog_card" in q and "telemetry" not in q]
+    if "compact" not in url:
+        assert "used 2.0 of 79.6 GiB" in viewer.get(url).content.decode()
+    sql("UPDATE catalog_replica SET state = 'loading'")
+    after_replica = queries_of(viewer, url)
+    assert len(after_replica) > len(warm)
+    assert not [q for q in after_replica if "telemetry_" in q], after_replica
+    if "compact" not in url:  # the compact view says which model holds a card, not its replica's state
+        assert "loading" in viewer.get(url).content.decode()
+    assert len(queries_of(viewer, url)) == len(warm)
+
+
+def test_the_readings_say_how_long_ago_without_the_grid_drawn_again(fleet, settings):
+    """ "seen ... ago" is drawn at each request from the kept reading: the clock never throws the
+    grid away."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    viewer = client()
+    sql(
+        "INSERT INTO telemetry_nodereading (node_id, asked_at, seen_at, error, source) "
+        "VALUES (%s, %s, %s, '', '')",
+        [fleet["nodes"][0].pk, timezone.now(), timezone.now() - timedelta(minutes=3)],
+    )
+    page = kept(viewer, "/nodes/")
+    assert "agent seen 3\xa0minutes ago" in page
+
+
 def test_the_nodes_results_are_kept_per_query_in_any_order(fleet):
     viewer = client()
     one = kept(viewer, "/nodes/?state=ready&name=gpu", HTTP_HX_REQUEST="true")
     other, queries = get(viewer, "/nodes/?name=gpu&state=ready", HTTP_HX_REQUEST="true")
-    assert other == one and queries == 5  # the session, the user, its permissions (two), the versions
+    # The session, the user, the versions: the viewer's permissions are kept too (base/rules.py).
+    assert other == one and queries == 3
     assert "3 nodes match" in one
     assert "1 node match" in kept(viewer, "/nodes/?name=gpu-1", HTTP_HX_REQUEST="true")
 
@@ -222,9 +281,10 @@ def test_a_kept_dry_run_after_a_card_is_taken_says_what_the_fleet_now_says(fleet
     first = dry_run(operator)
     with CaptureQueriesContext(connection) as warm:
         assert dry_run(operator) == first
-    # The session, the user, its permissions (two), the versions, the cards a foreign process holds; and
-    # the user's API rate count in the shared "throttle" cache (six, tests/web/test_fleet_scale.py).
-    assert len(warm.captured_queries) == 6 + 6
+    # The session, the user, the versions (for its kept permissions, then again for the kept dry run,
+    # which the service asks without the request), the cards a foreign process holds; and the user's
+    # API rate count in the shared "throttle" cache (six, tests/web/test_fleet_scale.py).
+    assert len(warm.captured_queries) == 5 + 6
     assert first["status"] == 200 and first["room"]["beside_count"] == 2  # gpu-1 and gpu-2 have 4 free
     other = Profile.objects.get(name="one")
     b.replica(other, Node.objects.get(name="gpu-1"), [0], name="other-1")  # a card taken (the ORM)
@@ -300,6 +360,7 @@ def test_an_active_restart_is_never_kept_since_its_abandoned_line_reads_the_cloc
     RestartOperation.objects.create(model=fleet["model"], profile=fleet["profile"], state="queued")
     viewer = client()
     for url in ("/operations/", "/api/operations/"):
+        get(viewer, url)  # the viewer's permissions kept: what follows differs only in what the page keeps
         _, cold = get(viewer, url)
         _, again = get(viewer, url)
         assert again == cold
@@ -499,3 +560,75 @@ def test_the_admin_audit_lists_count_is_kept_until_an_entry_is_appended(fleet):
     assert counted(first) == counted(second) == AuditEntry.objects.count()
     logged(fleet, "org/second")
     assert counted(get(editor, url)[0]) == AuditEntry.objects.count() == counted(first) + 1
+
+
+# -- permissions ---------------------------------------------------------------------------------------------
+
+
+def test_a_roles_permissions_are_read_once_and_read_again_when_its_roles_change(fleet):
+    """A viewer's permissions are kept under the access version (base/rules.py): its second request
+    reads none, and a role taken away is refused at the next request."""
+    from django.contrib.auth.models import Group, User
+
+    viewer = client()
+    get(viewer, "/nodes/")
+    with CaptureQueriesContext(connection) as ctx:
+        viewer.get("/nodes/")
+    assert not [q for q in ctx.captured_queries if "auth_permission" in q["sql"]]
+    user = User.objects.get(username="viewer")
+    user.groups.remove(Group.objects.get(name="viewer"))  # through the ORM: the access version rises
+    assert viewer.get("/nodes/").status_code == 403
+    user.groups.add(Group.objects.get(name="viewer"))
+    assert viewer.get("/nodes/").status_code == 200
+    with transaction.atomic(), connection.cursor() as c:  # behind the application's back
+        c.execute("DELETE FROM auth_user_groups WHERE user_id = %s", [user.pk])
+    assert viewer.get("/nodes/").status_code == 403
+
+
+@pytest.mark.parametrize("url", ["/api/models/", "/api/profiles/", "/operations/", "/api/operations/"])
+def test_an_answer_that_shows_no_replica_is_kept_through_a_replicas_change(fleet, url):
+    """The structure's answers are kept apart from the replicas': a replica's state changed (as a
+    restart does every few seconds) leaves them kept."""
+    viewer = client()
+    get(viewer, url)
+    _, warm = get(viewer, url)
+    sql("UPDATE catalog_replica SET state = 'loading'")
+    assert get(viewer, url)[1] == warm
+    sql("UPDATE catalog_model SET source = 'org/changed'")
+    assert get(viewer, url)[1] > warm
+
+
+def test_the_model_pages_shape_and_profiles_are_kept_through_a_replicas_change(fleet):
+    viewer = client()
+    url = f"/models/{fleet['model'].name}/"
+    get(viewer, url)
+    _, warm = get(viewer, url)
+    sql("UPDATE catalog_replica SET state = 'loading'")
+    with CaptureQueriesContext(connection) as ctx:
+        page = viewer.get(url).content.decode()
+    assert "loading" in page
+    # The replicas section and the latest restart read again; the profiles (and their memory) not.
+    assert not [
+        q["sql"] for q in ctx.captured_queries if 'FROM "catalog_profile"' in q["sql"].split("WHERE")[0]
+    ]
+    assert len(ctx.captured_queries) > warm
+
+
+def test_the_nodes_summary_is_kept_through_a_replicas_state_and_not_through_a_card_taken(fleet):
+    """The summary counts which cards are held and by which model (the placement), not the
+    replicas' states: a state changed leaves it kept, a card taken draws it again."""
+    viewer = client()
+    get(viewer, "/nodes/")
+    get(viewer, "/nodes/")
+
+    def summary_read(url: str) -> bool:
+        with CaptureQueriesContext(connection) as ctx:
+            page = viewer.get(url).content.decode()
+        # The summary's own query: every card grouped by class and holder, no node named.
+        grouped = [q for q in ctx.captured_queries if "GROUP BY" in q["sql"] and "gpu_class_id" in q["sql"]]
+        return bool(grouped) and "12 cards" in page
+
+    sql("UPDATE catalog_replica SET state = 'loading'")
+    assert not summary_read("/nodes/")
+    b.replica(fleet["profile"], fleet["nodes"][1], [0], name="llama-2")  # a card taken
+    assert summary_read("/nodes/")

@@ -22,10 +22,14 @@ from versions.triggers import SQLITE_OPS, TRIGGER, sqlite_trigger_name, tracked_
 
 def test_the_tracked_tables_are_every_table_of_the_catalog_operations_and_telemetry():
     tables = tracked_tables(apps)
-    for label in ("catalog", "operations", "telemetry"):
+    for label, area in (("catalog", "structure"), ("operations", "operations"), ("telemetry", "readings")):
         for model in apps.get_app_config(label).get_models():
-            assert tables[model._meta.db_table] == label
-    assert "catalog_shard" in tables and "telemetry_cardreading" in tables
+            if model._meta.model_name not in ("replica", "shard"):
+                assert tables[model._meta.db_table] == area
+    # A replica's state and the cards it holds change often: kept apart from the fleet's structure.
+    assert tables["catalog_replica"] == "replicas" and tables["catalog_shard"] == "placement"
+    assert tables["catalog_node"] == tables["catalog_card"] == tables["catalog_model"] == "structure"
+    assert tables["telemetry_cardreading"] == tables["telemetry_nodereading"] == "readings"
     assert "operations_restartstep" in tables  # the operations' tables under their app's names
     assert tables[AuditEntry._meta.db_table] == "audit"  # the log, for the history panels
     assert "audit_rowchange" not in tables  # written beside every catalog write, read by no kept answer
@@ -61,43 +65,51 @@ def committed(sql: str, params: list | None = None) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_write_through_a_service_raises_the_catalog_version_and_no_other(audit_flushable):
+def test_a_write_through_a_service_raises_the_structure_version_and_no_other(audit_flushable):
     before = versions_of()
     with acting_as(Actor(via="cli", name="pytest")):
         services.gpu_class_save(
             instance=GPUClass(name="h100-80g", memory_mib=81559, usable_mib=79000, compute_capability="9.0")
         )
     after = versions_of()
-    assert after.get("catalog") != before.get("catalog")
-    assert (after.get("operations"), after.get("telemetry")) == (
-        before.get("operations"),
-        before.get("telemetry"),
-    )
+    assert after.get("structure") != before.get("structure")
+    others = ("placement", "replicas", "operations", "readings")
+    assert [after.get(a) for a in others] == [before.get(a) for a in others]
+
+
+def test_an_area_nobody_raises_is_refused():
+    from versions.cache import key_of
+
+    with pytest.raises(ValueError, match="no such version area"):
+        key_of("answer", ["catalog"], [])
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("area", "sql"),
     [
-        ("catalog", 'UPDATE catalog_card SET "index" = "index" + 100'),
-        ("catalog", 'DELETE FROM catalog_card WHERE "index" = 7'),
+        ("structure", 'UPDATE catalog_card SET "index" = "index" + 100'),
+        ("structure", 'DELETE FROM catalog_card WHERE "index" = 7'),
+        ("replicas", "UPDATE catalog_replica SET state = 'ready'"),
+        ("placement", "DELETE FROM catalog_shard"),
         (
             "operations",
             "INSERT INTO operations_agentcontact (node_id, last_seen_at) SELECT id, CURRENT_TIMESTAMP FROM catalog_node",
         ),
         (
-            "telemetry",
+            "readings",
             "INSERT INTO telemetry_nodereading (node_id, asked_at, error, source) "
             "SELECT id, CURRENT_TIMESTAMP, '', '' FROM catalog_node",
         ),
     ],
 )
 def test_a_write_by_raw_sql_raises_its_area(audit_flushable, area, sql):
-    b.node("gpu-1")
+    node = b.node("gpu-1")
+    b.replica(b.profile(b.llama_8b()), node, cards=[0])
     before = versions_of()
     committed(sql)
     after = versions_of()
-    others = sorted({"catalog", "operations", "telemetry"} - {area})
+    others = sorted({"structure", "placement", "replicas", "operations", "readings"} - {area})
     assert after.get(area) != before.get(area)
     assert [after.get(a) for a in others] == [before.get(a) for a in others]
 
@@ -119,7 +131,7 @@ def test_the_version_is_raised_when_the_writer_commits_not_before(audit_flushabl
     """Another connection sees the old version while the write is uncommitted, the new one after,
     and the counter's row is not locked until the commit: a reader never waits on a writer."""
     b.node("gpu-1")
-    before = versions_of().get("catalog")
+    before = versions_of().get("structure")
     other = connections.create_connection("default")
     try:
         with transaction.atomic():
@@ -128,12 +140,12 @@ def test_the_version_is_raised_when_the_writer_commits_not_before(audit_flushabl
             # The owner's, for the lock: FOR UPDATE needs the UPDATE the application's role has not.
             with owner_cursor() as c:
                 c.execute("SET LOCAL lock_timeout = '200ms'")
-                c.execute("SELECT n FROM versions_version WHERE area = 'catalog' FOR UPDATE")  # not held
+                c.execute("SELECT n FROM versions_version WHERE area = 'structure' FOR UPDATE")  # not held
             with other.cursor() as c:
-                c.execute("SELECT born || '.' || n FROM versions_version WHERE area = 'catalog'")
+                c.execute("SELECT born || '.' || n FROM versions_version WHERE area = 'structure'")
                 assert c.fetchone()[0] == before
         with other.cursor() as c:
-            c.execute("SELECT born || '.' || n FROM versions_version WHERE area = 'catalog'")
+            c.execute("SELECT born || '.' || n FROM versions_version WHERE area = 'structure'")
             assert c.fetchone()[0] != before
     finally:
         other.close()
@@ -142,10 +154,10 @@ def test_the_version_is_raised_when_the_writer_commits_not_before(audit_flushabl
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_truncate_raises_its_area(audit_flushable, owner_cursor):
-    before = versions_of().get("telemetry")
+    before = versions_of().get("readings")
     with owner_cursor() as c:  # the application's role may not TRUNCATE; the owner, behind its back, may
         c.execute("TRUNCATE telemetry_cardsample")
-    assert versions_of().get("telemetry") != before
+    assert versions_of().get("readings") != before
 
 
 @pytest.mark.postgres
@@ -189,7 +201,7 @@ def test_two_writers_of_two_areas_in_opposite_orders_both_commit(audit_flushable
         t.join(30)
     assert failures == []
     after = versions_of()
-    assert after.get("catalog") != before.get("catalog") and after.get("operations") != before.get(
+    assert after.get("structure") != before.get("structure") and after.get("operations") != before.get(
         "operations"
     )
 
@@ -201,9 +213,9 @@ def test_the_application_role_raises_versions_by_writing_but_cannot_set_them(app
     from django.db.utils import ProgrammingError
 
     b.node("gpu-1")  # written as the application's role: the triggers' functions run as their owner
-    before = versions_of().get("catalog")
+    before = versions_of().get("structure")
     committed("UPDATE catalog_node SET state = 'down'")
-    assert versions_of().get("catalog") != before
+    assert versions_of().get("structure") != before
     with pytest.raises(ProgrammingError, match="permission denied"):
         committed("UPDATE versions_version SET n = 0")
 
@@ -218,12 +230,12 @@ def test_an_upsert_raises_its_area(audit_flushable):
     card = b.Card.objects.get()
     reading = {"at": "2026-01-01T00:00:00Z", "memory_used_mib": 1, "foreign_mib": 0}
     for used in (1, 2):
-        before = versions_of().get("telemetry")
+        before = versions_of().get("readings")
         CardReading.objects.bulk_create(
             [CardReading(card=card, **{**reading, "memory_used_mib": used})],
             update_conflicts=True,
             unique_fields=["card"],
             update_fields=["memory_used_mib"],
         )
-        assert versions_of().get("telemetry") != before
+        assert versions_of().get("readings") != before
     assert CardReading.objects.get().memory_used_mib == 2

@@ -129,7 +129,11 @@ def model_list(request: HttpRequest) -> HttpResponse:
     # (versions/cache.py); the page around them is drawn anew.
     query = normalized(request.GET)
     results = remembered(
-        "models-results", ["catalog"], [query.urlencode()], lambda: model_results(query), request=request
+        "models-results",
+        ["structure", "placement", "replicas"],
+        [query.urlencode()],
+        lambda: model_results(query),
+        request=request,
     )
     if wants_partial(request):
         return fragment(results)
@@ -208,7 +212,11 @@ def replicas_section(model: ServedModel) -> tuple[SafeString, int]:
 def kept_replicas_section(request: HttpRequest, model: ServedModel) -> tuple[SafeString, int]:
     """``replicas_section``, kept under the catalog's version (it reads nothing else)."""
     return remembered(
-        "model-replicas", ["catalog"], [model.pk], lambda: replicas_section(model), request=request
+        "model-replicas",
+        ["structure", "placement", "replicas"],
+        [model.pk],
+        lambda: replicas_section(model),
+        request=request,
     )
 
 
@@ -220,7 +228,7 @@ def kept_profiles(request: HttpRequest, model: ServedModel) -> tuple[list[Profil
         profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
         return profiles, profile_memory(model, profiles)
 
-    return remembered("model-profiles", ["catalog"], [model.pk], read, request=request)
+    return remembered("model-profiles", ["structure"], [model.pk], read, request=request)
 
 
 def _detail_context(
@@ -249,7 +257,7 @@ def _detail_context(
     # under the catalog's version, as the replicas section is (drawing them was most of a warm page).
     columns = remembered(
         "model-columns",
-        ["catalog"],
+        ["structure"],
         [model.pk],
         lambda: render_to_string(
             "catalog/model_detail.html#columns",

@@ -10,12 +10,13 @@ link is built once per page.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from django.core.paginator import Paginator
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
@@ -90,13 +91,12 @@ class NodeGrid:
     tiles: list[Tile] = field(default_factory=list)
     html: SafeString = mark_safe("")  # noqa: S308 - empty
     row: SafeString = mark_safe("")  # noqa: S308 - empty
-    seen: NodeReading | None = None  # when its agent last answered a telemetry request
-    unreachable: bool = False  # its agent is not answering (the reconciler's or the sampler's word)
-    foreign_held: int = 0  # free cards a process the catalog does not know holds: not free
 
     @property
     def free(self) -> int:
-        return sum(t.free for t in self.tiles) - self.foreign_held
+        """Cards no replica holds and not cordoned; a foreign process's hold is a reading, taken off
+        when the readings are put in (``with_readings``)."""
+        return sum(t.free for t in self.tiles)
 
     @property
     def classes(self) -> str:
@@ -171,75 +171,183 @@ def foreign_said(use: CardUse) -> str:
     return ", ".join(said) or "a process the catalog does not know"
 
 
+# Where a card's or a node's readings go in a drawn grid: the grid (the fleet's structure, its
+# placement and its replicas) is kept under their versions, the readings under theirs, and each
+# request puts the one into the other (``with_readings``), so a reading written throws away only the
+# readings. A mark is MARK kind:args MARK, the args colon-separated:
+#   f node card                 " foreign" in a card's class when a foreign process holds memory on it
+#   u node card planned         the card's memory bar and line (``use_html``; planned MiB, or "-")
+#   F node card compact         a free card: drawn free, or held by the foreign process nvidia-smi names
+#   n node free cards           the node's free count, less its free cards a foreign process holds
+#   h node cards                "N held by foreign processes" where some are
+#   a node                      " unreachable" in the node's class when its agent is not answering
+#   b node state compact        the node's badges (``badges_html``)
+#   s node                      when the node's agent last answered (``seen_html``)
+# (cards: the free cards' indices, dot-separated.)
+MARK = "\x1e"
+_MARKS = re.compile("\x1e([fuFnhabs]):([^\x1e]*)\x1e")
+
+
 def tiles_html(
-    tiles: list[Tile],
-    links: Links,
-    *,
-    compact: bool = False,
-    use: dict[tuple[int, int], CardUse] | None = None,
-    planned: dict[str, int] | None = None,
-    old: bool = False,
+    tiles: list[Tile], links: Links, *, compact: bool = False, planned: dict[str, int] | None = None
 ) -> SafeString:
     """One node's cards as HTML: a tile each (index, model, replica and its state, memory used
-    against planned), or a mark each. A card a foreign process holds memory on is marked; one no
-    replica holds is said held by it, with its name and PID (placement takes it no more than a
-    replica's). ``old``: the node's agent is not answering, its readings are shown greyed."""
+    against planned), or a mark each, with marks where the readings go (``with_readings``). A card
+    cordoned on its own says so and why; a free card a foreign process holds is drawn held by it."""
     if not tiles:
         return mark_safe('<li class="muted">No cards.</li>')  # noqa: S308 - constant
-    use = use or {}
     planned = planned or {}
     out = []
     for t in tiles:
-        u = use.get((t.node_id, t.card))
-        foreign = " foreign" if u is not None and u.foreign_mib else ""
+        at = f"{t.node_id}:{t.card}"
+        foreign = f"{MARK}f:{at}{MARK}"
         flag = (
             f'<span class="card-flag">cordoned{": " + escape(t.cordon_reason) if t.cordon_reason else ""}</span>'
             if t.cordoned
             else ""
         )
         cordoned = " cordoned-card" if t.cordoned else ""
-        if t.cordoned and t.replica is None and not compact:
-            out.append(
-                f'<li class="card cordoned-card{foreign}"><span class="idx">card {t.card}</span>'
-                f'<span class="holder">not placed on</span>{flag}{use_html(u, None, old=old)}</li>'
-            )
-            continue
-        if t.free and u is not None and u.foreign_held:
-            who = escape(foreign_said(u))
+        if t.free:
+            out.append(f"{MARK}F:{at}:{int(compact)}{MARK}")
+        elif t.replica is None:  # cordoned, nothing on it
             if compact:
-                out.append(f'<i class="foreign-held foreign" title="card {t.card}: held by {who}"></i>')
+                out.append(f'<i class="free cordoned-card" title="card {t.card}: cordoned"></i>')
             else:
                 out.append(
-                    f'<li class="card foreign-held foreign"><span class="idx">card {t.card}</span>'
-                    f'<span class="holder">held by {who}</span>{use_html(u, None, old=old)}</li>'
+                    f'<li class="card cordoned-card{foreign}"><span class="idx">card {t.card}</span>'
+                    f'<span class="holder">not placed on</span>{flag}{MARK}u:{at}:-{MARK}</li>'
                 )
-            continue
-        if compact:
-            if t.free:
-                out.append(
-                    f'<i class="free{foreign}" title="card {t.card}: free{foreign and ", foreign process"}"></i>'
-                )
-            else:
-                out.append(
-                    f'<i class="{hue(t.model_id)}{foreign}{cordoned}" title="card {t.card}: {escape(t.model)}"></i>'
-                    if t.replica is not None
-                    else f'<i class="free cordoned-card" title="card {t.card}: cordoned"></i>'
-                )
-        elif t.free:
+        elif compact:
             out.append(
-                f'<li class="card free{foreign}"><span class="idx">card {t.card}</span><span class="holder">free</span>'
-                f"{use_html(u, None, old=old)}</li>"
+                f'<i class="{hue(t.model_id)}{foreign}{cordoned}" title="card {t.card}: {escape(t.model)}"></i>'
             )
         else:
             rep, state = escape(t.replica), escape(t.state)
             busy = "" if t.state == "ready" else f" · {state}"
+            need = planned.get(t.replica or "")
             out.append(
                 f'<li class="card held {hue(t.model_id)}{foreign}{cordoned}"><span class="idx">card {t.card}</span>'
                 f'<a class="holder" href="{links(t.model or "")}">{escape(t.model)}</a>'
                 f'<span class="rep" title="{rep}, {state}">{rep}{busy}</span>{flag}'
-                f"{use_html(u, planned.get(t.replica or ''), old=old)}</li>"
+                f"{MARK}u:{at}:{'-' if need is None else need}{MARK}</li>"
             )
     return mark_safe("".join(out))  # noqa: S308 - every name above is escaped
+
+
+def free_tile_html(card: int, use: CardUse | None, *, compact: bool, old: bool) -> str:
+    """A free card: free, or held by a process the catalog does not know (its name and PID, as
+    nvidia-smi gave them: placement takes it no more than a replica's)."""
+    foreign = " foreign" if use is not None and use.foreign_mib else ""
+    if use is not None and use.foreign_held:
+        who = escape(foreign_said(use))
+        if compact:
+            return f'<i class="foreign-held foreign" title="card {card}: held by {who}"></i>'
+        return (
+            f'<li class="card foreign-held foreign"><span class="idx">card {card}</span>'
+            f'<span class="holder">held by {who}</span>{use_html(use, None, old=old)}</li>'
+        )
+    if compact:
+        return f'<i class="free{foreign}" title="card {card}: free{foreign and ", foreign process"}"></i>'
+    return (
+        f'<li class="card free{foreign}"><span class="idx">card {card}</span><span class="holder">free</span>'
+        f"{use_html(use, None, old=old)}</li>"
+    )
+
+
+class Readings(NamedTuple):
+    """What the agents last reported of some nodes: each card's use, each node's last answer, and
+    the nodes whose agent is not answering (the reconciler's word on the node, or the sampler's)."""
+
+    use: dict[tuple[int, int], CardUse]
+    seen: dict[int, NodeReading]
+    away: frozenset[int]
+
+
+def readings_of(node_ids: list[int], *, compact: bool = False) -> Readings:
+    """Three queries, whatever the number of cards; compact, two: the compact view shows only which
+    cards a foreign process holds memory on."""
+    away = frozenset(
+        Node.objects.filter(pk__in=node_ids)
+        .filter(Q(reachable=False) | Q(reading__error__gt=""))
+        .values_list("pk", flat=True)
+    )
+    if compact:
+        return Readings(card_use_of_nodes(node_ids, foreign_only=True), {}, away)
+    return Readings(card_use_of_nodes(node_ids), last_seen_of_nodes(node_ids), away)
+
+
+# The grid says when each node's agent last answered ("seen 3 minutes ago"): a grid with its readings
+# put in is kept at most this long, so that line is never more than this many seconds behind the clock.
+SEEN_WITHIN_SECONDS = 10
+FILLED_AREAS = ["structure", "placement", "replicas", "readings"]
+
+
+def filled_parts(parts: list[Any]) -> list[Any]:
+    """A filled grid's key parts: its own, and the clock's 10 s tick."""
+    return [*parts, int(time.time() // SEEN_WITHIN_SECONDS)]
+
+
+def kept_with_readings(
+    request: HttpRequest,
+    name: str,
+    parts: list[Any],
+    html: str,
+    node_ids: list[int],
+    *,
+    compact: bool = False,
+) -> SafeString:
+    """A drawn grid (kept under the structure's, the placement's and the replicas' versions) with
+    these nodes' readings put in: the readings kept as data under the readings' version (and the
+    structure's, which says which nodes the reconciler found unreachable); the grid with them put in
+    kept under all four and the clock's 10 s tick (``filled_parts``), so that a warm request does
+    neither."""
+
+    def filled() -> SafeString:
+        readings = remembered(
+            "node-readings",
+            ["readings", "structure"],
+            [tuple(node_ids), compact],
+            lambda: readings_of(node_ids, compact=compact),
+            request=request,
+        )
+        return with_readings(html, readings)
+
+    return remembered(name, FILLED_AREAS, filled_parts(parts), filled, request=request)
+
+
+def with_readings(html: str, readings: Readings) -> SafeString:
+    """A drawn grid with its readings put in at their marks (``tiles_html``, ``node_html``)."""
+
+    def held(node: int, cards: str) -> int:
+        return sum(
+            1
+            for c in cards.split(".")
+            if c and (u := readings.use.get((node, int(c)))) is not None and u.foreign_held
+        )
+
+    def fill(m: re.Match) -> str:
+        kind, args = m.group(1), m.group(2).split(":")
+        node = int(args[0])
+        old = node in readings.away
+        if kind == "s":
+            return seen_html(readings.seen.get(node))
+        if kind == "a":
+            return " unreachable" if old else ""
+        if kind == "b":
+            return badges_html(args[1], unreachable=old, compact=args[2] == "1")
+        if kind == "n":
+            return str(int(args[1]) - held(node, args[2]))
+        if kind == "h":
+            n = held(node, args[1])
+            return f'<span class="muted">{n} held by foreign processes</span>' if n else ""
+        use = readings.use.get((node, int(args[1])))
+        if kind == "u":
+            return use_html(use, None if args[2] == "-" else int(args[2]), old=old)
+        if kind == "F":
+            return free_tile_html(int(args[1]), use, compact=args[2] == "1", old=old)
+        return " foreign" if use is not None and use.foreign_mib else ""  # f
+
+    return mark_safe(_MARKS.sub(fill, html))  # noqa: S308 - the grid is escaped, and so is each filling
 
 
 def seen_html(seen: NodeReading | None) -> str:
@@ -255,35 +363,37 @@ def seen_html(seen: NodeReading | None) -> str:
 NOT_ANSWERING = '<span class="badge state-unreachable">Not answering</span>'
 
 
-def badges_html(node: Node, *, unreachable: bool, compact: bool = False) -> str:
-    """The node's badges: its state, except that a node whose agent is not answering is never
-    shown ready (a cordoned or down one says both)."""
-    state = escape(node.state)
-    said = node.state if compact else node.get_state_display()
-    badge = f'<span class="badge state-{state}">{escape(said)}</span>'
+def badges_html(state: str, *, unreachable: bool, compact: bool = False) -> str:
+    """A node's badges: its state, except that a node whose agent is not answering is never shown
+    ready (a cordoned or down one says both)."""
+    said = state if compact else str(Node.State(state).label)
+    badge = f'<span class="badge state-{escape(state)}">{escape(said)}</span>'
     if unreachable:
-        return NOT_ANSWERING if node.state == Node.State.READY else f"{badge} {NOT_ANSWERING}"
-    return "" if compact and node.state == Node.State.READY else badge
+        return NOT_ANSWERING if state == Node.State.READY else f"{badge} {NOT_ANSWERING}"
+    return "" if compact and state == Node.State.READY else badge
 
 
 def node_html(g: NodeGrid, link: str, *, compact: bool = False) -> str:
     """One node as the grid shows it: its name, state (or that its agent is not answering), classes
-    and free count over its cards (``g.html``), or, compact, a line of its name and a mark per card."""
+    and free count over its cards (``g.html``), or, compact, a line of its name and a mark per card;
+    marked where the readings go."""
     node = g.node
     name, state = escape(node.name), escape(node.state)
-    away = " unreachable" if g.unreachable else ""
-    badges = badges_html(node, unreachable=g.unreachable, compact=compact)
-    held = f'<span class="muted">{g.foreign_held} held by foreign processes</span>' if g.foreign_held else ""
+    pk = node.pk
+    free_cards = ".".join(str(t.card) for t in g.tiles if t.free)
+    away = f"{MARK}a:{pk}{MARK}"
+    badges = f"{MARK}b:{pk}:{state}:{int(compact)}{MARK}"
+    free = f"{MARK}n:{pk}:{g.free}:{free_cards}{MARK}"
     if compact:
         return (
             f'<li class="strip state-{state}{away}"><a href="{link}">{name}</a> {badges}'
-            f'<span class="marks" aria-label="{g.free} of {len(g.tiles)} cards free">{g.html}</span></li>'
+            f'<span class="marks" aria-label="{free} of {len(g.tiles)} cards free">{g.html}</span></li>'
         )
     return (
-        f'<section class="node state-{state}{away}" aria-labelledby="node-{node.pk}">'
-        f'<header class="node-head"><h2 id="node-{node.pk}"><a href="{link}">{name}</a></h2>'
-        f'{badges}<span>{escape(g.classes)}</span><span class="muted free-count">{g.free} free</span>{held}'
-        f"{seen_html(g.seen)}</header>"
+        f'<section class="node state-{state}{away}" aria-labelledby="node-{pk}">'
+        f'<header class="node-head"><h2 id="node-{pk}"><a href="{link}">{name}</a></h2>'
+        f'{badges}<span>{escape(g.classes)}</span><span class="muted free-count">{free} free</span>'
+        f"{MARK}h:{pk}:{free_cards}{MARK}{MARK}s:{pk}{MARK}</header>"
         f'<ol class="cards">{g.html}</ol></section>'
     )
 
@@ -308,26 +418,18 @@ def planned_per_card(replica_names: set[str]) -> dict[str, int]:
 
 
 def grids(nodes: list[Node], rows: list[tuple], *, compact: bool = False) -> list[NodeGrid]:
-    """Each node with its cards drawn, with what their agents last reported, and the node drawn
-    around them (``row``): three queries more, whatever the number of cards."""
+    """Each node with its cards drawn and the node drawn around them (``row``), marked where the
+    readings go (``with_readings``): one query more (the replicas' planned memory), whatever the
+    number of cards."""
     by_id = {n.pk: NodeGrid(n) for n in nodes}
     for row in rows:
         by_id[row[0]].tiles.append(Tile(*row))
-    ids = list(by_id)
-    use = card_use_of_nodes(ids)
-    seen = last_seen_of_nodes(ids)
-    away = {pk for pk in ids if not by_id[pk].node.reachable or (pk in seen and seen[pk].error)}
     planned = (
         {} if compact else planned_per_card({t.replica for g in by_id.values() for t in g.tiles if t.replica})
     )
     models, nodes_at = Links("model-detail"), Links("node-detail")
     for g in by_id.values():
-        g.seen = seen.get(g.node.pk)
-        g.unreachable = g.node.pk in away
-        g.foreign_held = sum(
-            t.free and (u := use.get((t.node_id, t.card))) is not None and u.foreign_held for t in g.tiles
-        )
-        g.html = tiles_html(g.tiles, models, compact=compact, use=use, planned=planned, old=g.unreachable)
+        g.html = tiles_html(g.tiles, models, compact=compact, planned=planned)
         g.row = mark_safe(node_html(g, nodes_at(g.node.name), compact=compact))  # noqa: S308 - escaped
     return list(by_id.values())
 
@@ -348,15 +450,16 @@ def legend(node_grids: list[NodeGrid]) -> list[tuple[str, str, int, str]]:
     return sorted(((name, colour, n, links(name)) for name, colour, n in seen.values()), key=lambda v: v[0])
 
 
-# The grid says when each node's agent last answered ("seen 3 minutes ago"): a kept grid is drawn
-# anew at least this often, so that line is never more than this many seconds behind the clock.
-SEEN_WITHIN_SECONDS = 10
+class Results(NamedTuple):
+    html: str  # marked where the readings go
+    node_ids: list[int]
+    compact: bool  # drawn compact: the only reading it shows is whether a foreign process holds memory
 
 
-def node_results(query: QueryDict, stamp: str = "") -> SafeString:
+def node_results(query: QueryDict) -> Results:
     """The nodes page's results (count, legend, the page of nodes with their cards, pager) for the
-    query's filters and page: what an htmx filter swaps in, and the page shows. ``stamp``: of the
-    kept answer it is drawn for; the results poll with it (base/views.py, poll_attributes)."""
+    query's filters and page, marked where the readings go, and the nodes shown: what an htmx
+    filter swaps in, and the page shows."""
     form = NodeFilterForm.for_fleet(query or None)
     valid = form.is_bound and form.is_valid()
     data = form.cleaned_data if valid else {}
@@ -367,7 +470,7 @@ def node_results(query: QueryDict, stamp: str = "") -> SafeString:
     node_grids = grids(nodes, cards_of([n.pk for n in nodes]), compact=view == "compact")
     rest = query.copy()
     rest.pop("page", None)
-    return render_to_string(
+    html = render_to_string(
         "catalog/node_list.html#results",
         {
             "form": form,
@@ -378,9 +481,14 @@ def node_results(query: QueryDict, stamp: str = "") -> SafeString:
             "compact": view == "compact",
             "filtered": bool(filters),
             "query": rest.urlencode(),
-            "poll": poll_attributes(_here(query), stamp) if stamp else "",
+            "poll": POLL_MARK,
         },
     )
+    return Results(html, [n.pk for n in nodes], view == "compact")
+
+
+# Where a kept part's polling attributes go: put in per request, with the stamp of what it shows.
+POLL_MARK = "\x1eP\x1e"
 
 
 def _here(query: QueryDict) -> str:
@@ -419,7 +527,11 @@ def summary_of_fleet(foreign_held: set[int]) -> dict[str, Any]:
     return out
 
 
-SUMMARY_AREAS = ["catalog", "telemetry"]  # the catalog's cards and nodes; telemetry: failed asks
+SUMMARY_AREAS = [
+    "structure",
+    "placement",
+    "readings",
+]  # cards, nodes, who holds them; foreign holds, failed asks
 
 
 def summary_html(request: HttpRequest) -> tuple[str, SafeString]:
@@ -446,26 +558,31 @@ def summary_html(request: HttpRequest) -> tuple[str, SafeString]:
 @requires(VIEW_NODE)
 @require_GET
 def node_list(request: HttpRequest) -> HttpResponse:
-    # The summary and the results are kept under the fleet's versions (versions/cache.py): the
-    # summary reads the catalog; the results also the cards' telemetry, and say how long ago each
-    # agent answered. Neither holds anything of the reader's: the page around them is drawn anew.
-    # Both poll themselves (LLMGW_PAGE_POLL_SECONDS) with the stamp of what they show: a poll of
-    # a part whose versions and clock tick have not moved is a 204 after one query.
+    # Kept under the fleet's versions (versions/cache.py), each part under the areas it shows: the
+    # summary under the structure's, the placement's and the readings' (foreign holds, agents not
+    # answering); the results' grid under the structure's, the placement's and the replicas', its
+    # readings under the readings' (a sampling round throws away only those), put in with the
+    # clock's "seen ... ago". None holds anything of the reader's: the page around is drawn anew.
+    # Both poll themselves (LLMGW_PAGE_POLL_SECONDS) with the stamp of what they show: a poll of a
+    # part whose versions and clock tick have not moved is a 204 after one query.
     if polled_part(request) == "fleet-summary":
         stamp, summary = summary_html(request)
         return unchanged() if still_shown(request, stamp) else fragment(summary)
     query = normalized(request.GET)
-    parts = [query.urlencode(), int(time.time() // SEEN_WITHIN_SECONDS)]
-    stamp = stamp_of("nodes-results", ["catalog", "telemetry"], parts, request=request)
+    stamp = stamp_of("nodes-filled", FILLED_AREAS, filled_parts([query.urlencode()]), request=request)
     if still_shown(request, stamp):
         return unchanged()
-    results = remembered(
+    found = remembered(
         "nodes-results",
-        ["catalog", "telemetry"],
-        parts,
-        lambda: node_results(query, stamp),
+        ["structure", "placement", "replicas"],
+        [query.urlencode()],
+        lambda: node_results(query),
         request=request,
     )
+    results = kept_with_readings(
+        request, "nodes-filled", [query.urlencode()], found.html, found.node_ids, compact=found.compact
+    )
+    results = mark_safe(results.replace(POLL_MARK, poll_attributes(_here(query), stamp)))  # noqa: S308 - escaped
     if wants_partial(request):
         return fragment(results)
     return render_page(
@@ -480,9 +597,9 @@ def node_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-def node_body(node: Node, stamp: str = "") -> SafeString:
+def node_body(node: Node) -> SafeString:
     """A node's page below its actions: the legend, its cards drawn, and the replicas on it;
-    polling itself with ``stamp`` (of the kept answer it is drawn for)."""
+    marked where its readings and its polling attributes go."""
     cards = list(
         Card.objects.filter(node=node)
         .select_related("gpu_class", "shard__replica__profile__model")
@@ -517,7 +634,7 @@ def node_body(node: Node, stamp: str = "") -> SafeString:
             "grid": grid,
             "replicas": replicas,
             "legend": legend([grid]),
-            "poll": poll_attributes(reverse("node-detail", args=[node.name]), stamp) if stamp else "",
+            "poll": POLL_MARK,
         },
     )
 
@@ -526,19 +643,26 @@ def node_body(node: Node, stamp: str = "") -> SafeString:
 @require_GET
 def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     node = get_object_or_404(Node.objects.select_related("agent_contact", "reading"), name=name)
-    # Its cards, their readings and its replicas are kept under the fleet's versions (as the nodes
-    # page's results, and drawn anew as often, for the agent's "seen ... ago"); its actions (by
+    # Its cards and its replicas are kept under the structure's, the placement's and the replicas'
+    # versions, their readings under the readings' (as the nodes page's results); its actions (by
     # permission, with CSRF tokens), its drains' restarts and its history are drawn per request.
     # It polls itself (LLMGW_PAGE_POLL_SECONDS) with the stamp of what it shows: an unchanged poll
     # is a 204 after one query, a changed one the body alone.
-    parts = [node.pk, int(time.time() // SEEN_WITHIN_SECONDS)]
-    stamp = stamp_of("node-body", ["catalog", "telemetry"], parts, request=request)
+    stamp = stamp_of("node-body-filled", FILLED_AREAS, filled_parts([node.pk]), request=request)
     polled = polled_part(request) == "node-body"
     if polled and still_shown(request, stamp):
         return unchanged()
-    body = remembered(
-        "node-body", ["catalog", "telemetry"], parts, lambda: node_body(node, stamp), request=request
+    drawn = remembered(
+        "node-body",
+        ["structure", "placement", "replicas"],
+        [node.pk],
+        lambda: node_body(node),
+        request=request,
     )
+    body = kept_with_readings(request, "node-body-filled", [node.pk], drawn, [node.pk])
+    body = mark_safe(
+        body.replace(POLL_MARK, poll_attributes(reverse("node-detail", args=[node.name]), stamp))
+    )  # noqa: S308
     if polled:
         return fragment(body)
     can_drain = request.user.has_perm(RESTART)
