@@ -142,7 +142,7 @@ class Draining(WithAnAgent):
             # vLLM >= 0.18 with --shutdown-timeout does), refusing what comes after.
             stopping = pool.submit(self.http.delete, "/v1/replicas/r1", params={"drain": 0, "grace": 10})
             wait_until(
-                lambda: "SIGTERM received" in (self.agent.log_dir / "r1.log").read_text(),
+                lambda: "SIGTERM received" in (self.agent.log_dir / "r1.attempt-1.log").read_text(),
                 what="the engine to be signalled",
             )
             refused = complete(port, "too late")

@@ -8,10 +8,10 @@ from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from django.conf import settings
-from django.db.models import Count, Q
+from django.db.models import Q
 from django.utils import timezone
 
-from catalog.models import Card, Node
+from catalog.models import Node
 from telemetry.models import CardReading, NodeReading
 
 
@@ -82,20 +82,6 @@ def card_use_of_nodes(node_ids: list[int], *, foreign_only: bool = False) -> dic
         )
         for node, index, used, total, util, temp, foreign, at, processes in rows
     }
-
-
-def foreign_held_free_by_class(card_ids: set[int]) -> dict[str, int]:
-    """Of these cards (held by foreign processes), those no replica holds, counted by GPU class:
-    the fleet's summary counts them held, not free. One query, none when there are none."""
-    if not card_ids:
-        return {}
-    rows = (
-        Card.objects.filter(pk__in=card_ids, shard__isnull=True)
-        .values_list("gpu_class__name")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    return dict(rows)
 
 
 def unreachable_node_ids() -> set[int]:

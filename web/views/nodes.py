@@ -10,6 +10,7 @@ link is built once per page.
 
 from __future__ import annotations
 
+import copy
 import re
 import time
 from dataclasses import dataclass, field
@@ -53,7 +54,6 @@ from telemetry.selectors import (
     CardUse,
     card_use_of_nodes,
     foreign_held_card_ids,
-    foreign_held_free_by_class,
     last_seen_of_nodes,
     unreachable_node_ids,
 )
@@ -496,11 +496,10 @@ def _here(query: QueryDict) -> str:
     return f"{url}?{query.urlencode()}" if query else url
 
 
-def cordoned_free_by_class(foreign_held: set[int]) -> dict[str, int]:
-    """Cards cordoned on their own that no replica (nor a foreign process) holds, by class: not free."""
+def cordoned_free_by_class() -> dict[str, int]:
+    """Cards cordoned on their own that no replica holds, by class: not free. One query."""
     rows = (
         Card.objects.filter(cordoned=True, shard__isnull=True)
-        .exclude(pk__in=foreign_held)
         .values_list("gpu_class__name")
         .annotate(n=Count("id"))
         .order_by()
@@ -508,13 +507,35 @@ def cordoned_free_by_class(foreign_held: set[int]) -> dict[str, int]:
     return dict(rows)
 
 
-def summary_of_fleet(foreign_held: set[int]) -> dict[str, Any]:
+def foreign_held_by_class() -> dict[str, int]:
+    """Cards no replica holds and not cordoned that a foreign process holds (a fresh reading says
+    so), by class: held, not free. One query, two when there are some."""
+    held = foreign_held_card_ids()
+    if not held:
+        return {}
+    rows = (
+        Card.objects.filter(pk__in=held, shard__isnull=True, cordoned=False)
+        .values_list("gpu_class__name")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return dict(rows)
+
+
+class SummaryReadings(NamedTuple):
+    foreign: dict[str, int]  # foreign-held free cards by class
+    unreachable: int  # nodes whose agent is not answering
+
+
+def summary_of_fleet(
+    fleet: dict[str, Any], cordoned: dict[str, int], readings: SummaryReadings
+) -> dict[str, Any]:
     """The fleet's summary (catalog.selectors.fleet_summary) as the operator must read it: a card a
-    foreign process holds counted held, not free, and the nodes whose agent is not answering counted
-    beside the states (an unreachable node keeps its state: the operator's word on its use)."""
-    out = fleet_summary()
-    held = foreign_held_free_by_class(foreign_held)
-    cordoned = cordoned_free_by_class(foreign_held)
+    foreign process holds counted held, not free, a card cordoned on its own not free, and the nodes
+    whose agent is not answering counted beside the states (an unreachable node keeps its state: the
+    operator's word on its use)."""
+    out = copy.deepcopy(fleet)
+    held = readings.foreign
     for c in out["classes"]:
         n = held.get(c["name"], 0)
         c["free"] -= n + cordoned.get(c["name"], 0)
@@ -523,36 +544,45 @@ def summary_of_fleet(foreign_held: set[int]) -> dict[str, Any]:
     out["free"] -= sum(held.values()) + sum(cordoned.values())
     out["foreign"] = sum(held.values())
     out["cordoned"] = sum(cordoned.values())
-    out["unreachable"] = len(unreachable_node_ids())
+    out["unreachable"] = readings.unreachable
     return out
 
 
-SUMMARY_AREAS = [
-    "structure",
-    "placement",
-    "readings",
-]  # cards, nodes, who holds them; foreign holds, failed asks
+# The summary's parts: the fleet's (cards by class, held by which model, cordoned) under the structure's
+# and the placement's versions; its readings' (foreign holds, agents not answering) under the readings'
+# (and the structure's and placement's, which say which cards are free and nodes reachable); drawn
+# under all three and the clock's 10 s tick (a foreign process's reading stops counting as it ages
+# past LLMGW_TELEMETRY_STALE_SECONDS, which no write says).
+SUMMARY_AREAS = ["structure", "placement", "readings"]
 
 
 def summary_html(request: HttpRequest) -> tuple[str, SafeString]:
-    """The summary's stamp and the summary drawn, polling itself, kept under the fleet's versions and
-    the 10 s clock tick (a foreign process's reading stops counting as it ages past
-    LLMGW_TELEMETRY_STALE_SECONDS, which no write says)."""
+    """The summary's stamp and the summary drawn, polling itself (``SUMMARY_AREAS``)."""
     parts = [int(time.time() // SEEN_WITHIN_SECONDS)]
     stamp = stamp_of("nodes-summary", SUMMARY_AREAS, parts, request=request)
-    return stamp, remembered(
-        "nodes-summary",
-        SUMMARY_AREAS,
-        parts,
-        lambda: render_to_string(
+
+    def drawn() -> str:
+        fleet, cordoned = remembered(
+            "nodes-summary-fleet",
+            ["structure", "placement"],
+            [],
+            lambda: (fleet_summary(), cordoned_free_by_class()),
+            request=request,
+        )
+        readings = remembered(
+            "nodes-summary-readings",
+            SUMMARY_AREAS,
+            parts,
+            lambda: SummaryReadings(foreign_held_by_class(), len(unreachable_node_ids())),
+            request=request,
+        )
+        return render_to_string(
             "catalog/node_list.html#summary",
-            {
-                "summary": summary_of_fleet(foreign_held_card_ids()),
-                "poll": poll_attributes(reverse("node-list"), stamp),
-            },
-        ),
-        request=request,
-    )
+            {"summary": summary_of_fleet(fleet, cordoned, readings), "poll": POLL_MARK},
+        )
+
+    html = remembered("nodes-summary", SUMMARY_AREAS, parts, drawn, request=request)
+    return stamp, mark_safe(html.replace(POLL_MARK, poll_attributes(reverse("node-list"), stamp)))  # noqa: S308
 
 
 @requires(VIEW_NODE)
