@@ -7,8 +7,18 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
-from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, live_replicas_q
+from catalog.models import (
+    Card,
+    EngineDefault,
+    GPUClass,
+    Node,
+    Profile,
+    Replica,
+    ServedModel,
+    live_replicas_q,
+)
 from planning import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
+from planning.releases import NodeFacts
 from planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
 
 
@@ -19,7 +29,37 @@ def shape_of(model: ServedModel) -> Shape:
     return Shape(context_length=model.context_length, **values)
 
 
-def profile_spec(profile: Profile) -> ProfileSpec:
+def engine_defaults() -> dict[str, str]:
+    """The fleet's default release of each engine that has one (``EngineDefault``)."""
+    return dict(EngineDefault.objects.values_list("engine", "version"))
+
+
+def release_of(profile: Profile, defaults: dict[str, str] | None = None) -> str:
+    """The release ``profile`` runs: its own, else the fleet's default of its engine ("" when
+    neither is set). Pass ``defaults`` (``engine_defaults()``) when reading many."""
+    if profile.engine_version:
+        return profile.engine_version
+    if defaults is None:
+        defaults = engine_defaults()
+    return defaults.get(profile.engine, "")
+
+
+def node_facts(node: Node) -> NodeFacts:
+    """What ``node``'s agent reported of itself, for the planner (``known`` False: never)."""
+    engines = node.engines if isinstance(node.engines, dict) else {}
+    return NodeFacts(
+        node=node.name,
+        known=node.facts_at is not None,
+        driver=node.driver_version,
+        cuda=node.cuda_version,
+        arch=node.arch,
+        engines={str(k): str(v) for k, v in engines.items()},
+    )
+
+
+def profile_spec(profile: Profile, release: str | None = None) -> ProfileSpec:
+    """The profile as the planner reads it; ``release`` is the release it runs when known already
+    (``release_of``), else it is looked up when the profile names none of its own."""
     return ProfileSpec(
         name=profile.name,
         engine=profile.engine,
@@ -30,13 +70,19 @@ def profile_spec(profile: Profile) -> ProfileSpec:
         pp=profile.pp,
         args=tuple(profile.args),
         env=tuple(sorted(profile.env.items())),
+        engine_version=release if release is not None else release_of(profile),
     )
 
 
-def model_spec(model: ServedModel, profiles: list[Profile] | None = None) -> ModelSpec:
-    """The model with its profiles; pass ``profiles`` when already loaded."""
+def model_spec(
+    model: ServedModel, profiles: list[Profile] | None = None, *, defaults: dict[str, str] | None = None
+) -> ModelSpec:
+    """The model with its profiles; pass ``profiles`` when already loaded, and ``defaults`` (the
+    fleet's default releases) to plan under other defaults than the catalog's (an upgrade's what-if)."""
     if profiles is None:
         profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
+    if defaults is None and any(not p.engine_version for p in profiles):
+        defaults = engine_defaults()
     return ModelSpec(
         name=model.name,
         context_length=model.context_length,
@@ -44,7 +90,7 @@ def model_spec(model: ServedModel, profiles: list[Profile] | None = None) -> Mod
         # Where a declared model is changed: the file it was read from, else the settings file.
         declared_in=(model.declared_in or settings.LLMGW_CLUSTER_SETTINGS) if model.declared else None,
         shape=shape_of(model),
-        profiles=tuple(profile_spec(p) for p in profiles),
+        profiles=tuple(profile_spec(p, release_of(p, defaults or {})) for p in profiles),
         source=model.source,
     )
 

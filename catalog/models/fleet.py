@@ -101,7 +101,9 @@ class Node(models.Model):
         default=dict, blank=True, help_text="The engines installed: engine name to its release."
     )
     facts_at = models.DateTimeField(
-        null=True, blank=True, help_text="When its agent's report last changed these facts (audited); empty: it never reported them."
+        null=True,
+        blank=True,
+        help_text="When its agent's report last changed these facts (audited); empty: it never reported them.",
     )
 
     class Meta:
