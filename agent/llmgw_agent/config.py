@@ -34,9 +34,11 @@ ENV_OVERRIDES = {
     "ready_poll_seconds": "LLMGW_AGENT_READY_POLL_SECONDS",
     "stop_children_on_exit": "LLMGW_AGENT_STOP_CHILDREN_ON_EXIT",
 }
-TOP_LEVEL_KEYS = set(ENV_OVERRIDES) | {"cards", "engines"}
+TOP_LEVEL_KEYS = set(ENV_OVERRIDES) | {"cards", "engines", "arch"}
 CARD_KEYS = {"index", "name", "memory_mib"}
-ENGINE_KEYS = {"command"}
+# version: the release installed, declared (else read: llmgw_agent/facts.py); package: its package's
+# name where it is not the usual one; python: the Python that runs it, where its command does not say.
+ENGINE_KEYS = {"command", "version", "package", "python"}
 
 
 class ConfigError(Exception):
@@ -54,6 +56,9 @@ class CardConfig:
 class EngineConfig:
     name: str
     command: tuple[str, ...]
+    version: str = ""
+    package: str = ""
+    python: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class AgentConfig:
     cards: tuple[CardConfig, ...]
     engines: Mapping[str, EngineConfig]
     warnings: tuple[str, ...] = ()
+    # The machine's architecture as declared (a stand-in node); empty: platform.machine()'s.
+    arch: str = ""
 
 
 def load_config(path: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None) -> AgentConfig:
@@ -152,7 +159,14 @@ def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentCo
         cards=_cards(data.get("cards", [])),
         engines=_engines(data.get("engines", {})),
         warnings=tuple(warnings),
+        arch=_arch(data.get("arch", "")),
     )
+
+
+def _arch(value: Any) -> str:
+    if not isinstance(value, str) or (value and not value.strip()):
+        raise ConfigError(f"arch: must be an architecture such as x86_64 or aarch64, got {value!r}")
+    return value.strip()
 
 
 def _string(
@@ -316,7 +330,7 @@ def _engines(raw: Any) -> dict[str, EngineConfig]:
             raise ConfigError(f"{where}: must be a table with command = [...]")
         unknown = sorted(set(entry) - ENGINE_KEYS)
         if unknown:
-            raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: command)")
+            raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(ENGINE_KEYS))})")
         command = entry.get("command")
         if (
             not isinstance(command, list)
@@ -326,7 +340,13 @@ def _engines(raw: Any) -> dict[str, EngineConfig]:
             raise ConfigError(
                 f"{where}.command: must be a non-empty array of non-empty strings, got {command!r}"
             )
-        engines[name] = EngineConfig(name=name, command=tuple(command))
+        texts = {}
+        for key in ("version", "package", "python"):
+            value = entry.get(key, "")
+            if not isinstance(value, str) or (key in entry and not value.strip()):
+                raise ConfigError(f"{where}.{key}: must be a non-empty string, got {value!r}")
+            texts[key] = value.strip()
+        engines[name] = EngineConfig(name=name, command=tuple(command), **texts)
     if not engines:
         raise ConfigError("engines: at least one engine is required ([engines.NAME] with command = [...])")
     return engines
