@@ -215,6 +215,16 @@ def engine(name: str) -> Engine:
         ) from None
 
 
+def engine_at(name: str, release: str) -> Engine:
+    """The engine called ``name`` as it is at ``release`` (blank: not known): the seam where the
+    registry's data kept per release (memory terms by release range) is picked. The registry keeps
+    one memory model per engine so far (its ``memory.version`` says which releases it describes), so
+    this is ``engine(name)`` for every release; the floors per release are picked apart
+    (``planning.releases.floor_of``)."""
+    del release  # one memory model per engine, whatever the release
+    return engine(name)
+
+
 def parse_capability(text: str) -> tuple[int, int] | None:
     """ "8.0" as (8, 0), for comparing ("12.0" is newer than "9.0"); None when
     it is not of that form."""

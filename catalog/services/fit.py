@@ -10,17 +10,20 @@ from base.errors import DomainError
 from catalog.models import Profile, ServedModel
 from catalog.selectors import profile_spec, shape_of
 from planning import CardMemory, Shape, card_memory, context_of, engine
-from planning.engines import Engine
+from planning.engines import Engine, engine_at
 from planning.units import gib, gib_short
 
 
-def profile_memory(profile: Profile, model: ServedModel | None = None) -> CardMemory | None:
-    """What each of ``profile``'s cards would hold; None when it runs on CPUs,
+def profile_memory(
+    profile: Profile, model: ServedModel | None = None, *, release: str | None = None
+) -> CardMemory | None:
+    """What each of ``profile``'s cards would hold, under the memory terms of ``release`` (the
+    engine's release; None: the engine's terms whatever the release); None when it runs on CPUs,
     its engine is unknown, or the shape or context is not known."""
     if profile.gpu_class_id is None:
         return None
     try:
-        eng = engine(profile.engine)
+        eng = engine(profile.engine) if release is None else engine_at(profile.engine, release)
     except DomainError:
         return None
     model = model or ServedModel.objects.get(pk=profile.model_id)
