@@ -98,6 +98,9 @@ PAGES_AND_API: dict[str, dict[str, frozenset[str]]] = {
     "api-operation-list": {"GET": READ},
     "api-operation-detail": {"GET": READ},
     "api-operation-cancel": {"POST": OPERATE},
+    "api-releases": {"GET": READ},
+    "api-releases-upgrade": {"POST": OPERATE},
+    "api-profile-pin-kv": {"POST": EDIT},
     **{f"api-{m}-list": CRUD_LIST for m in ("gpuclass", "node", "model", "profile", "replica")},
     **{f"api-{m}-detail": CRUD_DETAIL for m in ("gpuclass", "node", "model", "profile", "replica")},
 }
