@@ -58,8 +58,9 @@ def node_facts(node: Node) -> NodeFacts:
 
 
 def profile_spec(profile: Profile, release: str | None = None) -> ProfileSpec:
-    """The profile as the planner reads it; ``release`` is the release it runs when known already
-    (``release_of``), else it is looked up when the profile names none of its own."""
+    """The profile as the planner reads it; ``release`` is the release it runs (``release_of``), else
+    its own (blank when it runs the fleet's default: pass ``release`` where the release matters, as the
+    changes' plans do, so that a page of many profiles does not look the default up for each)."""
     return ProfileSpec(
         name=profile.name,
         engine=profile.engine,
@@ -70,7 +71,7 @@ def profile_spec(profile: Profile, release: str | None = None) -> ProfileSpec:
         pp=profile.pp,
         args=tuple(profile.args),
         env=tuple(sorted(profile.env.items())),
-        engine_version=release if release is not None else release_of(profile),
+        engine_version=release if release is not None else profile.engine_version,
     )
 
 
@@ -78,11 +79,10 @@ def model_spec(
     model: ServedModel, profiles: list[Profile] | None = None, *, defaults: dict[str, str] | None = None
 ) -> ModelSpec:
     """The model with its profiles; pass ``profiles`` when already loaded, and ``defaults`` (the
-    fleet's default releases) to plan under other defaults than the catalog's (an upgrade's what-if)."""
+    fleet's default releases, ``engine_defaults()``) where the releases matter (a change's plan):
+    without, a profile on the fleet's default says no release."""
     if profiles is None:
         profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
-    if defaults is None and any(not p.engine_version for p in profiles):
-        defaults = engine_defaults()
     return ModelSpec(
         name=model.name,
         context_length=model.context_length,
@@ -90,7 +90,9 @@ def model_spec(
         # Where a declared model is changed: the file it was read from, else the settings file.
         declared_in=(model.declared_in or settings.LLMGW_CLUSTER_SETTINGS) if model.declared else None,
         shape=shape_of(model),
-        profiles=tuple(profile_spec(p, release_of(p, defaults or {})) for p in profiles),
+        profiles=tuple(
+            profile_spec(p, release_of(p, defaults) if defaults is not None else None) for p in profiles
+        ),
         source=model.source,
     )
 

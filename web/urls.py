@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from web.views import models, nodes, profiles, replicas
+from web.views import models, nodes, profiles, releases, replicas
 
 urlpatterns = [
     # The operator pages; the models list is home.
@@ -25,6 +25,8 @@ urlpatterns = [
     ),
     path("replicas/<str:name>/", replicas.replica_detail, name="replica-detail"),
     path("replicas/<str:name>/log/", replicas.replica_log, name="replica-log"),
+    path("releases/", releases.release_list, name="release-list"),
+    path("releases/upgrade/", releases.release_upgrade, name="release-upgrade"),
     path("nodes/", nodes.node_list, name="node-list"),
     path("nodes/<str:name>/", nodes.node_detail, name="node-detail"),
 ]

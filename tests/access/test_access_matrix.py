@@ -99,6 +99,8 @@ PAGES_AND_API: dict[str, dict[str, frozenset[str]]] = {
     "api-operation-detail": {"GET": READ},
     "api-operation-cancel": {"POST": OPERATE},
     "api-releases": {"GET": READ},
+    "release-list": {"GET": READ},
+    "release-upgrade": {"POST": OPERATE},
     "api-releases-upgrade": {"POST": OPERATE},
     "api-profile-pin-kv": {"POST": EDIT},
     **{f"api-{m}-list": CRUD_LIST for m in ("gpuclass", "node", "model", "profile", "replica")},
