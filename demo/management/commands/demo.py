@@ -33,6 +33,7 @@ from agentclient.client import AgentCallFailed, AgentClient
 from base.commands import ActorCommand
 from catalog.models import Node, Replica, Shard
 from catalog.services import catalog as services
+from demo import fleet
 from operations.services.placement import replica_placement
 from operations.services.specs import running_spec
 from operations.tasks import operations_sweep
@@ -85,6 +86,7 @@ def agent_config(node: Node, directory: Path) -> str:
             "",
             f"[engines.{_toml_value(name)}]",
             f"command = {_toml_value([sys.executable, str(STANDIN)])}",
+            *([f"version = {_toml_value(fleet.RELEASES[name])}"] if name in fleet.RELEASES else []),
         ]
     return "\n".join(lines) + "\n"
 
