@@ -23,6 +23,7 @@ urlpatterns = [
         profiles.profile_rollback_apply,
         name="profile-rollback",
     ),
+    path("models/<str:name>/profiles/<str:profile>/pin-kv/", models.profile_pin_kv, name="profile-pin-kv"),
     path("replicas/<str:name>/", replicas.replica_detail, name="replica-detail"),
     path("replicas/<str:name>/log/", replicas.replica_log, name="replica-log"),
     path("releases/", releases.release_list, name="release-list"),

@@ -100,6 +100,7 @@ PAGES_AND_API: dict[str, dict[str, frozenset[str]]] = {
     "api-operation-cancel": {"POST": OPERATE},
     "api-releases": {"GET": READ},
     "release-list": {"GET": READ},
+    "profile-pin-kv": {"POST": EDIT},
     "release-upgrade": {"POST": OPERATE},
     "api-releases-upgrade": {"POST": OPERATE},
     "api-profile-pin-kv": {"POST": EDIT},

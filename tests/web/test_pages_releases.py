@@ -70,3 +70,21 @@ def test_a_nodes_page_shows_what_its_agent_reports_or_that_it_has_not(fleet, vie
     b.node("gpu-quiet", cards=1)
     page = viewer.get("/nodes/gpu-quiet/").content.decode()
     assert "has not said yet what it has" in page
+
+
+def test_the_model_page_offers_an_editor_the_measured_kv_pool_and_its_button_pins_it():
+    from catalog.models import Profile
+    from tests.web.pages_support import signed_in
+
+    profile = b.profile(b.llama_8b(), args=["--max-num-seqs", "64"])
+    r = b.replica(profile, b.node("gpu-a", cards=2), [0])
+    r.measured_memory = {"kv_cache": 30 * 2**30}
+    r.save()
+    editor = signed_in(b.user("ed", roles=("editor",)))
+    page = editor.get("/models/llama-3.1-8b/").content.decode()
+    assert f"at {30 * 2**30} bytes" in page
+    editor.post("/models/llama-3.1-8b/profiles/default/pin-kv/")
+    assert Profile.objects.get(pk=profile.pk).args[-2:] == ["--kv-cache-memory-bytes", str(30 * 2**30)]
+    assert "is pinned at" in editor.get("/models/llama-3.1-8b/").content.decode()
+    # A viewer is offered nothing.
+    assert "KV cache pool" not in signed_in(b.user("viewer")).get("/models/llama-3.1-8b/").content.decode()
