@@ -99,3 +99,27 @@ def test_in_place_on_a_node_that_fails_a_floor_is_refused(freetoken):
     old = b.replica(profile, node, [0])
     said = in_place_cards(profile, old, node)
     assert isinstance(said, str) and "580" in said and "575.57.08" in said
+
+
+def test_a_save_onto_a_class_below_the_releases_capability_floor_is_refused_naming_it():
+    from catalog.models import Profile
+    from catalog.services.catalog import profile_save
+
+    turing = b.gpu_class("rtx6000-24g", memory_mib=24576, usable_mib=22000, capability="7.5")
+    model = b.llama_8b("ft-small")
+    with pytest.raises(DomainError) as caught:
+        profile_save(
+            instance=Profile(model=model, name="ft", engine="freetoken", gpu_class=turing, args=[]),
+        )
+    assert caught.value.code == "capability"
+    assert "8.0" in caught.value.message and "7.5" in caught.value.message
+    assert not Profile.objects.filter(model=model).exists()
+
+
+def test_a_release_that_is_not_a_release_number_is_refused_on_save(freetoken):
+    from catalog.services.catalog import profile_save
+
+    _, profile = freetoken
+    profile.engine_version = "latest"
+    with pytest.raises(DomainError, match="not a release number"):
+        profile_save(instance=profile)
