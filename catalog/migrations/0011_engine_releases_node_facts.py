@@ -23,7 +23,7 @@ def row_change_trigger(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("audit", "0007_changes_outside_recorded_at_commit"),
+        ("audit", "0005_row_changes"),
         ("versions", "0003_sqlite_triggers_without_a_conflict_clause"),
         ("catalog", "0010_node_agent_token_printable"),
     ]

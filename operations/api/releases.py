@@ -3,6 +3,8 @@ upgrade's dry run and its application, and pinning a profile's KV pool."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -57,9 +59,16 @@ class ReleasesView(APIView):
         )
 
 
+RELEASE_PATTERN = r"^[vb]?\d{1,9}(\.\d{1,9}){0,5}((a|b|rc|dev)\d{0,9})?(\.post\d{0,9})?$"
+
+
 class UpgradeInput(StrictInput):
     engine = serializers.CharField(help_text="The engine, as the registry names it.")
-    release = serializers.CharField(max_length=64, help_text="The release to move to, e.g. 0.19.1.")
+    release = serializers.RegexField(
+        RELEASE_PATTERN,
+        max_length=64,
+        help_text="The release to move to, as the engine numbers it: 0.19.1, b6500.",
+    )
     profile = serializers.CharField(
         required=False,
         allow_blank=True,
@@ -71,6 +80,20 @@ class UpgradeInput(StrictInput):
         default=True,
         help_text="Re-plan, save nothing (the default: the dry run comes first).",
     )
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        from planning import engines  # the registry is data; loaded once
+
+        known = sorted(engines.registry())
+        fields["engine"] = serializers.ChoiceField(
+            choices=known,
+            help_text="The engine, as the registry names it.",
+            error_messages={
+                "invalid_choice": f"There is no engine {{input!r}}; the registry knows {', '.join(known)}."
+            },
+        )
+        return fields
 
 
 class NodeLackingSerializer(serializers.Serializer):

@@ -277,22 +277,28 @@ def _detail_context(
 
 def _kv_pins(request: HttpRequest, model: ServedModel, on_cards: list[Any]) -> list[dict[str, Any]]:
     """For an editor, each profile whose engine can pin its KV pool: the pin its replicas' measured
-    pools offer (operations.services.kv_pin), or why there is none yet."""
+    pools offer (operations.services.kv_pin), or why there is none yet; kept under the catalog's
+    version, as the profiles' column is."""
     if not request.user.has_perm("catalog.change_profile") or model.declared:
         return []
+    names = [m.profile.name for m in on_cards if m.profile.engine in PINNABLE]
+    if not names:
+        return []
+    return remembered(
+        "model-kv-pins", ["catalog"], [model.pk, names], lambda: _kv_offers(model, names), request=request
+    )
+
+
+def _kv_offers(model: ServedModel, names: list[str]) -> list[dict[str, Any]]:
     out = []
-    for m in on_cards:
-        if m.profile.engine not in PINNABLE:
-            continue
+    for name in names:
         try:
-            pin = kv_pin(model=model.name, profile=m.profile.name)
+            pin = kv_pin(model=model.name, profile=name)
         except DomainError as err:
-            out.append({"profile": m.profile.name, "pin": None, "why": err.message.split(": ", 1)[-1]})
+            out.append({"profile": name, "pin": None, "why": err.message.split(": ", 1)[-1]})
             continue
-        current = m.profile.args
-        if pin.args_after == list(current):
-            continue  # pinned at that already
-        out.append({"profile": m.profile.name, "pin": pin, "why": ""})
+        if pin.args_after != pin.args_before:
+            out.append({"profile": name, "pin": pin, "why": ""})
     return out
 
 
