@@ -290,7 +290,7 @@ def _kv_pins(request: HttpRequest, model: ServedModel, on_cards: list[Any]) -> l
 
 
 def _kv_offers(model: ServedModel, names: list[str]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for name in names:
         try:
             pin = kv_pin(model=model.name, profile=name)
