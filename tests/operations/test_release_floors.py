@@ -123,3 +123,20 @@ def test_a_release_that_is_not_a_release_number_is_refused_on_save(freetoken):
     profile.engine_version = "latest"
     with pytest.raises(DomainError, match="not a release number"):
         profile_save(instance=profile)
+
+
+def test_a_restart_onto_nodes_that_fail_the_floor_is_refused_before_it_starts_naming_it(freetoken, actor):
+    from catalog.models import Replica
+    from operations.models import RestartOperation
+    from operations.services.start import restart_start
+
+    model, profile = freetoken
+    node = report(b.node("gpu-old", cards=2), driver_version="575.57.08")
+    b.replica(profile, node, [0], name="ft-model-1")
+    profile.revision = 2  # its replica is stale
+    profile.save()
+    with pytest.raises(DomainError) as caught:
+        restart_start(model_name=model.name, replicas=["ft-model-1"])
+    assert caught.value.code == "driver" and "580" in caught.value.message
+    assert not RestartOperation.objects.exists()
+    assert Replica.objects.get(name="ft-model-1").state == "ready"
