@@ -174,7 +174,9 @@ class ProfileSerializer(serializers.ModelSerializer):
             "revision",
             "cards",
         ]
-        read_only_fields = ["revision"]
+        # The release is changed by an upgrade, whose dry run comes first (POST /api/releases/upgrade/
+        # with the profile named), never by an edit.
+        read_only_fields = ["revision", "engine_version"]
         validators: list[Any] = []  # uniqueness is the service's and the database's to say
         extra_kwargs = {"gpus_per_node": _AT_LEAST_ONE, "tp": _AT_LEAST_ONE, "nodes": _AT_LEAST_ONE}
 
