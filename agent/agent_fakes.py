@@ -160,11 +160,12 @@ def running_fake_agent(directory: Path, *, status: int = 500, delay: float = 0.0
         process.wait(timeout=10)
 
 
-def standin_gpus(directory: Path, cards: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """The stand-in nvidia-smi for an agent (standin_nvidia_smi.install): the environment to give it."""
+def standin_gpus(directory: Path, cards: Iterable[Mapping[str, Any]], **driver: str) -> dict[str, str]:
+    """The stand-in nvidia-smi for an agent (standin_nvidia_smi.install; ``driver`` and ``cuda``, the
+    versions its ``--version`` prints): the environment to give it."""
     import standin_nvidia_smi
 
-    return standin_nvidia_smi.install(directory, [dict(c) for c in cards])
+    return standin_nvidia_smi.install(directory, [dict(c) for c in cards], **driver)
 
 
 @contextlib.contextmanager

@@ -53,6 +53,16 @@ STANDIN = AGENT_DIR / "standin_engine.py"
 # Every engine of the catalog's registry, each played by the stand-in; "standin" is the stand-in under
 # its own name, the one engine whose profiles may set its STANDIN_* variables (the launch policy).
 ENGINES = ("vllm", "sglang", "trtllm", "llamacpp", "freetoken", "standin")
+# The releases a test agent declares its stand-in engines to be (config: [engines.NAME] version), so
+# that it reports installed engines without a real one to read (llmgw_agent/facts.py).
+STANDIN_RELEASES = {
+    "vllm": "0.19.1",
+    "sglang": "0.5.10",
+    "trtllm": "1.0.0",
+    "llamacpp": "b6500",
+    "freetoken": "0.2.1",
+    "standin": "0.19.1",
+}
 # How long a stand-in playing another engine loads (the agent's environment, which its engines
 # inherit: a real engine's spec may not set STANDIN_ variables).
 AGENT_STANDIN_LOAD_SECONDS = "0.3"
@@ -307,6 +317,7 @@ def agent_config(
     port: int | None = None,
     cards: Iterable[Mapping[str, Any]] = DEFAULT_CARDS,
     engines: Mapping[str, Iterable[str]] | None = None,
+    engine_versions: Mapping[str, str] | None = None,
     policy_file: Path | None = None,
     stop_grace_seconds: float = 5,
     ready_poll_seconds: float = 0.1,
@@ -326,7 +337,12 @@ def agent_config(
     values["cards"] = [dict(card) for card in cards]
     if engines is None:  # every engine of the catalog's registry, played by the stand-in
         engines = {name: standin_command() for name in ENGINES}
-    values["engines"] = {name: {"command": list(command)} for name, command in engines.items()}
+        engine_versions = STANDIN_RELEASES if engine_versions is None else engine_versions
+    versions = engine_versions or {}
+    values["engines"] = {
+        name: {"command": list(command), **({"version": versions[name]} if name in versions else {})}
+        for name, command in engines.items()
+    }
     return values
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A stand-in for ``nvidia-smi``'s query interface, for demos and tests on machines without a GPU.
 
-It answers the two queries the agent makes, in nvidia-smi's own CSV form
+It answers ``--version`` as nvidia-smi of driver 550 and later prints it (``DRIVER version`` and
+``CUDA Version`` lines, from ``$STANDIN_GPU_DIR/driver.json``: 580.65.06 and 13.0 unless a test or the
+demo installs others), and the two queries the agent makes, in nvidia-smi's own CSV form
 (``--format=csv,noheader,nounits``; fields as ``nvidia-smi --help-query-gpu`` and
 ``--help-query-compute-apps`` name them, driver 535+):
 
@@ -27,13 +29,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
+DRIVER = "580.65.06"
+CUDA = "13.0"
 
-def install(directory: Path, cards: list[dict[str, Any]]) -> dict[str, str]:
-    """Set the stand-in up for an agent: its cards in ``directory/cards.json``, a program named
+
+def install(
+    directory: Path, cards: list[dict[str, Any]], *, driver: str = DRIVER, cuda: str = CUDA
+) -> dict[str, str]:
+    """Set the stand-in up for an agent: its cards in ``directory/cards.json``, the driver and CUDA
+    versions its ``--version`` prints in ``directory/driver.json``, a program named
     ``nvidia-smi`` in ``directory/bin`` that runs this file; the environment to give the agent
     (its PATH finds the stand-in, and its engines register the memory they hold)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "cards.json").write_text(json.dumps(cards))
+    (directory / "driver.json").write_text(json.dumps({"driver_version": driver, "cuda_version": cuda}))
     bin_dir = directory / "bin"
     bin_dir.mkdir(exist_ok=True)
     program = bin_dir / "nvidia-smi"
@@ -87,11 +96,27 @@ def _uuid(index: int) -> str:
     return f"GPU-00000000-0000-0000-0000-{index:012d}"
 
 
+def _version(directory: Path) -> int:
+    """``nvidia-smi --version`` as driver 550+ prints it."""
+    try:
+        driver = json.loads((directory / "driver.json").read_text())
+    except (OSError, ValueError):
+        driver = {}
+    version = str(driver.get("driver_version", DRIVER))
+    print(f"NVIDIA-SMI version  : {version}")
+    print(f"NVML version        : {version.rsplit('.', 1)[0]}")
+    print(f"DRIVER version      : {version}")
+    print(f"CUDA Version        : {driver.get('cuda_version', CUDA)}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     directory = Path(os.environ.get("STANDIN_GPU_DIR", ""))
     if not os.environ.get("STANDIN_GPU_DIR") or not (directory / "cards.json").is_file():
         print("NVIDIA-SMI has failed: STANDIN_GPU_DIR/cards.json is missing (stand-in)", file=sys.stderr)
         return 9
+    if "--version" in argv:
+        return _version(directory)
     cards, processes = _state(directory)
     try:
         ecc = {int(k): int(v) for k, v in json.loads((directory / "ecc.json").read_text()).items()}

@@ -20,6 +20,7 @@ from agent_cases import InATemporaryDirectory
 from agent_testing import (
     AGENT_DIR,
     H100,
+    STANDIN_RELEASES,
     free_port,
     process_gone,
     running_agent,
@@ -108,6 +109,12 @@ class AgentsOfTheirOwn(InATemporaryDirectory):
             "agent_version": node["agent_version"],
             "cards_source": "config",
             "policy": default_policy().digest,
+            # What it says of its node (test_agent_facts.py): no nvidia-smi on this PATH, so no driver.
+            "driver_version": "",
+            "cuda_version": "",
+            "arch": node["arch"],
+            "engines": STANDIN_RELEASES,
+            "facts_errors": ["nvidia-smi: not on the PATH"],
         }
 
     def test_node_reports_its_cards_from_nvidia_smi_when_it_works(self) -> None:

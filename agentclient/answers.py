@@ -222,12 +222,26 @@ def node_info(body: Any, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
                     "replica": _name(card.get("replica")),
                 }
             )
+    engines = raw.get("engines")
     return {
         "node": _name(raw.get("node")),
         "cards": cards,
         "agent_version": text(raw.get("agent_version"), 40),
         "cards_source": text(raw.get("cards_source"), 32),
         "policy": text(raw.get("policy"), 80, secrets=secrets),
+        # The node's facts (an agent older than them says none: ``facts`` is False then).
+        "facts": isinstance(engines, dict),
+        "driver_version": text(raw.get("driver_version"), 32),
+        "cuda_version": text(raw.get("cuda_version"), 16),
+        "arch": text(raw.get("arch"), 32),
+        "engines": {
+            str(name): text(version, 64)
+            for name, version in list(engines.items())[:MAX_ITEMS]
+            if _name(name) is not None and isinstance(version, str) and version
+        }
+        if isinstance(engines, dict)
+        else {},
+        "facts_errors": lines(_items(raw.get("facts_errors")), secrets=secrets),
     }
 
 

@@ -471,7 +471,7 @@ class ProfileAdmin(WriteOnlySecrets, ServiceAdmin):
     list_filter = ["engine", "gpu_class"]
     search_fields = ["name", "model__name"]
     list_select_related = ["model", "gpu_class"]
-    readonly_fields = ["revision"]
+    readonly_fields = ["revision", "engine_version"]  # the release: an upgrade's (the releases page)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return not (obj and obj.model.declared) and super().has_change_permission(request, obj)

@@ -7,8 +7,18 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
-from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, live_replicas_q
+from catalog.models import (
+    Card,
+    EngineDefault,
+    GPUClass,
+    Node,
+    Profile,
+    Replica,
+    ServedModel,
+    live_replicas_q,
+)
 from planning import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
+from planning.releases import NodeFacts
 from planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
 
 
@@ -19,7 +29,38 @@ def shape_of(model: ServedModel) -> Shape:
     return Shape(context_length=model.context_length, **values)
 
 
-def profile_spec(profile: Profile) -> ProfileSpec:
+def engine_defaults() -> dict[str, str]:
+    """The fleet's default release of each engine that has one (``EngineDefault``)."""
+    return dict(EngineDefault.objects.values_list("engine", "version"))
+
+
+def release_of(profile: Profile, defaults: dict[str, str] | None = None) -> str:
+    """The release ``profile`` runs: its own, else the fleet's default of its engine ("" when
+    neither is set). Pass ``defaults`` (``engine_defaults()``) when reading many."""
+    if profile.engine_version:
+        return profile.engine_version
+    if defaults is None:
+        defaults = engine_defaults()
+    return defaults.get(profile.engine, "")
+
+
+def node_facts(node: Node) -> NodeFacts:
+    """What ``node``'s agent reported of itself, for the planner (``known`` False: never)."""
+    engines = node.engines if isinstance(node.engines, dict) else {}
+    return NodeFacts(
+        node=node.name,
+        known=node.facts_at is not None,
+        driver=node.driver_version,
+        cuda=node.cuda_version,
+        arch=node.arch,
+        engines={str(k): str(v) for k, v in engines.items()},
+    )
+
+
+def profile_spec(profile: Profile, release: str | None = None) -> ProfileSpec:
+    """The profile as the planner reads it; ``release`` is the release it runs (``release_of``), else
+    its own (blank when it runs the fleet's default: pass ``release`` where the release matters, as the
+    changes' plans do, so that a page of many profiles does not look the default up for each)."""
     return ProfileSpec(
         name=profile.name,
         engine=profile.engine,
@@ -30,21 +71,16 @@ def profile_spec(profile: Profile) -> ProfileSpec:
         pp=profile.pp,
         args=tuple(profile.args),
         env=tuple(sorted(profile.env.items())),
-        release=profile_release(profile),
+        engine_version=release if release is not None else profile.engine_version,
     )
 
 
-def profile_release(profile: Profile) -> str:
-    """The engine release ``profile`` runs, for the memory terms that plan it
-    (``planning.engines.terms_for``); "" while the catalog names none (the
-    engine's current terms)."""
-    # engine_version is the release field of issue 21's "releases in the catalog"; a catalog
-    # without it plans every profile with its engine's current terms.
-    return str(getattr(profile, "engine_version", "") or "")
-
-
-def model_spec(model: ServedModel, profiles: list[Profile] | None = None) -> ModelSpec:
-    """The model with its profiles; pass ``profiles`` when already loaded."""
+def model_spec(
+    model: ServedModel, profiles: list[Profile] | None = None, *, defaults: dict[str, str] | None = None
+) -> ModelSpec:
+    """The model with its profiles; pass ``profiles`` when already loaded, and ``defaults`` (the
+    fleet's default releases, ``engine_defaults()``) where the releases matter (a change's plan):
+    without, a profile on the fleet's default says no release."""
     if profiles is None:
         profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
     return ModelSpec(
@@ -54,7 +90,9 @@ def model_spec(model: ServedModel, profiles: list[Profile] | None = None) -> Mod
         # Where a declared model is changed: the file it was read from, else the settings file.
         declared_in=(model.declared_in or settings.LLMGW_CLUSTER_SETTINGS) if model.declared else None,
         shape=shape_of(model),
-        profiles=tuple(profile_spec(p) for p in profiles),
+        profiles=tuple(
+            profile_spec(p, release_of(p, defaults) if defaults is not None else None) for p in profiles
+        ),
         source=model.source,
     )
 

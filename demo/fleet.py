@@ -11,6 +11,18 @@ from pathlib import Path
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
+# The release each engine's stand-in is declared to be on the demo's nodes (the agent's [engines.NAME]
+# version: a stand-in has no package to read), and the fleet's default seeded for each: the releases the
+# demo plays, not a claim about what is current.
+RELEASES = {
+    "vllm": "0.19.1",
+    "sglang": "0.5.10",
+    "trtllm": "1.0.0",
+    "llamacpp": "b6500",
+    "freetoken": "0.2.1",
+    "standin": "0.19.1",
+}
+
 GPU_CLASSES = [
     # name, total MiB (nvidia-smi), usable MiB (what an engine may fill, ~90%), capability
     ("h100-80g", 81559, 73400, "9.0"),

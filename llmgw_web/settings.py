@@ -372,6 +372,16 @@ LLMGW_RECONCILE_AGENT_TIMEOUT_SECONDS = env_float("LLMGW_RECONCILE_AGENT_TIMEOUT
 # A listing is not applied to a replica whose state changed after (or this little before) the agent
 # was asked: the workers' clocks may differ by this much.
 LLMGW_RECONCILE_CLOCK_MARGIN_SECONDS = env_float("LLMGW_RECONCILE_CLOCK_MARGIN_SECONDS", 1.0, minimum=0.0)
+# The release watch (operations/services/release_watch.py): the package index asked for each engine's
+# newest release (PEP 691 simple API; a fleet's own index in PyPI's place), and how often the workers ask
+# (0: they do not; manage.py engine_releases still asks).
+LLMGW_PACKAGE_INDEX_URL = env_str("LLMGW_PACKAGE_INDEX_URL") or "https://pypi.org/simple"
+if not LLMGW_PACKAGE_INDEX_URL.startswith(("https://", "http://")):
+    raise ImproperlyConfigured(
+        f"LLMGW_PACKAGE_INDEX_URL must be the package index's simple API, http(s)://host/simple, not "
+        f"{LLMGW_PACKAGE_INDEX_URL!r}."
+    )
+LLMGW_RELEASE_WATCH_SECONDS = env_float("LLMGW_RELEASE_WATCH_SECONDS", 86400.0, minimum=0.0)
 # A worker holds its operation only while its heartbeat is fresh; the heartbeat beats from its own
 # thread, but a takeover while an agent call is still in flight would let two workers act on one
 # step's replica, so the stale threshold must be above the longest agent call a worker makes.

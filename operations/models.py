@@ -168,6 +168,26 @@ class AgentContact(models.Model):
         return f"{self.node.name}: last seen {self.last_seen_at:%Y-%m-%d %H:%M:%S}"
 
 
+class ReleaseCheck(models.Model):
+    """One answer of the release watch (``manage.py engine_releases``, the daily task): each
+    engine's newest release on the package index beside the fleet's default. A reading, not a
+    change to the fleet: written without an audit entry, kept outside the catalog."""
+
+    checked_at = models.DateTimeField(default=timezone.now, db_index=True)
+    index_url = models.CharField(max_length=500)
+    results = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="One entry per engine: engine, package, default, newest, newer (bool), error.",
+    )
+
+    class Meta:
+        ordering = ["-checked_at"]
+
+    def __str__(self) -> str:
+        return f"release check {self.checked_at:%Y-%m-%d %H:%M}"
+
+
 class RestartStep(models.Model):
     """One replica of an operation: its replacement, where it runs, and how it went."""
 

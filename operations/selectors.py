@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.db.models import Prefetch, QuerySet
 
 from catalog.models import Card, GPUClass, Node, Profile, Replica, restartable_replicas_q
+from catalog.selectors import node_facts
 from operations.models import RestartOperation, RestartStep
 from planning import NodeRoom
 from planning.placement import LiveReplica, NodeCards
@@ -33,10 +34,13 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
     and holder's names as a dict cost more than all the rest of a dry run.
     """
     # A node is used only when the operator has it ready and its agent answers (the reconciler says).
-    nodes = {
-        pk: (name, state == "ready" and reachable)
-        for pk, name, state, reachable in Node.objects.values_list("id", "name", "state", "reachable")
-    }
+    nodes = {}
+    facts = {}
+    for row in Node.objects.only(
+        "id", "name", "state", "reachable", "driver_version", "cuda_version", "arch", "engines", "facts_at"
+    ):
+        nodes[row.pk] = (row.name, row.state == "ready" and row.reachable)
+        facts[row.name] = node_facts(row)
     classes = dict(GPUClass.objects.values_list("id", "name"))
     model_live: dict[int, tuple[str, bool]] = {}  # the model's live replicas: name, and whether restarted
     if profile is not None:
@@ -107,5 +111,6 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
             for pk, (node, cards) in spots.items()
         ),
         parallel=parallel,
+        facts=facts,
     )
     return rooms, fleet

@@ -30,6 +30,7 @@ from django_tasks_db.backend import DatabaseBackend
 from base.tasks import task_is_waiting
 from operations.services import lease
 from operations.services.reconcile import reconcile
+from operations.services.release_watch import latest_check, record_check
 from operations.services.runner import run_operation
 
 log = logging.getLogger("operations.restart")
@@ -60,6 +61,34 @@ def reconcile_fleet() -> dict[str, Any]:
         return reconcile().as_dict()
     finally:
         ensure_reconciler(due_in=settings.LLMGW_RECONCILE_SECONDS)
+
+
+@task()
+def watch_releases() -> list[dict[str, Any]]:
+    """Ask the package index for each engine's newest release and keep the answer; come back in
+    LLMGW_RELEASE_WATCH_SECONDS (a day)."""
+    try:
+        return record_check().results
+    finally:
+        ensure_release_watch(due_in=settings.LLMGW_RELEASE_WATCH_SECONDS)
+
+
+def ensure_release_watch(*, due_in: float | None = None) -> None:
+    """Make sure a release check waits in the queue (one chain, whoever asks): due ``due_in`` seconds
+    from now, or by default a day after the last answer kept (at once when there is none). None when
+    the watch is off (``LLMGW_RELEASE_WATCH_SECONDS`` 0)."""
+    every = settings.LLMGW_RELEASE_WATCH_SECONDS
+    if every <= 0 or not _uses_database_backend():
+        return
+    if due_in is None:
+        last = latest_check()
+        due_in = 0.0 if last is None else max((last.checked_at - timezone.now()).total_seconds() + every, 0.0)
+    with transaction.atomic():
+        if not task_is_waiting(watch_releases.module_path, lock=_RELEASE_WATCH_LOCK_KEY):
+            watch_releases.using(run_after=timezone.now() + timedelta(seconds=due_in)).enqueue()
+
+
+_RELEASE_WATCH_LOCK_KEY = 0x6C6C7277  # "llrw"
 
 
 def _uses_database_backend() -> bool:
@@ -98,6 +127,7 @@ def start_worker_schedule() -> None:
     """What a worker does as it starts: the reconciler's chain, and the sweep while an operation is active,
     both on this worker's schedule."""
     ensure_reconciler(due_in=0)
+    ensure_release_watch()
     if lease.any_active():
         ensure_sweeper(due_in=settings.LLMGW_OPERATION_SWEEP_SECONDS)
 

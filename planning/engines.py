@@ -25,6 +25,7 @@ from llmgw_policy import launch_args as policy_launch_args
 from base.errors import DomainError
 from planning.args import drop_where, get_where, parse_int
 from planning.enginememory import EngineMemory, parse_memory, release_key
+from planning.releases import FLOORS, Floor, check_range, parse_version
 from planning.units import and_list
 
 DEFAULT_PATH = Path(__file__).with_name("engines.toml")
@@ -57,13 +58,18 @@ class Engine:
     # The memory models of older releases (``[[<engine>.older_memory]]``), each
     # with its range; ``memory`` is the current releases' (and a blank release's).
     older_memory: tuple[EngineMemory, ...] = ()
+    # The engine's package on the package index (the release watch, the agent's installed release).
+    package: str = ""
+    # What a node must have, per range of releases, oldest first (``planning.releases.floor_of``).
+    floors: tuple[Floor, ...] = ()
 
 
 # -- loading -----------------------------------------------------------------
 
 _REQUIRED = {"spread", "min_capability", "memory", "experts_on_card"}
 # memory_of: another engine whose memory model this one has (the stand-in plans as vLLM), in place of memory.
-_OPTIONAL: set[str] = {"memory_of", "older_memory"}
+_OPTIONAL: set[str] = {"memory_of", "older_memory", "package", "floors"}
+_FLOOR_KEYS = {"releases", *FLOORS, "source"}
 
 
 def load_registry(path: Path | None = None, policy: Policy | None = None) -> dict[str, Engine]:
@@ -149,6 +155,10 @@ def _engine(
     if not isinstance(experts, bool):
         raise fail("experts_on_card", f"must be true or false, not {experts!r}")
 
+    package = table.get("package", "")
+    if not isinstance(package, str) or (package and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", package)):
+        raise fail("package", f"must be the engine's package name on the package index, not {package!r}")
+
     return Engine(
         name=name,
         spread=spread,
@@ -164,7 +174,45 @@ def _engine(
         underscores_as_dashes=launch.underscores_as_dashes,
         abbreviations=launch.abbreviations,
         older_memory=older,
+        package=package,
+        floors=_floors(table.get("floors", []), fail),
     )
+
+
+def _floors(raw: Any, fail: Callable[[str, str], RegistryError]) -> tuple[Floor, ...]:
+    """The engine's ``[[<engine>.floors]]``: each a range of releases and what a node needs for them."""
+    if not isinstance(raw, list) or not all(isinstance(f, dict) for f in raw):
+        raise fail("floors", "must be an array of tables ([[<engine>.floors]])")
+    floors = []
+    for n, entry in enumerate(raw):
+        key = f"floors[{n}]"
+        for name in entry:
+            if name not in _FLOOR_KEYS:
+                raise fail(f"{key}.{name}", f"unknown key (known: {', '.join(sorted(_FLOOR_KEYS))})")
+        problem = check_range(entry.get("releases"))
+        if problem:
+            raise fail(f"{key}.releases", problem)
+        for name in ("capability", "driver", "cuda"):
+            value = entry.get(name, "")
+            if not isinstance(value, str) or (value and parse_version(value) is None):
+                raise fail(f"{key}.{name}", f'must be a version string such as "8.0" or "580", not {value!r}')
+        arch = entry.get("arch", [])
+        if not isinstance(arch, list) or not all(isinstance(a, str) and a for a in arch):
+            raise fail(f"{key}.arch", f'must be a list of architectures such as ["x86_64"], not {arch!r}')
+        source = entry.get("source", "")
+        if not isinstance(source, str) or not source.strip():
+            raise fail(f"{key}.source", "must say where the figures come from")
+        floors.append(
+            Floor(
+                releases=entry["releases"].strip(),
+                capability=entry.get("capability", ""),
+                driver=entry.get("driver", ""),
+                cuda=entry.get("cuda", ""),
+                arch=tuple(arch),
+                source=source,
+            )
+        )
+    return tuple(floors)
 
 
 @functools.cache
@@ -200,6 +248,13 @@ def terms_for(eng: Engine | str, release: str | None) -> Engine:
         if mem.covers(key):
             return replace(eng, memory=mem)
     return eng
+
+
+def engine_at(name: str, release: str) -> Engine:
+    """The engine called ``name`` as it is at ``release`` (blank: not known): the memory terms of
+    that release (``terms_for``); the floors per release are picked apart
+    (``planning.releases.floor_of``)."""
+    return terms_for(engine(name), release)
 
 
 def parse_capability(text: str) -> tuple[int, int] | None:

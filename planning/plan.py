@@ -24,6 +24,7 @@ from planning.engines import (
 )
 from planning.memory import card_memory, longest_context_that_fits
 from planning.placement import LiveReplica, NodeCards, place_restart
+from planning.releases import NodeFacts, floor_of, node_refusal, parse_version, unknown_facts
 from planning.room import room_for
 from planning.rules import MAX_CARDS, context_of, heads_known, pick_profile, respread, splits_heads
 from planning.types import CardMemory, Change, GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
@@ -42,6 +43,9 @@ class Fleet:
     cards: tuple[NodeCards, ...]
     replicas: tuple[LiveReplica, ...]
     parallel: int = 1
+    # What each node's agent reported of itself (driver, CUDA, architecture, engines installed), by
+    # node name; a node missing here is one whose facts are not known.
+    facts: Mapping[str, NodeFacts] | None = None
 
 
 # When the model does not say how long its context may be, a ceiling still
@@ -94,7 +98,7 @@ def _refuse_forbidden(
 
 def _engine_of(p: ProfileSpec, change: Change, notes: Notes) -> Engine:
     try:
-        return terms_for(engine(p.engine), p.release)
+        return terms_for(engine(p.engine), p.engine_version)
     except DomainError as err:
         raise _with_change(err, change, notes) from None
 
@@ -120,7 +124,45 @@ def _check_class(
             f"{spec.name} cards are {spec.capability}.",
             change=_finish(change, notes).as_dict(),
         )
+    floor = floor_of(eng.floors, p.engine_version)
+    floor_need = parse_version(floor.capability) if floor is not None and floor.capability else None
+    have_release = parse_version(spec.capability)
+    if (
+        floor is not None
+        and floor_need is not None
+        and have_release is not None
+        and have_release < floor_need
+    ):
+        release = f"{eng.name} {p.engine_version}" if p.engine_version else f"The {eng.name} engine"
+        raise DomainError(
+            "capability",
+            f"{release} needs cards of compute capability {floor.capability} or newer; {spec.name} cards are "
+            f"{spec.capability}.",
+            change=_finish(change, notes).as_dict(),
+        )
     return spec.usable_bytes if spec.usable_bytes > 0 else None
+
+
+def _floor_refusals(
+    eng: Engine, p: ProfileSpec, fleet: Fleet | None, nodes: Iterable[str], notes: Notes
+) -> dict[str, DomainError]:
+    """Each node that cannot run ``p``'s engine release, with why (``planning.releases.node_refusal``);
+    a note names the nodes whose facts are not known. Nothing when the fleet's facts were not given."""
+    if fleet is None or fleet.facts is None:
+        return {}
+    floor = floor_of(eng.floors, p.engine_version)
+    refused: dict[str, DomainError] = {}
+    unknown: list[str] = []
+    for node in sorted(set(nodes)):
+        facts = fleet.facts.get(node) or NodeFacts(node=node)
+        if not facts.known:
+            unknown.append(node)
+        err = node_refusal(eng.name, p.engine_version, floor, facts)
+        if err is not None:
+            refused[node] = err
+    if unknown and (floor is not None or p.engine_version):
+        notes.add(unknown_facts(unknown))
+    return refused
 
 
 def _card_of(spec: GPUClassSpec | None) -> dict[str, Any]:
@@ -269,6 +311,17 @@ def _check_room(
     replica must have a place; without, whether some node has room."""
     assert p.gpu_class is not None  # pick_profile never answers a CPU-only profile
     simulate = fleet is not None and any(r.restarted for r in fleet.replicas)
+    nodes = list(nodes)
+    refused = _floor_refusals(
+        engine(p.engine), p, fleet, (r.node for r in nodes if r.gpu_class == p.gpu_class), notes
+    )
+    if refused:
+        # A node that fails the release's floors, or lacks the release, takes none of its replicas.
+        nodes = [replace(r, ready=False) if r.node in refused else r for r in nodes]
+        assert fleet is not None
+        fleet = replace(
+            fleet, cards=tuple(replace(c, ready=False) if c.node in refused else c for c in fleet.cards)
+        )
     try:
         room = room_for(nodes, p.gpu_class, n, running=running > 0 and not simulate, in_place=in_place)
         if simulate:
@@ -283,7 +336,13 @@ def _check_room(
             )
             room = replace(room, places=places, in_place=any(pl.in_place for pl in places))
     except DomainError as err:
-        raise _with_change(err, change, notes) from None
+        answer = err
+        if refused:
+            # Nowhere to go because of the nodes the release cannot run on: that is the answer.
+            first = refused[min(refused)]
+            others = f" ({len(refused) - 1} other node(s) refused too)" if len(refused) > 1 else ""
+            answer = DomainError(first.code, first.message + others, status=first.status)
+        raise _with_change(answer, change, notes) from None
     return replace(change, room=room, in_place=room.in_place)
 
 

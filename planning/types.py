@@ -89,9 +89,8 @@ class ProfileSpec:
     pp: int = 0
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
-    # The engine release the profile runs ("": the fleet's default, or the
-    # engine's current terms): which memory terms plan it (engines.terms_for).
-    release: str = ""
+    # The engine release it runs: its own, else the fleet's default of the engine; "" when neither is set.
+    engine_version: str = ""
 
     @property
     def cards(self) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 from base.errors import DomainError
 from catalog.models import Profile, ServedModel
-from catalog.selectors import model_spec, profile_release, profile_spec
+from catalog.selectors import model_spec, profile_spec
 from planning import CardMemory, Change, card_memory, context_of, engine
 from planning.engines import terms_for
 from planning.types import ROOM_NODES_NAMED
@@ -202,7 +202,7 @@ def served_contexts(model: ServedModel, profiles: list[Profile]) -> list[int]:
     served: set[int] = set()
     for p in profiles:
         try:
-            eng = terms_for(engine(p.engine), profile_release(p))
+            eng = terms_for(engine(p.engine), p.engine_version)
         except DomainError:
             continue
         tokens = context_of(spec, profile_spec(p), eng)
@@ -224,7 +224,7 @@ def profile_memory(model: ServedModel, profiles: list[Profile]) -> list[ProfileM
     out = []
     for p in profiles:
         try:
-            eng = terms_for(engine(p.engine), profile_release(p))
+            eng = terms_for(engine(p.engine), p.engine_version)
         except DomainError as err:
             out.append(ProfileMemory(p, None, None, err.message))
             continue

@@ -20,7 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from catalog.models import Card, Node, Replica
-from operations.models import RestartOperation, RestartStep
+from operations.models import ReleaseCheck, RestartOperation, RestartStep
 from planning.measured import drift
 from telemetry.models import CardReading, NodeReading
 
@@ -42,6 +42,7 @@ class FleetCollector(Collector):
         yield from self._card_telemetry()
         yield from self._restarts()
         yield from self._memory_drift()
+        yield from self._releases()
 
     def _memory_drift(self) -> Iterator[Metric]:
         """Per engine and release, how far the planned need is from what the engines said they
@@ -69,6 +70,30 @@ class FleetCollector(Collector):
             count.add_metric([engine, release], n)
         yield ratio
         yield count
+
+    def _releases(self) -> Iterator[Metric]:
+        """The release watch's last answer (operations/services/release_watch.py): per engine the
+        index answered for, 1 when its newest release is newer than the fleet's default."""
+        check = ReleaseCheck.objects.order_by("-checked_at", "-pk").first()
+        if check is None:
+            return
+        newer = GaugeMetricFamily(
+            "llmgw_engine_release_newer",
+            "1 when the package index's newest release of the engine is newer than the fleet's default.",
+            labels=["engine", "newest", "default"],
+        )
+        for entry in check.results:
+            if entry.get("newest"):
+                newer.add_metric(
+                    [entry["engine"], entry["newest"], entry.get("default", "")],
+                    1 if entry.get("newer") else 0,
+                )
+        yield newer
+        yield GaugeMetricFamily(
+            "llmgw_engine_release_check_timestamp_seconds",
+            "When the release watch last asked the package index.",
+            value=check.checked_at.timestamp(),
+        )
 
     def _cards(self) -> Iterator[Metric]:
         cards = GaugeMetricFamily(

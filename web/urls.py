@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from web.views import models, nodes, profiles, replicas
+from web.views import models, nodes, profiles, releases, replicas
 
 urlpatterns = [
     # The operator pages; the models list is home.
@@ -23,9 +23,12 @@ urlpatterns = [
         profiles.profile_rollback_apply,
         name="profile-rollback",
     ),
+    path("models/<str:name>/profiles/<str:profile>/pin-kv/", models.profile_pin_kv, name="profile-pin-kv"),
     path("replicas/<str:name>/", replicas.replica_detail, name="replica-detail"),
     path("replicas/<str:name>/log/", replicas.replica_log, name="replica-log"),
     path("replicas/<str:name>/log.txt", replicas.replica_log_download, name="replica-log-download"),
+    path("releases/", releases.release_list, name="release-list"),
+    path("releases/upgrade/", releases.release_upgrade, name="release-upgrade"),
     path("nodes/", nodes.node_list, name="node-list"),
     path("nodes/<str:name>/", nodes.node_detail, name="node-detail"),
 ]

@@ -37,9 +37,11 @@ ENV_OVERRIDES = {
     "log_attempts": "LLMGW_AGENT_LOG_ATTEMPTS",
     "log_attempt_bytes": "LLMGW_AGENT_LOG_ATTEMPT_BYTES",
 }
-TOP_LEVEL_KEYS = set(ENV_OVERRIDES) | {"cards", "engines"}
+TOP_LEVEL_KEYS = set(ENV_OVERRIDES) | {"cards", "engines", "arch"}
 CARD_KEYS = {"index", "name", "memory_mib"}
-ENGINE_KEYS = {"command"}
+# version: the release installed, declared (else read: llmgw_agent/facts.py); package: its package's
+# name where it is not the usual one; python: the Python that runs it, where its command does not say.
+ENGINE_KEYS = {"command", "version", "package", "python"}
 
 
 class ConfigError(Exception):
@@ -57,6 +59,9 @@ class CardConfig:
 class EngineConfig:
     name: str
     command: tuple[str, ...]
+    version: str = ""
+    package: str = ""
+    python: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,8 @@ class AgentConfig:
     # cut to its last log_attempt_bytes once it has ended.
     log_attempts: int = 5
     log_attempt_bytes: int = 1024 * 1024
+    # The machine's architecture as declared (a stand-in node); empty: platform.machine()'s.
+    arch: str = ""
 
 
 def load_config(path: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None) -> AgentConfig:
@@ -168,7 +175,14 @@ def build_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> AgentCo
         warnings=tuple(warnings),
         log_attempts=int(log_attempts),
         log_attempt_bytes=int(log_attempt_bytes),
+        arch=_arch(data.get("arch", "")),
     )
+
+
+def _arch(value: Any) -> str:
+    if not isinstance(value, str) or (value and not value.strip()):
+        raise ConfigError(f"arch: must be an architecture such as x86_64 or aarch64, got {value!r}")
+    return value.strip()
 
 
 def _string(
@@ -344,7 +358,7 @@ def _engines(raw: Any) -> dict[str, EngineConfig]:
             raise ConfigError(f"{where}: must be a table with command = [...]")
         unknown = sorted(set(entry) - ENGINE_KEYS)
         if unknown:
-            raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: command)")
+            raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(ENGINE_KEYS))})")
         command = entry.get("command")
         if (
             not isinstance(command, list)
@@ -354,7 +368,13 @@ def _engines(raw: Any) -> dict[str, EngineConfig]:
             raise ConfigError(
                 f"{where}.command: must be a non-empty array of non-empty strings, got {command!r}"
             )
-        engines[name] = EngineConfig(name=name, command=tuple(command))
+        texts = {}
+        for key in ("version", "package", "python"):
+            value = entry.get(key, "")
+            if not isinstance(value, str) or (key in entry and not value.strip()):
+                raise ConfigError(f"{where}.{key}: must be a non-empty string, got {value!r}")
+            texts[key] = value.strip()
+        engines[name] = EngineConfig(name=name, command=tuple(command), **texts)
     if not engines:
         raise ConfigError("engines: at least one engine is required ([engines.NAME] with command = [...])")
     return engines

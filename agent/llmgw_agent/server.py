@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from . import __version__
 from .config import AgentConfig
+from .facts import NodeFacts
 from .record import FAILED, LOADING, READY, STARTING, STOPPED
 from .spec import AgentError, check_replica_id
 from .supervisor import MAX_WAIT_SECONDS, Supervisor
@@ -50,6 +51,7 @@ class AgentServer(ThreadingHTTPServer):
         self.supervisor = supervisor
         self.cards_source = cards_source
         self.telemetry = Telemetry(supervisor.cards, supervisor.process_groups)
+        self.facts = NodeFacts(config)
         self._token = config.token.encode("utf-8")
         # A rotated-out token, accepted until its deadline (time.monotonic()).
         self._previous: tuple[bytes, float] | None = None
@@ -195,6 +197,8 @@ class AgentHandler(BaseHTTPRequestHandler):
                 "agent_version": __version__,
                 "cards_source": self.server.cards_source,
                 "policy": supervisor.policy.digest,
+                # driver_version, cuda_version, arch, engines, facts_errors (llmgw_agent/facts.py)
+                **self.server.facts.get(),
             }
         if path == "/v1/telemetry":
             self._allow(method, "GET")

@@ -94,11 +94,26 @@ class NodeSerializer(serializers.ModelSerializer):
             "last_seen_at",
             "unreachable_reason",
             "orphans",
+            "driver_version",
+            "cuda_version",
+            "arch",
+            "engines",
+            "facts_at",
             "cards",
         ]
         # What the reconciler learnt from the node's agent: read here, written by it alone. The state:
         # cordon's, uncordon's and drain's (their own endpoints), never an edit's.
-        read_only_fields = ["state", "reachable", "unreachable_reason", "orphans"]
+        read_only_fields = [
+            "state",
+            "reachable",
+            "unreachable_reason",
+            "orphans",
+            "driver_version",
+            "cuda_version",
+            "arch",
+            "engines",
+            "facts_at",
+        ]
 
     @extend_schema_field(CardSerializer(many=True, read_only=True))
     def get_cards(self, node: Node) -> list[dict[str, Any]]:
@@ -148,6 +163,7 @@ class ProfileSerializer(serializers.ModelSerializer):
             "model",
             "name",
             "engine",
+            "engine_version",
             "gpu_class",
             "gpus_per_node",
             "tp",
@@ -158,7 +174,9 @@ class ProfileSerializer(serializers.ModelSerializer):
             "revision",
             "cards",
         ]
-        read_only_fields = ["revision"]
+        # The release is changed by an upgrade, whose dry run comes first (POST /api/releases/upgrade/
+        # with the profile named), never by an edit.
+        read_only_fields = ["revision", "engine_version"]
         validators: list[Any] = []  # uniqueness is the service's and the database's to say
         extra_kwargs = {"gpus_per_node": _AT_LEAST_ONE, "tp": _AT_LEAST_ONE, "nodes": _AT_LEAST_ONE}
 
@@ -237,8 +255,19 @@ class ReplicaSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Replica
-        fields = ["id", "name", "model", "profile", "port", "state", "revision", "stale", "shards"]
-        read_only_fields = ["state", "revision"]
+        fields = [
+            "id",
+            "name",
+            "model",
+            "profile",
+            "port",
+            "state",
+            "revision",
+            "engine_version",
+            "stale",
+            "shards",
+        ]
+        read_only_fields = ["state", "revision", "engine_version"]
         extra_kwargs = {"port": {"min_value": 1, "max_value": 65535}}
 
     def get_stale(self, replica: Replica) -> bool:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from catalog.models.fleet import Card, GPUClass, Node
 from catalog.models.serving import (
+    EngineDefault,
     Profile,
     Replica,
     ServedModel,
@@ -13,6 +14,7 @@ from catalog.models.serving import (
 
 __all__ = [
     "Card",
+    "EngineDefault",
     "GPUClass",
     "Node",
     "Profile",

@@ -88,6 +88,23 @@ class Node(models.Model):
         blank=True,
         help_text="Engines its agent runs that the catalog does not hold, for an operator to adopt or stop.",
     )
+    # What its agent last said of the node itself (GET /v1/node, read by the reconciler): the
+    # engines installed with their releases, the driver and CUDA versions nvidia-smi reports, the
+    # machine's architecture, written (and audited) when they change. ``facts_at`` is None while its agent has never said: then none of
+    # these is known, and the floors that need them are not checked there (docs/design.md, "Releases").
+    driver_version = models.CharField(max_length=32, blank=True, default="", help_text="e.g. 580.65.06")
+    cuda_version = models.CharField(
+        max_length=16, blank=True, default="", help_text="The CUDA version the driver supports, e.g. 13.0."
+    )
+    arch = models.CharField(max_length=32, blank=True, default="", help_text="e.g. x86_64 or aarch64.")
+    engines = models.JSONField(
+        default=dict, blank=True, help_text="The engines installed: engine name to its release."
+    )
+    facts_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its agent's report last changed these facts (audited); empty: it never reported them.",
+    )
 
     class Meta:
         ordering = ["name"]

@@ -112,6 +112,12 @@ class Profile(models.Model):
     model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="profiles")
     name = models.CharField(max_length=64, validators=[name_validator])
     engine = models.CharField(max_length=32)
+    engine_version = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="The engine's release, e.g. 0.19.1. Empty: the fleet's default release of the engine.",
+    )
     gpu_class = models.ForeignKey(
         GPUClass,
         null=True,
@@ -146,6 +152,21 @@ class Profile(models.Model):
         return max(self.gpus_per_node, self.tp, 1) * max(self.nodes, self.pp, 1)
 
 
+class EngineDefault(models.Model):
+    """The fleet's default release of an engine: what a profile with no release of its own runs.
+    Changed through ``catalog.services.releases`` (audited), after an upgrade's dry run."""
+
+    engine = models.CharField(max_length=32, unique=True)
+    version = models.CharField(max_length=64, help_text="The release, e.g. 0.19.1.")
+
+    class Meta:
+        ordering = ["engine"]
+        verbose_name = "engine default release"
+
+    def __str__(self) -> str:
+        return f"{self.engine} {self.version}"
+
+
 class Replica(models.Model):
     class State(models.TextChoices):
         STARTING = "starting"
@@ -175,6 +196,13 @@ class Replica(models.Model):
     port = models.PositiveIntegerField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.STARTING)
     revision = models.PositiveIntegerField(help_text="The profile revision this replica runs.")
+    engine_version = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="The engine release it was started with, as its node's agent reported it installed; "
+        "empty: not known.",
+    )
     # What each card was planned to hold when the replica started (the API's
     # memory answer), and what the engine and the card reported (bytes per
     # card, from its start-up log and nvidia-smi; see agent/llmgw_agent/memory_lines.py).

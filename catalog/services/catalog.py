@@ -20,14 +20,24 @@ from audit.services import audit_record, changed_fields, snapshot
 from base.actor import Actor
 from base.errors import DomainError, conflict, declared
 from catalog.agent_address import validate_agent_url
-from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from catalog.models import Card, EngineDefault, GPUClass, Node, Profile, Replica, ServedModel, Shard
 from operations.services.busy import refuse_while_restarting
 from planning.types import SHAPE_FIELDS, TEXT_SHAPE_FIELDS
 
 M = TypeVar("M", bound=models.Model)
 
 # A change to any of these is a change to what runs: replicas on the old revision are stale.
-SERVING_FIELDS = ("engine", "gpu_class", "gpus_per_node", "tp", "nodes", "pp", "args", "env")
+SERVING_FIELDS = (
+    "engine",
+    "engine_version",
+    "gpu_class",
+    "gpus_per_node",
+    "tp",
+    "nodes",
+    "pp",
+    "args",
+    "env",
+)
 
 
 def validation_sentence(exc: ValidationError) -> str:
@@ -276,6 +286,7 @@ def validate_profile_spec(
         raise DomainError(
             "invalid", 'env must be a mapping of strings to strings, e.g. {"HF_HUB_OFFLINE": "1"}.'
         )
+    _check_release(engine, profile)
     model = profile.model
     refusals = engines.refusals(engine, profile.args, profile.env, context_max=model.context_length)
     if not context_from_operation and not refusals:
@@ -296,6 +307,53 @@ def validate_profile_spec(
             ]
     if refusals:
         raise DomainError("refused_arg", " ".join(r.sentence for r in refusals))
+
+
+def _check_release(engine: Any, profile: Profile) -> None:
+    """The profile's release reads as a release number, and its cards meet the release's compute
+    capability floor (``capability``, with the figures). The floors a node's facts must meet (driver,
+    CUDA, architecture, the release installed) are placement's: a save does not choose nodes."""
+    from catalog.selectors import release_of
+    from planning.releases import floor_of, parse_version
+
+    if profile.engine_version and parse_version(profile.engine_version) is None:
+        raise DomainError(
+            "invalid",
+            f"engine_version {profile.engine_version!r} is not a release number: write it as the engine "
+            "numbers it (0.19.1, 1.0.0rc4, b6500), or leave it empty for the fleet's default.",
+        )
+    release = release_of(profile)
+    floor = floor_of(engine.floors, release)
+    cls = profile.gpu_class
+    if floor is None or not floor.capability or cls is None:
+        return
+    have, need = parse_version(cls.compute_capability), parse_version(floor.capability)
+    if have is not None and need is not None and have < need:
+        what = f"{engine.name} {release}" if release else f"The {engine.name} engine"
+        raise DomainError(
+            "capability",
+            f"{what} needs cards of compute capability {floor.capability} or newer; {cls.name} cards are "
+            f"{cls.compute_capability}.",
+        )
+
+
+def engine_default_save(
+    *, engine: str, version: str, actor: Actor | None = None, message: str = ""
+) -> EngineDefault:
+    """Set the fleet's default release of ``engine`` (audited). What it changes for the profiles that
+    run the default is the upgrade's to say and do (``operations.services.upgrade``)."""
+    from planning import engines
+    from planning.releases import parse_version
+
+    engines.engine(engine)  # unknown_engine, naming the known ones
+    if parse_version(version) is None:
+        raise DomainError(
+            "invalid",
+            f"{version!r} is not a release number: write it as the engine numbers it (0.19.1, b6500).",
+        )
+    instance = EngineDefault.objects.filter(engine=engine).first() or EngineDefault(engine=engine)
+    instance.version = version
+    return _save(instance, actor=actor, message=message)
 
 
 def validate_model_source(source: str) -> None:

@@ -9,19 +9,20 @@ from typing import Any
 
 from base.errors import DomainError
 from catalog.models import Profile, ServedModel
-from catalog.selectors import profile_release, profile_spec, shape_of
+from catalog.selectors import profile_spec, release_of, shape_of
 from planning import CardMemory, Shape, card_memory, context_of, engine
-from planning.engines import Engine, terms_for
+from planning.engines import Engine, engine_at, terms_for
 from planning.units import gib, gib_short
 
 
 def planned_with_release(profile: Profile, planned: CardMemory | None) -> dict[str, Any]:
     """What a replica of ``profile`` was planned to hold (the memory answer), with the engine
-    release it was planned for ("": the engine's current terms) and the release range of the
-    memory terms that planned it: the drift per release is read from these."""
+    release it was planned for (its own, else the fleet's default; "": neither, the engine's current
+    terms) and the release range of the memory terms that planned it: the drift per release is read
+    from these."""
     if planned is None:
         return {}
-    release = profile_release(profile)
+    release = release_of(profile)
     try:
         terms_of = terms_for(engine(profile.engine), release).memory.version
     except DomainError:
@@ -29,13 +30,17 @@ def planned_with_release(profile: Profile, planned: CardMemory | None) -> dict[s
     return {**planned.as_dict(), "release": release, "terms_of": terms_of}
 
 
-def profile_memory(profile: Profile, model: ServedModel | None = None) -> CardMemory | None:
-    """What each of ``profile``'s cards would hold; None when it runs on CPUs,
+def profile_memory(
+    profile: Profile, model: ServedModel | None = None, *, release: str | None = None
+) -> CardMemory | None:
+    """What each of ``profile``'s cards would hold, under the memory terms of ``release`` (the
+    engine's release; None: the profile's own release, its engine's current terms when it names
+    none: a caller for whom the fleet's default matters passes ``release_of(profile)``); None when it runs on CPUs,
     its engine is unknown, or the shape or context is not known."""
     if profile.gpu_class_id is None:
         return None
     try:
-        eng = terms_for(engine(profile.engine), profile_release(profile))
+        eng = engine_at(profile.engine, profile.engine_version if release is None else release)
     except DomainError:
         return None
     model = model or ServedModel.objects.get(pk=profile.model_id)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from operations.api import resize, rollback, views
+from operations.api import releases, resize, rollback, views
 
 router = SimpleRouter()
 router.register("operations", views.OperationViewSet, basename="api-operation")
@@ -30,5 +30,12 @@ urlpatterns = [
         name="api-card-uncordon",
     ),
     path("replicas/<str:name>/move/", views.ReplicaMoveView.as_view(), name="api-replica-move"),
+    path("releases/", releases.ReleasesView.as_view(), name="api-releases"),
+    path("releases/upgrade/", releases.UpgradeView.as_view(), name="api-releases-upgrade"),
+    path(
+        "models/<str:name>/profiles/<str:profile>/pin-kv/",
+        releases.KvPinView.as_view(),
+        name="api-profile-pin-kv",
+    ),
     path("", include(router.urls)),
 ]

@@ -14,9 +14,13 @@ from django.conf import settings
 from django.db.models import Max
 
 from base.db import hold_lock
+from base.errors import DomainError
 from catalog.models import Card, Node, Profile, Replica, ServedModel, Shard, live_replicas_q
+from catalog.selectors import node_facts, release_of
 from operations.models import RestartStep
+from planning import engine
 from planning.placement import best_fit_key
+from planning.releases import floor_of, node_refusal
 from telemetry.selectors import foreign_held_card_ids
 
 _PLACEMENT_LOCK_KEY = 0x6C6C7270  # "llrp"
@@ -60,6 +64,30 @@ def free_port(node: Node, *, after: int | None = None, hosts: dict[int, str] | N
     return port if after is None else max(port, after + 1)
 
 
+def release_refusal(profile: Profile, node: Node) -> DomainError | None:
+    """Why ``node`` cannot run ``profile``'s engine release: a floor of the release its agent's facts
+    fail (``capability``, ``driver``, ``cuda``, ``arch``) or the release not installed there
+    (``release_missing``); None when it can, or when its agent never reported (the restart's plan
+    says so). The one check the restart's plan (``planning.plan``) and its run share."""
+    try:
+        eng = engine(profile.engine)
+    except DomainError:
+        return None
+    release = release_of(profile)
+    capability = profile.gpu_class.compute_capability if profile.gpu_class is not None else ""
+    return node_refusal(
+        eng.name, release, floor_of(eng.floors, release), node_facts(node), capability=capability
+    )
+
+
+def release_refusals(profile: Profile) -> list[str]:
+    """A sentence for each ready node with the profile's class of card that cannot run its release."""
+    nodes = Node.objects.filter(
+        state=Node.State.READY, reachable=True, cards__gpu_class_id=profile.gpu_class_id
+    ).distinct()
+    return [err.message for node in nodes if (err := release_refusal(profile, node)) is not None]
+
+
 def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Node, list[Card]] | None:
     """Free cards of the profile's class for one replica: on the ready node
     whose agent answers (not cordoned, not down, not unreachable) that comes
@@ -73,6 +101,7 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
         .values_list("card__node_id", flat=True)
     )
     free: dict[int, list[Card]] = {}
+    refused: set[int] = set()
     for card in (
         Card.objects.filter(
             gpu_class_id=profile.gpu_class_id,
@@ -87,6 +116,11 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
     ):
         if card.index in orphan_cards(card.node):
             continue  # an engine the catalog does not hold runs there (the reconciler listed it)
+        if card.node_id not in free and card.node_id in refused:
+            continue
+        if card.node_id not in free and release_refusal(profile, card.node) is not None:
+            refused.add(card.node_id)  # the release's floors, or the release not installed there
+            continue
         free.setdefault(card.node_id, []).append(card)
     fits = [cards for cards in free.values() if len(cards) >= need]
     if not fits:
@@ -129,6 +163,9 @@ def in_place_cards(profile: Profile, old: Replica, node: Node) -> list[int] | st
         .exclude(pk__in=foreign_held_card_ids())
         .order_by("index")
     )
+    refusal = release_refusal(profile, node)
+    if refusal is not None:
+        return f"In place on {node.name} is refused: {refusal.message}"
     own = list(usable.filter(shard__replica=old).values_list("index", flat=True))
     free = list(usable.filter(shard__isnull=True).values_list("index", flat=True))
     if len(own) + len(free) < need:

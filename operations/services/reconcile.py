@@ -17,6 +17,10 @@ other node), each change audited as the reconciler's:
 - engines the agent runs that the catalog does not hold are listed on the
   node as orphans, for an operator to adopt or stop (they may hold cards the
   catalog thinks free: the agent is the truth of what runs);
+- what the agent says of its node (``GET /v1/node``: driver, CUDA, architecture, the engines installed
+  with their releases) is kept on the node when it changed, audited; the release floors and a
+  profile's release are checked against it (planning/releases.py). An agent that cannot say
+  (older than these facts, or its node answer failing) leaves what was known as it was;
 - a node whose agent does not answer (down, slow, a refused token) is marked
   unreachable with the reason, keeping when it was last seen; its live
   replicas become ``unknown``, not ready. Placement passes over it.
@@ -169,6 +173,7 @@ class Listing:
     node: Node
     asked_at: datetime
     answer: list[dict[str, Any]] | AgentCallFailed
+    facts: dict[str, Any] | None = None  # what the agent says of its node (FACTS), asked after its list
 
     @property
     def fence(self) -> datetime:
@@ -197,7 +202,10 @@ def _ask(node: Node, secrets: tuple[str, ...] = ()) -> Listing:
             ),
         )
     return Listing(
-        node, asked_at, [r for r in answer if isinstance(r, dict) and isinstance(r.get("id"), str)]
+        node,
+        asked_at,
+        [r for r in answer if isinstance(r, dict) and isinstance(r.get("id"), str)],
+        _ask_facts(node, agent),
     )
 
 
@@ -226,11 +234,56 @@ def reconcile(
             try:
                 if before_apply is not None:
                     before_apply(listing)
-                report.nodes.append(_reconcile_node(listing, actor))
+                out = _reconcile_node(listing, actor)
+                if listing.facts is not None:
+                    set_node_facts(listing.node, listing.facts, actor, out)
+                report.nodes.append(out)
             except Exception:  # one node's trouble does not keep the others out of line
                 log.exception("reconciling node %s failed", listing.node.name)
     report.nodes.sort(key=lambda n: n.node)
     return report
+
+
+FACTS = ("driver_version", "cuda_version", "arch", "engines")
+
+
+def _ask_facts(node: Node, agent: AgentClient) -> dict[str, Any] | None:
+    """What the node's agent says of its node; None when it cannot say (an older agent, a failure)."""
+    try:
+        info = agent.node_info()
+    except AgentCallFailed as exc:
+        log.info("node %s's agent did not say its facts: %s", node.name, exc.message)
+        return None
+    return {key: info[key] for key in FACTS} if info.get("facts") else None
+
+
+def set_node_facts(node: Node, facts: dict[str, Any], actor: Actor, out: NodeReport | None = None) -> bool:
+    """Keep what the node's agent said of its node (``FACTS``) when it differs from what the catalog
+    holds, audited as a change of the node; False when nothing changed."""
+    with transaction.atomic():
+        row = Node.objects.select_for_update().get(pk=node.pk)
+        before = {key: getattr(row, key) for key in FACTS}
+        if row.facts_at is not None and before == facts:
+            return False
+        for key in FACTS:
+            setattr(row, key, facts[key])
+        row.facts_at = timezone.now()
+        row.save(update_fields=[*FACTS, "facts_at"])
+        engines = ", ".join(f"{k} {v}" for k, v in sorted(facts["engines"].items())) or "no engine"
+        audit_record(
+            action="facts",
+            object_type="node",
+            object_key=row.name,
+            object_repr=str(row),
+            before=before if node.facts_at is not None else {},
+            after=facts,
+            actor=actor,
+            message=f"node {row.name}'s agent reports driver {facts['driver_version'] or 'unknown'}, CUDA "
+            f"{facts['cuda_version'] or 'unknown'}, {facts['arch'] or 'architecture unknown'}; installed: {engines}",
+        )
+    if out is not None:
+        out.changed.append(f"node {node.name} facts: {', '.join(k for k in FACTS if before[k] != facts[k])}")
+    return True
 
 
 def _cards_in_use(answer: list[dict[str, Any]], but: str) -> set[int]:

@@ -63,7 +63,7 @@ def _plan(planner: Callable[..., Change], model: ServedModel, profile: str | Non
     running = selectors.live_replicas(chosen).count() if chosen else 0
     rooms, fleet = rooms_and_fleet(chosen)
     return planner(
-        model=selectors.model_spec(model, profiles),
+        model=selectors.model_spec(model, profiles, defaults=selectors.engine_defaults()),
         profile=profile,
         classes=selectors.gpu_class_specs(),
         nodes=rooms,

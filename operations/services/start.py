@@ -19,11 +19,12 @@ from django.utils import timezone
 from audit.services import audit_record
 from base.actor import Actor, current_actor
 from base.errors import DomainError, conflict, not_found
-from catalog.models import Profile, Replica, ServedModel, restartable_replicas_q, stale_replicas_q
+from catalog.models import Node, Profile, Replica, ServedModel, restartable_replicas_q, stale_replicas_q
 from catalog.services.fit import refuse_unless_fits
 from operations.models import RestartOperation, RestartStep
 from operations.selectors import rooms_and_fleet
 from operations.services.busy import busy_refusal
+from operations.services.placement import release_refusal
 from operations.services.specs import check_launchable
 from operations.tasks import enqueue_restart
 from planning import engines
@@ -130,17 +131,34 @@ def _plan(
                 for c in fleet.cards
             ),
         )
+    # A node the profile's release cannot run on (its floors, or the release not installed there) takes
+    # no replacement; where that leaves none, the refusal names the floor and the figures.
+    refused = {
+        node.name: err
+        for node in Node.objects.filter(name__in=[c.node for c in fleet.cards])
+        if (err := release_refusal(profile, node)) is not None
+    }
+    if refused:
+        fleet = replace(
+            fleet, cards=tuple(replace(c, ready=False) if c.node in refused else c for c in fleet.cards)
+        )
     names = {r.name for r in chosen}
     replicas = tuple(replace(r, restarted=r.name in names) for r in fleet.replicas)
-    places = place_restart(
-        fleet.cards,
-        replicas,
-        profile.cards,
-        in_place=in_place is not False,
-        always_in_place=in_place is True,
-        parallel=max_parallel,
-        gpu_class=profile.gpu_class.name if profile.gpu_class else "",
-    )
+    try:
+        places = place_restart(
+            fleet.cards,
+            replicas,
+            profile.cards,
+            in_place=in_place is not False,
+            always_in_place=in_place is True,
+            parallel=max_parallel,
+            gpu_class=profile.gpu_class.name if profile.gpu_class else "",
+        )
+    except DomainError as err:
+        if not refused:
+            raise
+        first = refused[min(refused)]
+        raise DomainError(first.code, f"{err.message} {first.message}", status=first.status) from None
     return {p.replica: p for p in places}
 
 

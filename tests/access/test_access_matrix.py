@@ -105,6 +105,12 @@ PAGES_AND_API: dict[str, dict[str, frozenset[str]]] = {
     "api-operation-list": {"GET": READ},
     "api-operation-detail": {"GET": READ},
     "api-operation-cancel": {"POST": OPERATE},
+    "api-releases": {"GET": READ},
+    "release-list": {"GET": READ},
+    "profile-pin-kv": {"POST": EDIT},
+    "release-upgrade": {"POST": OPERATE},
+    "api-releases-upgrade": {"POST": OPERATE},
+    "api-profile-pin-kv": {"POST": EDIT},
     **{f"api-{m}-list": CRUD_LIST for m in ("gpuclass", "node", "model", "profile", "replica")},
     **{f"api-{m}-detail": CRUD_DETAIL for m in ("gpuclass", "node", "model", "profile", "replica")},
 }

@@ -79,6 +79,28 @@ def test_an_engine_the_catalog_does_not_hold_is_listed_as_an_orphan_and_audited(
         assert_catalog_is_what_agents_run(fleet)
 
 
+def test_what_an_agent_says_of_its_node_is_kept_on_the_node_audited_once_and_shown_by_the_api(
+    tmp_path, actor
+):
+    with fleet_of(tmp_path, nodes=("gpu-a",)) as fleet:
+        assert Node.objects.get(name="gpu-a").facts_at is None  # never reported: not known
+        reconcile()
+        node = Node.objects.get(name="gpu-a")
+        assert node.facts_at is not None
+        assert node.engines == {"standin": "0.19.1"}  # as its configuration declares the stand-in
+        assert node.arch == os.uname().machine and node.driver_version == ""  # no nvidia-smi here
+        (entry,) = reconciler_entries("facts")
+        assert "standin 0.19.1" in entry.message and "driver unknown" in entry.message
+        reconcile()  # the same facts: nothing written
+        assert len(reconciler_entries("facts")) == 1
+        client = APIClient()
+        client.force_authenticate(b.user("viewer-facts"))
+        body = client.get("/api/nodes/gpu-a/").json()
+        assert body["engines"] == {"standin": "0.19.1"} and body["arch"] == node.arch
+        assert body["driver_version"] == "" and body["facts_at"] is not None
+        assert_catalog_is_what_agents_run(fleet)
+
+
 def test_a_node_whose_agent_does_not_answer_is_unreachable_with_its_last_seen_time_and_replicas_unknown(
     tmp_path, actor, settings
 ):

@@ -1,120 +1,130 @@
-"""Memory terms by engine release (planning/engines.toml: [<engine>.memory] for the current
-releases, [[<engine>.older_memory]] for older ranges) and what each release's knobs mean."""
+"""Engine releases compared, their ranges, and the floors a release puts on a node (planning/releases.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from planning.enginememory import release_key
-from planning.engines import RegistryError, load_registry, terms_for
-from planning.memory import card_memory
-from planning.units import GIB
-from tests.planning.calibration import LLAMA_3_8B
+from planning.engines import RegistryError, engine, load_registry
+from planning.releases import (
+    Floor,
+    NodeFacts,
+    check_range,
+    floor_of,
+    newer,
+    node_refusal,
+    parse_version,
+    release_in,
+)
 
 
 @pytest.mark.parametrize(
-    ("text", "key"),
+    ("later", "earlier"),
     [
-        ("0.19.0", (0, 19, 0)),
-        ("v0.10.1.1", (0, 10, 1, 1)),
-        ("0.6.4.post1", (0, 6, 4)),
-        ("0.11.0rc2", (0, 11, 0)),
-        ("b6123", (6123,)),
-        ("", None),
-        ("latest", None),
+        ("0.19.1", "0.19.0"),
+        ("0.10.0", "0.9.2"),  # by numbers, not by text
+        ("1.0.0", "1.0.0rc4"),  # a release after its candidates
+        ("1.0.0rc4", "1.0.0rc3"),
+        ("0.11.0rc1", "0.11.0.dev3"),
+        ("0.5.10.post1", "0.5.10"),
+        ("b5100", "b5000"),  # llama.cpp's builds
+        ("580.65.06", "575.57.08"),  # drivers
+        ("13.0", "12.9"),
     ],
 )
-def test_a_release_reads_as_numbers_to_compare(text, key):
-    assert release_key(text) == key
+def test_releases_compare_as_the_engines_number_them(later, earlier):
+    assert newer(later, earlier)
+    assert not newer(earlier, later)
 
 
-@pytest.mark.parametrize(
-    ("release", "described"),
-    [
-        ("0.6.4.post1", "vLLM 0.6.4 to 0.10"),
-        ("0.10.1.1", "vLLM 0.6.4 to 0.10"),
-        ("0.5.0", "vLLM 0.6.4 to 0.10"),  # older than the table: the oldest terms, not the current ones
-        ("0.11.0", "vLLM 0.11 to 0.20"),
-        ("0.19.0", "vLLM 0.11 to 0.20"),
-        ("0.21.0", "vLLM 0.21 and later"),
-        ("0.31.0", "vLLM 0.21 and later"),
-        ("", "vLLM 0.21 and later"),  # blank: the current releases' terms
-    ],
-)
-def test_each_release_gets_the_terms_of_its_range(release, described):
-    assert terms_for("vllm", release).memory.version.startswith(described)
+def test_a_release_equals_itself_with_trailing_zeros_and_nothing_unreadable_is_newer():
+    assert parse_version("13") == parse_version("13.0.0")
+    assert not newer("13.0", "13")
+    assert parse_version("latest") is None
+    assert not newer("latest", "0.1")
 
 
-def test_the_stand_in_plans_as_vllm_release_by_release():
-    assert terms_for("standin", "0.19.0").memory.version == terms_for("vllm", "0.19.0").memory.version
+def test_ranges_hold_every_bound():
+    assert release_in("0.19.1", ">=0.11, <0.20")
+    assert not release_in("0.20.0", ">=0.11, <0.20")
+    assert not release_in("0.10.2", ">=0.11, <0.20")
+    assert release_in("anything", "*")
+    assert check_range(">=0.11, <0.20") is None
+    assert "not a bound" in (check_range(">=0.11, about 0.2") or "")
 
 
-def _memory(release, args=()):
-    return card_memory(
-        terms_for("vllm", release), LLAMA_3_8B, 1, 8192, None, total=round(79.19 * GIB), args=args
+FREETOKEN = Floor(releases="*", capability="8.0", driver="580", cuda="13.0", arch=("x86_64",), source="seed")
+
+
+def facts(**kw: Any) -> NodeFacts:
+    base: dict[str, Any] = dict(
+        node="gpu-a", known=True, driver="580.65.06", cuda="13.0", arch="x86_64", engines={}
     )
+    return NodeFacts(**(base | kw))
 
 
-def test_graphs_are_outside_the_budget_from_0_11_to_0_20_and_inside_from_0_21():
-    before, after = _memory("0.19.0"), _memory("0.21.0")
-    assert before is not None and after is not None
-    graph_before = next(t for t in before.terms if t.name == "cuda_graph")
-    graph_after = next(t for t in after.terms if t.name == "cuda_graph")
-    assert not graph_before.inside and "outside the budget" in graph_before.how
-    assert graph_after.inside
-    # counted in the need only where the release counts them in its budget
-    for memory in (before, after):
-        inside = sum(t.bytes for t in memory.terms if t.inside)
-        assert memory.need == memory.weights + memory.kv + inside
-    assert graph_after.bytes in {t.bytes for t in after.terms if t.inside}
-    assert graph_before.bytes not in {t.bytes for t in before.terms if t.inside}
+def test_a_node_whose_driver_is_575_is_refused_naming_580():
+    err = node_refusal("freetoken", "", FREETOKEN, facts(driver="575.57.08"))
+    assert err is not None and err.code == "driver"
+    assert "580" in err.message and "575.57.08" in err.message and "gpu-a" in err.message
 
 
-def test_a_pinned_kv_pool_sets_the_budget_in_place_of_the_fraction():
-    pool = 20 * GIB
-    memory = _memory("0.19.0", ("--kv-cache-memory-bytes", str(pool), "--gpu-memory-utilization", "0.5"))
-    assert memory is not None
-    held = memory.weights + memory.overhead
-    assert memory.budget == held + pool
-    assert "--kv-cache-memory-bytes 20.00 GiB" in memory.budget_how and "is not used" in memory.budget_how
-    assert memory.kv_tokens == int(pool / (memory.kv / 8192))
-    # the older releases have no such flag: the fraction decides
-    old = _memory("0.8.5", ("--kv-cache-memory-bytes", str(pool), "--gpu-memory-utilization", "0.5"))
-    assert old is not None and old.budget == int(round(79.19 * GIB) * 0.5)
+def test_an_aarch64_node_is_refused_naming_the_architecture():
+    err = node_refusal("freetoken", "", FREETOKEN, facts(arch="aarch64"))
+    assert err is not None and err.code == "arch"
+    assert "x86_64" in err.message and "aarch64" in err.message
 
 
-def test_an_older_table_without_its_end_is_refused(tmp_path):
-    text = (
-        (__import__("planning.engines", fromlist=["DEFAULT_PATH"]).DEFAULT_PATH)
-        .read_text()
-        .replace('below = "0.11"\n', "", 1)
-    )
-    path = tmp_path / "engines.toml"
-    path.write_text(text)
-    with pytest.raises(RegistryError, match="older_memory.*needs below"):
-        load_registry(path)
+def test_cuda_and_capability_floors_name_their_figures():
+    err = node_refusal("freetoken", "", FREETOKEN, facts(cuda="12.9"))
+    assert err is not None and err.code == "cuda" and "13.0" in err.message and "12.9" in err.message
+    err = node_refusal("freetoken", "", FREETOKEN, facts(), capability="7.5")
+    assert err is not None and err.code == "capability" and "8.0" in err.message and "7.5" in err.message
 
 
-def test_llamacpp_fitting_itself_to_the_card_is_planned_against_the_card_less_its_margin():
-    from planning.engines import engine
+def test_a_node_that_meets_the_floor_and_has_the_release_passes():
+    assert node_refusal("freetoken", "0.2.1", FREETOKEN, facts(engines={"freetoken": "0.2.1"})) is None
+    # amd64 is x86-64 by another name
+    assert node_refusal("freetoken", "", FREETOKEN, facts(arch="amd64")) is None
 
-    llamacpp = engine("llamacpp")
-    total = round(44.99 * GIB)
-    plain = card_memory(llamacpp, LLAMA_3_8B, 1, 8192, round(40 * GIB), total=total)
-    fitted = card_memory(llamacpp, LLAMA_3_8B, 1, 8192, round(44.5 * GIB), total=total, args=("-fit", "on"))
-    target = card_memory(
-        llamacpp,
-        LLAMA_3_8B,
-        1,
-        8192,
-        round(44.5 * GIB),
-        total=total,
-        args=("--fit", "on", "--fit-target", "4096"),
-    )
-    assert plain is not None and fitted is not None and target is not None
-    assert plain.budget == round(40 * GIB) and plain.budget_how == "the class's usable memory"
-    assert fitted.budget == total - 1024 * 2**20 and "--fit-target 1024 MiB (--fit on)" in fitted.budget_how
-    assert target.budget == total - 4096 * 2**20
-    # the class's usable memory still caps it
-    capped = card_memory(llamacpp, LLAMA_3_8B, 1, 8192, round(30 * GIB), total=total, args=("--fit", "on"))
-    assert capped is not None and capped.budget == round(30 * GIB) and "capped" in capped.budget_how
+
+def test_a_release_the_node_has_not_installed_is_refused_naming_both():
+    err = node_refusal("vllm", "0.19.1", None, facts(engines={"vllm": "0.11.0"}))
+    assert err is not None and err.code == "release_missing"
+    assert "0.19.1" in err.message and "0.11.0" in err.message
+    err = node_refusal("vllm", "0.19.1", None, facts(engines={}))
+    assert err is not None and "has no vllm installed" in err.message
+
+
+def test_a_node_whose_agent_never_reported_is_not_refused_for_what_is_not_known():
+    unknown = NodeFacts(node="gpu-b")
+    assert node_refusal("freetoken", "0.2.1", FREETOKEN, unknown) is None
+    # ... but its cards' capability is the catalog's own, and is checked
+    assert node_refusal("freetoken", "", FREETOKEN, unknown, capability="7.5") is not None
+
+
+def test_the_floor_of_a_release_is_the_first_range_holding_it_and_unknown_takes_the_newest():
+    old = Floor(releases="<0.3", driver="550", source="s")
+    new = Floor(releases=">=0.3", driver="580", source="s")
+    assert floor_of((old, new), "0.2.1") is old
+    assert floor_of((old, new), "0.3.0") is new
+    assert floor_of((old, new), "") is new
+    assert floor_of((), "0.3.0") is None
+
+
+def test_freetokens_floor_in_the_registry_is_the_seeds():
+    floor = floor_of(engine("freetoken").floors, "")
+    assert floor is not None
+    assert (floor.capability, floor.driver, floor.cuda, floor.arch) == ("8.0", "580", "13.0", ("x86_64",))
+    assert "seed" in floor.source
+    assert engine("vllm").package == "vllm" and engine("trtllm").package == "tensorrt-llm"
+
+
+def test_a_bad_floor_in_the_registry_stops_loading_naming_it(tmp_path: Path):
+    text = (Path(__file__).parents[2] / "planning" / "engines.toml").read_text()
+    bad = tmp_path / "engines.toml"
+    bad.write_text(text.replace('driver = "580"', 'driver = "new enough"'))
+    with pytest.raises(RegistryError, match=r"freetoken.*floors\[0\]\.driver"):
+        load_registry(bad)

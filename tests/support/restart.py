@@ -24,6 +24,7 @@ from agent_fakes import standin_gpus
 from agent_testing import (
     AGENT_DIR,
     REPO_ROOT,
+    STANDIN_RELEASES,
     Agent,
     RunningAgent,
     TransportError,
@@ -157,6 +158,7 @@ def fleet_of(
     common: dict[str, Any] = {
         "cards": card_list,
         "engines": {"standin": standin_command()},
+        "engine_versions": {"standin": STANDIN_RELEASES["standin"]},
         "stop_grace_seconds": 2,
         "ready_poll_seconds": 0.1,
         "policy_file": policy_file,

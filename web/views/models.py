@@ -40,6 +40,7 @@ from base.views import (
 )
 from catalog.models import Profile, Replica, ServedModel, Shard, live_replicas_q, stale_replicas_q
 from operations import views as operation_views
+from operations.services.kv_pin import PINNABLE, kv_pin
 from operations.services.resize import model_resize, model_set_context
 from planning import Change
 from versions.cache import remembered
@@ -287,8 +288,54 @@ def _detail_context(
         "context_form": context_form if can_resize else None,
         "resize_preview": resize_preview,
         "context_preview": context_preview,
+        "kv_pins": _kv_pins(request, model, on_cards),
         **history_context(request, model_history_q(model.name), object_type="model", object=model.name),
     }
+
+
+def _kv_pins(request: HttpRequest, model: ServedModel, on_cards: list[Any]) -> list[dict[str, Any]]:
+    """For an editor, each profile whose engine can pin its KV pool: the pin its replicas' measured
+    pools offer (operations.services.kv_pin), or why there is none yet; kept under the catalog's
+    version, as the profiles' column is."""
+    if not request.user.has_perm("catalog.change_profile") or model.declared:
+        return []
+    names = [m.profile.name for m in on_cards if m.profile.engine in PINNABLE]
+    if not names:
+        return []
+    return remembered(
+        "model-kv-pins", ["catalog"], [model.pk, names], lambda: _kv_offers(model, names), request=request
+    )
+
+
+def _kv_offers(model: ServedModel, names: list[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for name in names:
+        try:
+            pin = kv_pin(model=model.name, profile=name)
+        except DomainError as err:
+            out.append({"profile": name, "pin": None, "why": err.message.split(": ", 1)[-1]})
+            continue
+        if pin.args_after != pin.args_before:
+            out.append({"profile": name, "pin": pin, "why": ""})
+    return out
+
+
+@requires("catalog.change_profile")
+@require_POST
+def profile_pin_kv(request: HttpRequest, name: str, profile: str) -> HttpResponse:
+    """Pin the profile's KV pool to the smallest its replicas measured (the audited profile save)."""
+    back = reverse("model-detail", args=[name])
+    try:
+        done = kv_pin(model=name, profile=profile, dry_run=False)
+    except DomainError as err:
+        messages.error(request, f"{err.message} Nothing was changed.")
+        return redirect_or_location(request, back)
+    messages.success(
+        request,
+        f"The {profile} profile's KV cache pool is pinned at {done.kv_bytes} bytes a card (revision "
+        f"{done.revision}); restart its replicas to put it in force.",
+    )
+    return redirect_or_location(request, back)
 
 
 @requires(VIEW_MODEL)

@@ -36,6 +36,7 @@ from base.commands import ActorCommand
 from catalog.models import Node, Profile, Replica, ServedModel, Shard
 from catalog.services import catalog as services
 from catalog.services.fit import planned_with_release, profile_memory
+from demo import fleet
 from demo.management.commands.demo_foreign_process import stop_foreign_processes
 from operations.services.placement import replica_placement
 from operations.services.specs import running_spec
@@ -90,6 +91,7 @@ def agent_config(node: Node, directory: Path) -> str:
             f"[engines.{_toml_value(name)}]",
             # The stand-in plays the engine: its start-up memory lines and the memory it holds.
             f"command = {_toml_value([sys.executable, str(STANDIN), '--play', name])}",
+            *([f"version = {_toml_value(fleet.RELEASES[name])}"] if name in fleet.RELEASES else []),
         ]
     return "\n".join(lines) + "\n"
 

@@ -11,7 +11,7 @@ from django.db import transaction
 
 from base.commands import ActorCommand
 from base.roles import role
-from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
+from catalog.models import Card, EngineDefault, GPUClass, Node, Profile, Replica, ServedModel, Shard
 from catalog.services import catalog as services
 from demo import fleet
 
@@ -89,6 +89,9 @@ class Command(ActorCommand):
                     name=demo.name, source=source, shape=shape.as_fields(), message="demo fleet"
                 )
                 created += 1
+            for engine_name, release in fleet.RELEASES.items():
+                if not EngineDefault.objects.filter(engine=engine_name).exists():
+                    services.engine_default_save(engine=engine_name, version=release, message="demo fleet")
             for model_name, name, engine, profile_class, gpn, tp, profile_args in fleet.PROFILES:
                 model = ServedModel.objects.get(name=model_name)
                 if Profile.objects.filter(model=model, name=name).exists():
@@ -118,6 +121,8 @@ class Command(ActorCommand):
                         port=port,
                         state=Replica.State.READY,
                         revision=profile.revision,
+                        # The release the demo's agents declare their stand-in of the engine to be.
+                        engine_version=fleet.RELEASES.get(profile.engine, ""),
                     )
                 )
                 for index in cards:

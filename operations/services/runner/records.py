@@ -214,6 +214,11 @@ class Records:
             port=port,
             state=Replica.State.STARTING,
             revision=profile.revision,
+            # The release it starts with: what its node's agent reported installed (placement refused
+            # a node without the profile's release); "" where the node never said.
+            engine_version=str((node.engines or {}).get(profile.engine, ""))
+            if isinstance(node.engines, dict)
+            else "",
         )
         Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
         self.audit(

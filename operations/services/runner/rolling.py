@@ -18,6 +18,7 @@ from operations.services.placement import (
     free_port,
     node_hosts,
     orphan_cards,
+    release_refusal,
     replica_placement,
 )
 from operations.services.reconcile import node_unreachable
@@ -107,6 +108,8 @@ def _planned_cards(
     )
     if len(cards) != len(indices) or len(cards) != profile.cards:
         return None
+    if release_refusal(profile, cards[0].node) is not None:
+        return None  # the node's agent since reported facts the release's floors refuse
     if orphan_cards(cards[0].node) & set(indices):
         return None  # an orphan engine runs there: the best fit stands in
     return cards[0].node, cards

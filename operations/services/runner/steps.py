@@ -11,7 +11,7 @@ from django.db.models import Q
 from catalog.models import Card, Node, Profile, Replica
 from operations.models import RestartStep
 from operations.services.lease import OperationLost
-from operations.services.placement import in_place_cards, replica_placement
+from operations.services.placement import in_place_cards, release_refusals, replica_placement
 from operations.services.runner.in_place import begin_in_place, restore, stop_then_start, wait_in_place
 from operations.services.runner.parts import RunParts
 from operations.services.runner.records import StepFailed
@@ -78,12 +78,19 @@ def _begin(run: RunParts, step: RestartStep) -> str:
                 RestartStep.State.FAILED,
                 f"No ready node has {op.profile.cards} free card(s) of class "
                 f"{op.profile.gpu_class} beside the running replicas, and the restart was asked to be "
-                f"rolling only: free cards, or restart in place. {old.name} keeps serving.",
+                f"rolling only: free cards, or restart in place.{_refused_nodes(op.profile)} "
+                f"{old.name} keeps serving.",
             )
     planned = _in_place_cards(run, old, node)
     if isinstance(planned, str):
         return records.finish_step(step, RestartStep.State.FAILED, f"{planned} {old.name} keeps serving.")
     return begin_in_place(run, step, old, node, planned, old_spec)
+
+
+def _refused_nodes(profile: Profile) -> str:
+    """The nodes the profile's release cannot run on, said after a step that found no place."""
+    said = release_refusals(profile)
+    return f" Nodes its release cannot run on: {' '.join(said)}" if said else ""
 
 
 def _in_place_cards(run: RunParts, old: Replica, node: Node) -> list[int] | str:
