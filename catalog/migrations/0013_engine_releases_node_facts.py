@@ -24,7 +24,7 @@ def row_change_trigger(apps, schema_editor):
 class Migration(migrations.Migration):
     dependencies = [
         ("audit", "0005_row_changes"),
-        ("versions", "0004_areas_structure_replicas_readings"),
+        ("versions", "0003_sqlite_triggers_without_a_conflict_clause"),
         ("catalog", "0012_card_cordon"),
     ]
 

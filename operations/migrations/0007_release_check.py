@@ -8,7 +8,7 @@ from versions import triggers
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("versions", "0004_areas_structure_replicas_readings"),
+        ("versions", "0003_sqlite_triggers_without_a_conflict_clause"),
         ("operations", "0006_restart_tables_of_their_own"),
     ]
 

@@ -386,7 +386,11 @@ def test_an_operator_moves_a_replica_from_its_page_to_another_node(page, tmp_pat
         operator()
         sign_in(page, "operator")
         page.goto("/replicas/llama-1/")
-        page.get_by_role("button", name="Move llama-1 to another node").click()
+        page.get_by_role("button", name="Move…").click()
+        # The plan first, nothing changed yet; then the confirmation.
+        page.locator("table.moves", has_text="gpu-b").wait_for()
+        assert not RestartOperation.objects.exists()
+        page.get_by_role("button", name="Move llama-1").click()
         page.locator(".message.success").wait_for()
         op = RestartOperation.objects.get()
         assert op.cause == "move of llama-1 off gpu-a"
