@@ -303,7 +303,11 @@ def _kv_pins(request: HttpRequest, model: ServedModel, on_cards: list[Any]) -> l
     if not names:
         return []
     return remembered(
-        "model-kv-pins", ["structure", "replicas"], [model.pk, names], lambda: _kv_offers(model, names), request=request
+        "model-kv-pins",
+        ["structure", "replicas"],
+        [model.pk, names],
+        lambda: _kv_offers(model, names),
+        request=request,
     )
 
 
