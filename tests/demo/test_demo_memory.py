@@ -33,11 +33,21 @@ def _healthy(url: str) -> bool:
 
 def test_the_demo_model_pages_and_nodes_grid_show_every_replicas_measured_memory(tmp_path):
     call_command("seed_demo", "--as", "demo", stdout=StringIO(), stderr=StringIO())
-    # Free ports for the agents and replicas, not the demo's fixed ones.
+    # Free ports for the agents and replicas, not the demo's fixed ones; each its own (a port found
+    # free is not held until its agent or engine listens, so the next ask may find it again).
+    taken: set[int] = set()
+
+    def another_port() -> int:
+        port = free_port()
+        while port in taken:
+            port = free_port()
+        taken.add(port)
+        return port
+
     for node in Node.objects.all():
-        Node.objects.filter(pk=node.pk).update(agent_url=f"http://127.0.0.1:{free_port()}")
+        Node.objects.filter(pk=node.pk).update(agent_url=f"http://127.0.0.1:{another_port()}")
     for replica in Replica.objects.all():
-        Replica.objects.filter(pk=replica.pk).update(port=free_port())
+        Replica.objects.filter(pk=replica.pk).update(port=another_port())
     nodes = list(Node.objects.filter(cards__shard__isnull=False).distinct().order_by("name"))
     agents = []
     try:
@@ -69,9 +79,10 @@ def test_the_demo_model_pages_and_nodes_grid_show_every_replicas_measured_memory
         command = Command(stdout=StringIO(), stderr=StringIO())
         with acting_as(Actor(via="cli", name="demo")):  # as the demo command runs it
             command._start_replicas(nodes)
+        said = command.stdout.getvalue() + command.stderr.getvalue()
 
         replicas = list(Replica.objects.filter(state__in=Replica.LIVE_STATES).select_related("profile"))
-        assert len(replicas) == 6
+        assert len(replicas) == 6, said
         held: dict[str, float] = {}
         for replica in replicas:
             measured, engine = replica.measured_memory, replica.profile.engine
