@@ -177,7 +177,9 @@ def place_restart(
             raise DomainError(
                 "no_room",
                 f"{old.name} has no place: in place needs {kind} on its node, and {what}; no ready node has "
-                f"{kind} free beside either ({most_free} at most are free then): other models hold them.",
+                f"{kind} free beside either ({most_free} at most are free then): other models hold them. Free "
+                f"{kind} on one ready node (move or stop another model's replica there), or uncordon a node of "
+                "the class.",
                 status=409,
             )
         chosen = tuple((own + [c for c in free[old.node] if c not in own])[:n])
