@@ -17,7 +17,7 @@ from django.http import StreamingHttpResponse
 
 from audit.models import AuditEntry
 from audit.summary import summarize
-from audit.words import via_label
+from audit.words import action_label, object_type_label, via_label
 
 COLUMNS = [
     "id",
@@ -79,9 +79,12 @@ def csv_lines(qs: QuerySet[AuditEntry]) -> Iterator[str]:
     yield writer.writerow(COLUMNS)
     for entry in qs.iterator(chunk_size=CHUNK):
         values = row(entry)
-        # A spreadsheet is read by people: the path in the pages' word ("command", not "cli"); JSON
-        # Lines, read by programs, keeps the stored code as the API does (docs/design.md, "Glossary").
+        # A spreadsheet is read by people: the path, the action and the kind of object in the pages'
+        # words ("command", not "cli"; "restart asked", not "restart_start"); JSON Lines, read by
+        # programs, keeps the stored codes as the API does (docs/design.md, "Glossary").
         values["via"] = via_label(values["via"])
+        values["action"] = action_label(values["action"])
+        values["object_type"] = object_type_label(values["object_type"])
         yield writer.writerow([_cell(values[c]) for c in COLUMNS])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from django.conf import settings
@@ -212,9 +213,13 @@ def fleet_summary() -> dict[str, Any]:
     }
 
 
-def nodes_matching(filters: dict[str, Any] | None = None) -> QuerySet[Node]:
+def nodes_matching(
+    filters: dict[str, Any] | None = None, *, not_free: Collection[int] = ()
+) -> QuerySet[Node]:
     """Nodes by name, narrowed by the nodes page's filters
-    (class, state, at least so many free cards, holding cards of a model, part of the name)."""
+    (class, state, at least so many free cards, holding cards of a model, part of the name).
+    ``not_free``: ids of cards no replica holds that are not free all the same (a foreign process
+    holds them: the telemetry says so, which the catalog does not read; its caller passes them)."""
     f = filters or {}
     qs = Node.objects.all()
     if name := f.get("name"):
@@ -227,9 +232,10 @@ def nodes_matching(filters: dict[str, Any] | None = None) -> QuerySet[Node]:
         qs = qs.filter(pk__in=Card.objects.filter(shard__replica__profile__model__name=model).values("node"))
     if f.get("free") is not None:
         # Counted only when asked: the count joins every card, and the page reads its own anyway.
-        # A card cordoned on its own is not free (a foreign process's card is the telemetry's to say,
-        # which the catalog does not read: the grid counts it held, this filter does not know it).
+        # A card cordoned on its own is not free, nor one a foreign process holds.
         free = Q(cards__shard__isnull=True, cards__cordoned=False)
+        if not_free:
+            free &= ~Q(cards__id__in=list(not_free))
         qs = qs.annotate(free_count=Count("cards", filter=free)).filter(free_count__gte=f["free"])
     return qs.order_by("name")
 

@@ -59,6 +59,7 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
     ] = []  # the model's live replicas' cards: node, class, index, replica
     # A card a process the catalog does not know holds memory on is not free, whatever the catalog says.
     foreign = foreign_held_card_ids()
+    cordoned_held: dict[int, set[tuple[str, int]]] = {}  # the live replicas' cordoned cards: node, index
     # A card cordoned on its own (card_cordon) takes no replacement: neither free nor room in place.
     for card_id, node, cls, index, holder, cordoned in Card.objects.values_list(
         "id", "node_id", "gpu_class_id", "index", "shard__replica_id", "cordoned"
@@ -70,6 +71,8 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
         elif holder in model_live:
             count[2] += model_live[holder][1] and not cordoned
             held.append((nodes[node][0], classes[cls], index, holder))
+            if cordoned:
+                cordoned_held.setdefault(holder, set()).add((nodes[node][0], index))
         if cls == restarted_class:
             indices, free = by_node.setdefault(node, ([], []))
             indices.append(index)
@@ -106,7 +109,11 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
         ),
         replicas=tuple(
             LiveReplica(
-                name=model_live[pk][0], node=node, cards=tuple(sorted(cards)), restarted=model_live[pk][1]
+                name=model_live[pk][0],
+                node=node,
+                cards=tuple(sorted(cards)),
+                restarted=model_live[pk][1],
+                cordoned=tuple(sorted(i for n, i in cordoned_held.get(pk, ()) if n == node)),
             )
             for pk, (node, cards) in spots.items()
         ),

@@ -197,9 +197,9 @@ def operation_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     if error:
         messages.error(request, error)
     else:
-        messages.success(
-            request, f"Cancel asked for restart #{pk}: steps under way finish, the rest do not start."
-        )
+        # The page says what a cancel does ("the steps under way finish, ..."): the message only what
+        # was done, so the sentence is not read twice.
+        messages.success(request, f"Cancel of restart #{pk} asked.")
     return redirect_or_location(request, reverse("operation-detail", args=[pk]))
 
 
@@ -239,9 +239,7 @@ def _drained(operations: list[RestartOperation]) -> str:
 @requires(RESTART)
 @require_POST
 def node_cordon(request: HttpRequest, name: str) -> HttpResponse:
-    return _node_change(
-        request, name, drain.node_cordon, lambda n: f"{n.name} is cordoned: no new placements."
-    )
+    return _node_change(request, name, drain.node_cordon, lambda n: f"{n.name} cordoned.")
 
 
 @requires(RESTART)
@@ -329,7 +327,7 @@ def card_cordon(request: HttpRequest, name: str) -> HttpResponse:
         lambda node_name: card_services.card_cordon(
             node_name=node_name, index=index, reason=request.POST.get("reason", "")
         ),
-        lambda c: f"Card {c.index} of {c.node.name} is cordoned: no new replica is placed on it.",
+        lambda c: f"Card {c.index} of {c.node.name} cordoned.",
     )
 
 

@@ -46,12 +46,20 @@ class LiveReplica:
 
     ``restarted`` is True for the replicas of the profile being changed (the
     restart's steps), False for the model's other replicas, which stay.
+    ``cordoned``: those of its cards cordoned on their own: freed when it stops, but no
+    replacement goes on them (in place or beside).
     """
 
     name: str
     node: str
     cards: tuple[int, ...]
     restarted: bool = True
+    cordoned: tuple[int, ...] = ()
+
+    @property
+    def usable(self) -> list[int]:
+        """Its cards a replacement may take once it stops: those not cordoned."""
+        return [c for c in self.cards if c not in self.cordoned]
 
 
 @dataclass(frozen=True)
@@ -122,7 +130,7 @@ def place_restart(
             for done in wave_frees:
                 live.pop(f"{done.name} (old)", None)
                 if done.node in free:
-                    free[done.node] = sorted({*free[done.node], *done.cards})
+                    free[done.node] = sorted({*free[done.node], *done.usable})
             wave_frees = []
         siblings = {r.node for name, r in live.items() if name != old.name}
         fits = [] if always_in_place else [name for name, cards_free in free.items() if len(cards_free) >= n]
@@ -154,8 +162,12 @@ def place_restart(
                 status=409,
             )
         home = ready.get(old.node)
-        own = list(old.cards)
+        own = old.usable
         there = sorted({*own, *free.get(old.node, [])}) if home else []
+        if len(there) < n and home is not None and old.cordoned:
+            raise DomainError(
+                "no_room", _cordoned_in_the_way(old, n, kind, len(there), most_free), status=409
+            )
         if len(there) < n:
             what = (
                 f"{old.node} is not ready"
@@ -165,7 +177,9 @@ def place_restart(
             raise DomainError(
                 "no_room",
                 f"{old.name} has no place: in place needs {kind} on its node, and {what}; no ready node has "
-                f"{kind} free beside either ({most_free} at most are free then): other models hold them.",
+                f"{kind} free beside either ({most_free} at most are free then): other models hold them. Free "
+                f"{kind} on one ready node (move or stop another model's replica there), or uncordon a node of "
+                "the class.",
                 status=409,
             )
         chosen = tuple((own + [c for c in free[old.node] if c not in own])[:n])
@@ -176,3 +190,18 @@ def place_restart(
         placements.append(Placement(old.name, old.node, chosen, in_place=True))
         live[old.name] = LiveReplica(old.name, old.node, chosen)
     return tuple(placements)
+
+
+def _cordoned_in_the_way(old: LiveReplica, n: int, kind: str, there: int, most_free: int) -> str:
+    """The refusal of an in-place step that only the replica's own cordoned cards keep from fitting:
+    which cards, and what to do."""
+    cordoned = ", ".join(str(c) for c in old.cordoned)
+    one = len(old.cordoned) == 1
+    return (
+        f"{old.name} has no place: in place needs {kind} on {old.node}, and only {there} would be usable "
+        f"there once it stops, because its card{'' if one else 's'} {cordoned} of {old.node} "
+        f"{'is' if one else 'are'} cordoned and no replacement goes on a cordoned card; no ready node has "
+        f"{kind} free beside either ({most_free} at most are free then). Uncordon card"
+        f"{'' if one else 's'} {cordoned} of {old.node} if {'it is' if one else 'they are'} sound, or free "
+        f"{kind} on another node of its class so that its replacement starts there."
+    )

@@ -23,7 +23,12 @@ def room_for(nodes: Iterable[NodeRoom], gpu_class: str, n: int, *, running: bool
     """
     kinds = [r for r in nodes if r.ready and r.gpu_class == gpu_class]
     if not kinds:
-        raise DomainError("no_class", f"No ready node has {gpu_class} cards.", status=409)
+        raise DomainError(
+            "no_class",
+            f"No ready node has {gpu_class} cards. Uncordon a node of that class (or wait until its agent "
+            "answers), add one, or give the profile another GPU class.",
+            status=409,
+        )
 
     most = max(r.cards for r in kinds)
     free_most = max(r.free for r in kinds)
@@ -32,7 +37,10 @@ def room_for(nodes: Iterable[NodeRoom], gpu_class: str, n: int, *, running: bool
 
     if most < n:
         raise DomainError(
-            "too_few_cards", f"No node has {n} {gpu_class} cards; the most one has is {most}.", status=409
+            "too_few_cards",
+            f"No node has {n} {gpu_class} cards; the most one has is {most}. Ask for {most} or fewer, or add a "
+            f"node with {n}.",
+            status=409,
         )
     if not running or beside:
         return Room(in_place=False, beside=beside, in_place_nodes=in_place_nodes)
@@ -40,7 +48,8 @@ def room_for(nodes: Iterable[NodeRoom], gpu_class: str, n: int, *, running: bool
         raise DomainError(
             "no_room",
             f"No node has {n} {gpu_class} cards free, even with this model's own replicas stopped "
-            f"({free_most} at most are free now): other models hold them.",
+            f"({free_most} at most are free now): other models hold them. Free {n} on one node (move or "
+            "stop another model's replica there; the nodes page shows who holds each card), or ask for fewer.",
             status=409,
         )
     if not in_place:

@@ -126,7 +126,9 @@ def respread(profile: ProfileSpec, n: int, shape: Shape | None, engine: Engine) 
     else:
         if n != 1:
             raise DomainError(
-                "single_card_engine", f"A {engine.name} replica runs on one card; {cards(n)} were asked for."
+                "single_card_engine",
+                f"A {engine.name} replica runs on one card; {cards(n)} were asked for. Ask for 1, or give "
+                "the profile an engine that spreads over cards.",
             )
         tp, per_node = 1, 1
     return replace(profile, args=args, env=env, tp=tp, gpus_per_node=per_node, nodes=1, pp=0)

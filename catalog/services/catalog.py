@@ -219,6 +219,13 @@ def card_save(*, instance: Card, actor: Actor | None = None) -> Card:
 
 
 def card_delete(*, instance: Card, actor: Actor | None = None) -> None:
+    holder = Shard.objects.filter(card=instance).values_list("replica__name", flat=True).first()
+    if holder is not None:
+        raise conflict(
+            "in_use",
+            f"Card {instance} is held by replica {holder}: move {holder} off it (its page, the API or "
+            f"`manage.py move_replica {holder}`) or cordon the card to keep new replicas off it, then remove it.",
+        )
     _delete(instance, actor=actor)
 
 

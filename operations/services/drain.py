@@ -62,7 +62,12 @@ def node_cordon(*, node_name: str, actor: Actor | None = None) -> Node:
             raise conflict(
                 "not_ready",
                 f"Node {node.name} is {node.state}, not ready: only a ready node is cordoned"
-                + (" (uncordon it to take placements again)." if node.state == Node.State.CORDONED else "."),
+                + (
+                    ": it takes no new replica already (uncordon it to take placements again)."
+                    if node.state == Node.State.CORDONED
+                    else f": it takes no new replica while down. Uncordon {node.name} (back to ready) once its "
+                    "agent answers, then cordon it if it should stay out of use."
+                ),
             )
         _set_state(
             node,
@@ -271,7 +276,11 @@ def _move_plan(replica_name: str, to_node: str | None) -> tuple[Replica, list[st
     if not replica.is_restartable or not nodes:
         raise DomainError(
             "not_live",
-            f"Replica {replica.name} is {replica.state} and holds no cards: there is nothing to move.",
+            f"Replica {replica.name} is stopping, not running: there is nothing to move. Its agent has not "
+            f"confirmed the stop yet; the reconciler asks again and frees its cards on {', '.join(nodes)} "
+            "once it does."
+            if replica.state == Replica.State.STOPPING and nodes
+            else f"Replica {replica.name} is {replica.state} and holds no cards: there is nothing to move.",
         )
     targets = move_targets(replica)
     kind = replica.profile.gpu_class.name if replica.profile.gpu_class else "GPU"

@@ -222,7 +222,9 @@ def _restore(current: Profile, target: Revision) -> None:
     if gpu_class is not None and current.gpu_class is None:
         raise DomainError(
             "invalid",
-            f"Revision {target.number} ran on GPU class {gpu_class}, which is no longer in the catalog.",
+            f"Revision {target.number} ran on GPU class {gpu_class}, which is no longer in the catalog: add "
+            f"GPU class {gpu_class} again (with its cards) first, or roll back to a revision on a class the "
+            "catalog has.",
         )
 
 

@@ -64,13 +64,22 @@ def _chosen_replicas(model: ServedModel, names: list[str] | None) -> list[Replic
                 raise not_found(f"No replica {name!r} in the catalog.")
             if replica.profile.model_id != model.pk:
                 raise DomainError(
-                    "other_model", f"Replica {name} serves {replica.profile.model.name}, not {model.name}."
+                    "other_model",
+                    f"Replica {name} serves {replica.profile.model.name}, not {model.name}: restart it as "
+                    f"{replica.profile.model.name}'s, or leave it out of {model.name}'s restart.",
                 )
             if not replica.is_restartable:
+                names = [r.name for r in live.order_by("name")]
                 raise conflict(
                     "not_live",
                     f"Replica {name} is {replica.state}: only starting, loading, ready or unknown "
-                    "replicas are restarted.",
+                    "replicas are restarted. "
+                    + (
+                        f"Leave it out: {model.name}'s live replicas are {', '.join(names)}."
+                        if names
+                        else f"{model.name} has no live replica; a replica that stopped is not started again "
+                        "by a restart."
+                    ),
                 )
             chosen.append(replica)
         return chosen

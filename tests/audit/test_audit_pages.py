@@ -261,6 +261,13 @@ def test_the_filters_are_choices_in_the_operators_words_and_the_list_says_them_t
     assert "The filters are wrong, nothing is listed: Action: Select a valid choice" in wrong
     exported = list(csv.DictReader(io.StringIO(streamed(client.get("/audit/export.csv")))))
     assert exported and {r["via"] for r in exported} <= {"pages", "API", "admin", "command", "worker"}
+    changed = [r for r in exported if r["object_key"] == "l4-24g"]
+    assert [(r["action"], r["object_type"]) for r in changed] == [("changed", "GPU class")]
+    # JSON Lines, read by programs, keeps the codes the API has.
+    lines = [json.loads(x) for x in streamed(client.get("/audit/export.jsonl")).splitlines()]
+    assert [(x["action"], x["object_type"]) for x in lines if x["object_key"] == "l4-24g"] == [
+        ("update", "gpuclass")
+    ]
 
 
 def test_reading_needs_the_view_permission_and_exporting_the_export_permission(actor):

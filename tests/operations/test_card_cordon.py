@@ -14,10 +14,13 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEntry
 from base.actor import Actor, acting_as
+from base.errors import DomainError
 from catalog.models import Card
 from catalog.services.cards import card_cordon
+from operations.models import RestartOperation
 from operations.selectors import rooms_and_fleet
 from operations.services.placement import best_fit, in_place_cards
+from operations.services.start import restart_plan, restart_start
 from telemetry.services import telemetry_record
 from tests.support import builders as b
 
@@ -102,7 +105,7 @@ def test_the_node_page_cordons_a_card_and_draws_it_cordoned():
     assert cordoned("gpu-1", 0) == (True, "Xid 48")
     assert AuditEntry.objects.get(action="cordon").via == "ui"
     page = operator.get("/nodes/gpu-1/").content.decode()
-    assert "Card 0 of gpu-1 is cordoned" in page
+    assert "Card 0 of gpu-1 cordoned." in page and "Card 0 is cordoned (Xid 48)." in page
     assert 'class="card cordoned-card"' in page and "cordoned: Xid 48" in page
     assert "Uncordon card 0" in page and ">1 free<" in page  # card 1 only
     assert "No node matches these filters." in operator.get("/nodes/?free=2").content.decode()
@@ -128,6 +131,33 @@ def test_placement_passes_a_cordoned_card_over():
     with acting_as(Actor(via="cli", name="pytest")):
         card_cordon(node_name="gpu-2", index=1)
     assert best_fit(profile) is None
+
+
+def test_a_restart_in_place_does_not_plan_onto_its_replicas_own_cordoned_card():
+    """The plan (and so the dry run and the start) treats a cordoned card the replica holds as one no
+    replacement takes, as the runner does (``in_place_cards``): in place on its other cards where it
+    has some, else refused naming the card and what to do, before anything starts."""
+    one = b.node("gpu-1", cards=2)
+    profile = b.profile(b.llama_8b("llama"), "h100")
+    b.replica(profile, one, [0], name="llama-1")
+    with acting_as(Actor(via="cli", name="pytest")):
+        card_cordon(node_name="gpu-1", index=0, reason="Xid 79")
+    plan = restart_plan(model_name="llama", replicas=["llama-1"], in_place=True)
+    (place,) = plan.places.values()
+    assert (place.node, place.cards, place.in_place) == ("gpu-1", (1,), True)  # its free card, not card 0
+
+    b.replica(b.profile(b.llama_8b("other"), "h100"), one, [1], name="other-1")
+    with pytest.raises(DomainError) as refused:
+        restart_plan(model_name="llama", replicas=["llama-1"], in_place=True)
+    assert refused.value.code == "no_room" and refused.value.status == 409
+    said = refused.value.message
+    assert "llama-1 has no place" in said and "card 0 of gpu-1 is cordoned" in said, said
+    assert "Uncordon card 0 of gpu-1 if it is sound" in said, said
+    # Refused before it started: no restart, nothing audited.
+    entries = AuditEntry.objects.count()
+    with pytest.raises(DomainError), acting_as(Actor(via="cli", name="pytest")):
+        restart_start(model_name="llama", replicas=["llama-1"], in_place=True)
+    assert not RestartOperation.objects.exists() and AuditEntry.objects.count() == entries
 
 
 def test_a_card_whose_agent_reports_uncorrected_ecc_errors_is_cordoned_once_audited():

@@ -14,6 +14,7 @@ from agent_fakes import running_fake_agent
 from agent_testing import free_port
 
 from agentclient.client import AgentCallFailed, AgentClient
+from audit.models import AuditEntry
 from catalog.models import Node, Replica
 from operations.services.runner import run_operation
 from operations.services.start import restart_start
@@ -116,3 +117,25 @@ def test_a_stop_of_a_replica_the_agent_does_not_know_counts_as_stopped(tmp_path,
             client.get("never-started")
         assert err.value.code == "not_found"
         assert not Replica.objects.exists()
+
+
+def test_an_in_place_stop_the_agent_refused_leaves_the_replica_ready_again(tmp_path, actor):
+    """In place, the old replica is recorded stopping (drained) before its agent is asked; its agent
+    refuses the token, so the stop certainly never reached the engine: the replica is recorded ready
+    again, audited, and the step fails saying nothing else changed."""
+    with fleet_of(tmp_path, nodes=("gpu-a",), cards=1) as fleet:
+        old = fleet.start("llama-1", "gpu-a", [0])
+        Node.objects.filter(name="gpu-a").update(agent_token="not-the-token")
+        op = restart_start(model_name=MODEL, replicas=["llama-1"], in_place=True, ready_timeout=20)
+        assert run_operation(op.pk) == "failed"
+
+        (step,) = op.steps.all()
+        assert "Nothing was changed: llama-1 is still recorded as ready" in step.reason, step.reason
+        old.refresh_from_db()
+        assert old.state == "ready" and old.shards.count() == 1 and answers(old.port)
+        actions = list(
+            AuditEntry.objects.filter(object_key="llama-1").order_by("id").values_list("action", flat=True)
+        )
+        assert actions[-2:] == ["drain", "ready"], actions
+        said = AuditEntry.objects.filter(object_key="llama-1", action="ready").latest("id").message
+        assert "llama-1 takes work again: its stop never reached its agent" in said, said

@@ -18,6 +18,7 @@ from audit.models import AuditEntry
 from catalog.models import Replica
 from operations.models import RestartOperation
 from operations.services.runner import run_operation
+from operations.services.runner.conversation import stop_note
 from operations.services.start import restart_start
 from tests.support.restart import MODEL, answers, assert_nothing_half_done, fleet_of
 
@@ -83,7 +84,11 @@ def test_in_place_a_replacement_that_cannot_generate_is_rolled_back_to_the_old_s
         assert_nothing_half_done()
 
 
-def test_a_rolling_restart_lets_the_request_in_flight_on_the_old_engine_finish(tmp_path, actor, settings):
+@pytest.mark.parametrize("in_place", [False, True], ids=["rolling", "in place"])
+def test_a_restart_lets_the_request_in_flight_on_the_old_engine_finish(tmp_path, actor, settings, in_place):
+    """Rolling (the old one stops once its replacement is ready) or in place (it stops first): either
+    way it is recorded stopping before its agent is asked, the agent drains it, and the catalog keeps
+    what the agent said of the drain in its reason."""
     settings.LLMGW_STOP_DRAIN_SECONDS = 15.0
     settings.LLMGW_OPERATION_STALE_SECONDS = 40  # above the stop's wait, drain included
     with fleet_of(tmp_path, nodes=("gpu-a",), cards=2, processes=True) as fleet:
@@ -107,7 +112,7 @@ def test_a_rolling_restart_lets_the_request_in_flight_on_the_old_engine_finish(t
         client = threading.Thread(target=ask)
         client.start()
         wait_until(lambda: running_on(old.port) == 1, what="the request to be in flight")
-        op = restart_start(model_name=MODEL, max_parallel=1, ready_timeout=30)
+        op = restart_start(model_name=MODEL, max_parallel=1, ready_timeout=30, in_place=in_place)
         assert run_operation(op.pk) == "succeeded"
         finished = time.monotonic()
         client.join(timeout=30)
@@ -129,8 +134,34 @@ def test_a_rolling_restart_lets_the_request_in_flight_on_the_old_engine_finish(t
         agent_said = fleet.agents["gpu-a"].replica(old.name)
         assert agent_said["state"] == "stopped" and agent_said["exit_code"] == 0
         assert "drained: 1 request(s) in flight finished in" in agent_said["reason"], agent_said["reason"]
+        # ...and the catalog says it too, where an operator reads why the replica stopped.
+        assert "drained: 1 request(s) in flight finished in" in old.reason, old.reason
+        stop = AuditEntry.objects.filter(object_key=old.name, action="stop").latest("id")
+        assert "drained: 1 request(s) in flight finished in" in stop.message, stop.message
         op.refresh_from_db()
         assert op.state == RestartOperation.State.SUCCEEDED
         (step,) = op.steps.select_related("new_replica")
         assert step.new_replica.state == Replica.State.READY and answers(step.new_replica.port)
+        assert step.in_place is in_place
         assert_nothing_half_done()
+
+
+@pytest.mark.parametrize(
+    ("agent_said", "kept"),
+    [
+        (
+            "stopped through the API (drained: 2 request(s) in flight finished in 1.4s)",
+            "drained: 2 request(s) in flight finished in 1.4s",
+        ),
+        (
+            "stopped through the API (the engine does not report its requests in flight (no /metrics), so none "
+            "were waited for); killed with SIGKILL after 10s without exiting on SIGTERM",
+            "the engine does not report its requests in flight (no /metrics), so none were waited for; "
+            "killed with SIGKILL after 10s without exiting on SIGTERM",
+        ),
+        ("stopped through the API", ""),
+        ("exited with code 1", ""),  # it had ended already: not this stop's words
+    ],
+)
+def test_what_an_agent_said_of_a_stop_is_kept_without_its_generic_start(agent_said, kept):
+    assert stop_note(agent_said) == kept

@@ -92,6 +92,17 @@ def test_no_room_says_other_models_hold_the_cards():
     with pytest.raises(DomainError) as caught:
         room_for([node("a", 8, 1, 1)], "h100", 4, running=True, in_place=True)
     assert "other models hold them" in caught.value.message
+    assert "Free 4 on one node (move or stop another model's replica there" in caught.value.message
+
+
+def test_each_refusal_of_room_says_the_next_step():
+    """What to do, beside what is in the way: the class's nodes, the most cards, the room."""
+    with pytest.raises(DomainError) as no_class:
+        room_for([node("a", 8, 8, ready=False)], "h100", 4, running=True, in_place=False)
+    assert "Uncordon a node of that class (or wait until its agent answers)" in no_class.value.message
+    with pytest.raises(DomainError) as too_few:
+        room_for([node("a", 4, 4)], "h100", 8, running=False, in_place=False)
+    assert too_few.value.message.endswith("Ask for 4 or fewer, or add a node with 8.")
 
 
 NODES = st.lists(

@@ -202,7 +202,10 @@ def test_respread_keeps_a_single_card_engine_on_one_card():
     with pytest.raises(DomainError) as caught:
         respread(p, 2, GQA, engine("freetoken"))
     assert caught.value.code == "single_card_engine"
-    assert caught.value.message == "A freetoken replica runs on one card; 2 cards were asked for."
+    assert caught.value.message == (
+        "A freetoken replica runs on one card; 2 cards were asked for. Ask for 1, or give the profile an "
+        "engine that spreads over cards."
+    )
 
 
 @given(

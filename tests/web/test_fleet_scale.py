@@ -6,8 +6,10 @@ nodes with room, and the floor endpoint the benchmark measures against."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -15,10 +17,12 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from audit.services import verify_chain
-from catalog.models import Node, ServedModel
+from catalog.models import Card, Node, ServedModel
 from demo.scale import BENCH_USER, Sizes, audit_model, generate
+from telemetry.models import CardReading
 from tests.support import builders as b
 
 pytestmark = pytest.mark.django_db
@@ -120,7 +124,7 @@ KEPT = {
     "GET /models/gen-model-002/": 4,  # and the model
     "GET /nodes/": 3,  # the filter form is kept too
     "GET /nodes/gen-node-0003/": 6,  # and the node, its drains, and its cards for the card cordon form
-    "GET /nodes/?gpu_class=gen-h100-80g&state=ready&free=1": 3,
+    "GET /nodes/?gpu_class=gen-h100-80g&state=ready&free=1": 4,  # and the cards a foreign process holds
     "GET /nodes/?view=compact": 3,
     "GET /": 3,
     "GET /?engine=vllm&gpu_class=gen-h100-80g": 3,
@@ -302,6 +306,20 @@ def test_the_nodes_page_filters_by_free_cards_and_model():
     assert nodes("model=other&free=7") == []
     assert "No node matches these filters." in viewer.get("/nodes/?name=zzz").content.decode()
     assert "Free cards is a whole number." in viewer.get("/nodes/?free=many").content.decode()
+
+    # Two of roomy's six free cards are held by a process the catalog does not know (a fresh reading
+    # says so): not free to the filter, as the grid does not count them free.
+    now = timezone.now()
+    for index in (6, 7):
+        card = Card.objects.get(node=roomy, index=index)
+        CardReading.objects.create(
+            card=card, at=now, foreign_mib=5000, processes=[{"name": "python3", "pid": 4242}]
+        )
+    assert nodes("free=6") == []
+    assert nodes("free=4") == ["roomy"]
+    # A reading too old to heed is not a hold: they count free again.
+    CardReading.objects.update(at=now - timedelta(seconds=settings.LLMGW_TELEMETRY_STALE_SECONDS + 1))
+    assert nodes("free=6") == ["roomy"]
 
 
 def test_the_compact_view_draws_a_mark_per_card_for_many_nodes(bench):

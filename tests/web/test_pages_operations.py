@@ -75,3 +75,38 @@ def test_an_operator_restarts_stale_replicas_from_the_model_page(operator):
     assert response.status_code == 204 and response["HX-Location"] == "/models/llama-3.1-8b/#restart"
     op = RestartOperation.objects.get()
     assert (op.via, op.requested_by_name, op.steps.count()) == ("ui", "operator", 1)
+
+
+# -- what a change says: once, in the message or on the page, not in both -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("post", "data", "landing", "said", "explained"),
+    [
+        (
+            "/operations/{op}/cancel/",
+            {},
+            "/operations/{op}/",
+            "Cancel of restart #{op} asked.",
+            "steps under way finish",
+        ),
+        ("/nodes/gpu-1/cordon/", {}, "/nodes/gpu-1/", "gpu-1 cordoned.", "no new placements"),
+        (
+            "/nodes/gpu-1/cards/cordon/",
+            {"index": 0},
+            "/nodes/gpu-1/",
+            "Card 0 of gpu-1 cordoned.",
+            "takes no new replica",
+        ),
+    ],
+)
+def test_a_change_is_said_once_and_what_it_means_once(operator, post, data, landing, said, explained):
+    """The success message says what was done, the page what it means: neither sentence twice (the cancel's
+    message repeated the page's "steps under way finish, the others do not start")."""
+    op = operation(llama_on_h100())
+    response = operator.post(post.format(op=op.pk), data)
+    assert response.status_code == 303
+    page = operator.get(landing.format(op=op.pk)).content.decode()
+    assert page.count(said.format(op=op.pk)) == 1
+    assert page.count(explained) == 1
+    assert page.count('class="message success"') == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -456,16 +457,18 @@ class Results(NamedTuple):
     compact: bool  # drawn compact: the only reading it shows is whether a foreign process holds memory
 
 
-def node_results(query: QueryDict) -> Results:
+def node_results(query: QueryDict, foreign_held: Collection[int] = ()) -> Results:
     """The nodes page's results (count, legend, the page of nodes with their cards, pager) for the
     query's filters and page, marked where the readings go, and the nodes shown: what an htmx
-    filter swaps in, and the page shows."""
+    filter swaps in, and the page shows. ``foreign_held``: the cards a foreign process holds, which
+    the free filter does not count free (``foreign_held_for``)."""
     form = NodeFilterForm.for_fleet(query or None)
     valid = form.is_bound and form.is_valid()
     data = form.cleaned_data if valid else {}
     view = data.get("view") or "cards"
     filters = {k: v for k, v in data.items() if k != "view" and v not in (None, "")}
-    page = Paginator(nodes_matching(filters), PAGE_SIZES[view]).get_page(query.get("page"))
+    matching = nodes_matching(filters, not_free=foreign_held)
+    page = Paginator(matching, PAGE_SIZES[view]).get_page(query.get("page"))
     nodes = list(page.object_list)
     node_grids = grids(nodes, cards_of([n.pk for n in nodes]), compact=view == "compact")
     rest = query.copy()
@@ -485,6 +488,13 @@ def node_results(query: QueryDict) -> Results:
         },
     )
     return Results(html, [n.pk for n in nodes], view == "compact")
+
+
+def foreign_held_for(query: QueryDict) -> list[int]:
+    """The cards a foreign process holds (fresh readings say so), when the free filter asks for
+    them (its count leaves them out, as the grid does), by id; else none, and no query. The kept
+    results are keyed on them too, so a card a foreign process takes or lets go is counted anew."""
+    return sorted(foreign_held_card_ids()) if query.get("free", "").strip() else []
 
 
 # Where a kept part's polling attributes go: put in per request, with the stamp of what it shows.
@@ -602,11 +612,12 @@ def node_list(request: HttpRequest) -> HttpResponse:
     stamp = stamp_of("nodes-filled", FILLED_AREAS, filled_parts([query.urlencode()]), request=request)
     if still_shown(request, stamp):
         return unchanged()
+    foreign_held = foreign_held_for(query)
     found = remembered(
         "nodes-results",
         ["structure", "placement", "replicas"],
-        [query.urlencode()],
-        lambda: node_results(query),
+        [query.urlencode(), foreign_held],
+        lambda: node_results(query, foreign_held),
         request=request,
     )
     results = kept_with_readings(

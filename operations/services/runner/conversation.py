@@ -17,6 +17,7 @@ an agent that enforces another launch policy than the control plane's.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -90,6 +91,8 @@ class AgentConversation:
         self._absence = threading.Lock()
         self._silent_since: dict[str, float] = {}
         self._given_up: dict[str, AgentCallFailed] = {}
+        # What each stop's agent said of its drain, by replica: put in the stopped replica's reason.
+        self._stop_notes: dict[str, str] = {}
 
     def agent(self, node: Node) -> AgentClient:
         # What it says of the model's replicas is redacted of the model's profiles' secrets.
@@ -309,11 +312,37 @@ class AgentConversation:
             self.lease.tick()
             try:
                 with self.clock.timed("agent: stop (answers once the process is gone)"):
-                    self.call(node, partial(self.agent(node).stop, name))
+                    answer = self.call(node, partial(self.agent(node).stop, name))
             except AgentCallFailed as exc:
                 left = deadline - time.monotonic()
                 if exc.code in ("agent_token", "agent_refused", GIVEN_UP) or left <= 0:
                     return exc
                 time.sleep(min(AWAY_RETRY_SECONDS, left))
                 continue
+            note = stop_note(str(answer.get("reason") or ""))
+            with self._absence:
+                self._stop_notes[name] = note
             return None
+
+    def stop_said(self, name: str) -> str:
+        """What the agent said of the confirmed stop of ``name`` beyond its own "stopped": how its
+        drain went ("drained: 2 request(s) in flight finished in 1.4s", ...), "" when nothing."""
+        with self._absence:
+            return self._stop_notes.pop(name, "")
+
+
+AGENT_STOPPED = "stopped through the API"  # the agent's own start of a stop's reason (supervisor.stop)
+
+
+def stop_note(reason: str) -> str:
+    """The agent's stop answer's reason without its generic start: "stopped through the API
+    (drained: 2 request(s) in flight finished in 1.4s); killed with SIGKILL after 10s ..." is
+    "drained: 2 request(s) in flight finished in 1.4s; killed with SIGKILL after 10s ..."."""
+    said = reason.strip()
+    if not said.startswith(AGENT_STOPPED):
+        return ""  # not this stop's words: a replica that had ended already keeps its own reason
+    said = said.removeprefix(AGENT_STOPPED).strip()
+    parts = re.fullmatch(r"\((.*)\)(?:;\s*(.*))?", said, re.S)
+    if parts is None:
+        return said.strip("; ")
+    return "; ".join(x.strip() for x in parts.groups() if x and x.strip())

@@ -17,7 +17,9 @@ from operations.services.runner.conversation import certainly_not_reached
 from operations.services.runner.parts import RunParts
 from operations.services.runner.records import StepFailed, replaced, replacement
 from operations.services.runner.settling import settle
-from operations.services.runner.stops import stop_confirmed, stop_replacement
+from operations.services.runner.stops import drain_first, stop_confirmed, stop_replacement, with_stop_note
+
+IN_PLACE_WHY = "stopped to restart it in place"
 
 
 def begin_in_place(
@@ -68,10 +70,23 @@ def _stop_first(run: RunParts, step: RestartStep, old: Replica, node: Node) -> s
     """Stop the old replica on its agent: None once confirmed, else the step ended failed (the old
     replica unchanged when the stop certainly never reached the agent, else recorded stopping)."""
     records = run.records
+    drained = old.state == Replica.State.READY
+    if drained:
+        # As a rolling step's stop does: no new work for it, its requests in flight let finish.
+        drain_first(run.agents, old, IN_PLACE_WHY)
     failure = run.agents.confirm_stop(node, old.name)
     if failure is None:
         return None
     if certainly_not_reached(failure) and old.state != Replica.State.STOPPING:
+        if drained:
+            records.replica_change(
+                old.pk,
+                state=Replica.State.READY,
+                action="ready",
+                reason="",
+                message=f"{old.name} takes work again: its stop never reached its agent "
+                f"({failure.message}), so it kept running",
+            )
         return records.finish_step(
             step,
             RestartStep.State.FAILED,
@@ -107,7 +122,9 @@ def _swap(run: RunParts, step: RestartStep, old: Replica, node: Node) -> Replica
     if Shard.objects.filter(card__node=node, card__index__in=step.cards).exclude(replica=current).exists():
         return None  # another replica took a free card meanwhile
     if current.state in Replica.HOLDING_STATES:
-        records.stop_for_in_place(current, node, step.cards)
+        records.stop_for_in_place(
+            current, node, step.cards, reason=with_stop_note(IN_PLACE_WHY, run.agents.stop_said(current.name))
+        )
     return records.record_replacement(
         step,
         profile,

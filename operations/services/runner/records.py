@@ -242,12 +242,14 @@ class Records:
             setattr(step, name, value)
         return new
 
-    def stop_for_in_place(self, replica: Replica, node: Node, cards: list[int]) -> None:
+    def stop_for_in_place(self, replica: Replica, node: Node, cards: list[int], *, reason: str) -> None:
         """In the caller's transaction, with ``replica`` locked: record it stopped, its cards freed
-        for its replacement in place (its agent confirmed the stop)."""
+        for its replacement in place (its agent confirmed the stop), and why (with how its drain
+        went, as its agent said)."""
         before = replica_after(replica, [f"{node.name}#{i}" for i in cards])
         replica.state, replica.state_changed_at = Replica.State.STOPPED, timezone.now()
-        replica.save(update_fields=["state", "state_changed_at"])
+        replica.reason = redact(reason, self.secrets)
+        replica.save(update_fields=["state", "state_changed_at", "reason"])
         Shard.objects.filter(replica=replica).delete()
         self.audit(
             action="stop",
@@ -256,7 +258,7 @@ class Records:
             object_repr=str(replica),
             before=before,
             after=replica_after(replica, []),
-            message=self.said(f"stopped {replica.name} to restart it in place"),
+            message=self.said(f"{replica.name} {reason}"),
         )
 
     def move_port(

@@ -32,15 +32,21 @@ def stop_confirmed(
             f"{failure.message} It keeps its cards until the agent does.",
         )
         return failure.message
+    said = with_stop_note(why, agents.stop_said(replica.name))
     agents.records.replica_change(
         replica.pk,
         state=end,
         action="stop" if end == Replica.State.STOPPED else "fail",
         release=True,
-        reason=why,
-        message=f"stopped {replica.name}: {why}",
+        reason=said,
+        message=f"stopped {replica.name}: {said}",
     )
     return ""
+
+
+def with_stop_note(why: str, note: str) -> str:
+    """Why a replica stopped, and what its agent said of the stop (how its drain went), if anything."""
+    return f"{why} ({note})" if note else why
 
 
 def drain_first(agents: AgentConversation, replica: Replica, why: str) -> None:
