@@ -92,7 +92,7 @@ def plan(point: Logged) -> Compared:
     )
     assert memory is not None
     # Graphs are compared where the log gives them, whether the release counts them inside its budget or
-    # beside it (vLLM 0.11 to 0.20 captures them after sizing the cache).
+    # beside it (vLLM 0.11 to 0.20 capture them after sizing the cache).
     terms = {t.name: t.bytes / GIB for t in memory.terms if t.inside or t.name == "cuda_graph"}
     planned = (
         memory.weights / GIB
@@ -842,6 +842,26 @@ NOT_HELD = (
         "give, and the report has no section for the run that would settle which; left out.",
     ),
     (
+        "https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/",
+        "openai/gpt-oss-20b with vLLM 0.19.0 on an A100 (2026-04-18): 'Model loading took 13.72 GiB', 'Available KV "
+        "cache memory: 36.56 GiB' at --gpu-memory-utilization 0.65 and --max-model-len 131072. The stored copy of the "
+        "post shows no card total and no 'GPU KV cache size' line, so neither the need nor the KV bytes a token can "
+        "be read from it; left out.",
+    ),
+    (
+        "https://github.com/gpustack/runner/pull/251",
+        "Qwen3.6-27B AWQ with an MTP drafter at TP 2, vLLM 0.27.1: 'Estimated CUDA graph memory: 0.36 GiB total', "
+        "'Available KV cache memory: 6.87 GiB', --gpu-memory-utilization 0.82. A hybrid model (Gated DeltaNet layers "
+        "beside attention) with a speculative drafter, neither of which the planner shapes, and no card total; left out.",
+    ),
+    (
+        "https://github.com/noonghunna/club-3090/issues/46",
+        "Qwen3.6-27B (autoround int4, a drafter) at TP 2 on two RTX 4090s, vLLM 0.20.1rc1 nightly: 'Available KV cache "
+        "memory: 9.74 GiB', 'GPU KV cache size: 67,728 tokens'; the same rigs' reports (#96, #127, #142, #294, #295, "
+        "#612; vLLM 0.20 to 0.24) all run hybrid Qwen3.5/3.6 models with MTP or DFlash drafters and FP8 KV caches. "
+        "The planner does not shape Gated DeltaNet state or drafters, so none is held.",
+    ),
+    (
         "https://github.com/vllm-project/vllm/pull/12126",
         "Llama-3.2-11B-Vision: 36.63 GiB of activation from profiling the vision encoder; multimodal "
         "encoders are not modelled.",
@@ -866,13 +886,14 @@ def table() -> str:
     numbered = list(enumerate(POINTS, 1))
     ranges = sorted({terms_of(p) for p in POINTS}, key=lambda v: [terms_of(p) for p in POINTS].index(v))
     current = terms_for("vllm", None).memory.version
-    ranges.sort(key=lambda v: (v != current, "0.11" not in v))
+    ranges.sort(key=lambda v: (v != current, "0.17" not in v, "0.11" not in v))
     tables = []
     for described in ranges:
         rows = [f"#### {described}", "", *header]
         rows += _rows([(i, p) for i, p in numbered if terms_of(p) == described])
         tables.append("\n".join(rows))
-    for described in (current,):
+    newer = terms_for("vllm", "0.17").memory.version
+    for described in (newer, current):
         if described not in ranges:
             tables.insert(
                 0, f"#### {described}\n\nNo logged start-up with a card total was found for this range."

@@ -221,9 +221,10 @@ def test_a_held_out_start_up_of_a_current_release_is_within_ten_percent_and_not_
 
 
 def test_the_current_releases_are_planned_by_their_own_terms_and_counted():
-    # Every current-release point is planned by the 0.11-0.20 table, not the 0.6.4-0.10 one; the set is
-    # as small as the published logs found (docs/memory-model.md says how many).
+    # Every current-release point is planned by the 0.11-0.16 table, not the 0.6.4-0.10 one; the set is
+    # as small as the published logs found (docs/memory-model.md says how many): none of 0.17 or later
+    # printed the card's total with a model the planner shapes (NOT_HELD lists those seen).
     for point in CURRENT:
-        assert terms_for("vllm", point.version.split()[0]).memory.version.startswith("vLLM 0.11 to 0.20")
+        assert terms_for("vllm", point.version.split()[0]).memory.version.startswith("vLLM 0.11 to 0.16")
     assert len(FIT) == 5 and len(HELD_OUT) == 1
     assert {p.tp for p in FIT} == {1, 2}
