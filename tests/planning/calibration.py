@@ -313,6 +313,9 @@ LLM_D = (
     "https://github.com/llm-d/llm-d-benchmark/blob/259334868c5075da530cc6c90b43fceb11b6e6a7/"
     "config_explorer/empirical-vllm-memory-results.md"
 )
+# A public GitHub file read in the search index's stored copies, whose repository and path the index did
+# not name: cited by the index's file id (its read_file id), so the figures can be read again there.
+STORED = "stored public file, search-index id "
 LLM_D_VERSION = "0.11 (V1; as the gpt-oss-20b point of the same report)"
 LLM_D_NOTES = (
     "H100 80 GB ('Free memory on device: 78.57/79.18 GiB on startup'), utilization 0.9, --max-model-len {context}, "
@@ -760,6 +763,32 @@ POINTS: tuple[Logged, ...] = (
         held_out=True,
         notes=LLM_D_NOTES.format(context=32000, graphs="0.10 GiB, compared")
         + "; kept out of the fit: a second start-up of the same model at twice the context",
+    ),
+    Logged(
+        source=STORED + "70682754770: notes of a vLLM start-up ('Session 2', 'Actual logs: Run2'), "
+        "vllm/vllm-openai:v0.31.0-ubuntu2404 on an A100 80GB",
+        engine="vllm",
+        version="0.31.0 (the image's tag; V1, CUDA graphs profiled inside the budget)",
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        kind="GQA",
+        shape=LLAMA_3_8B,
+        tp=1,
+        card_gib=79.25,
+        context=131072,
+        # `--model meta-llama/Llama-3.1-8B-Instruct` and nothing else: the log's 'Desired GPU memory
+        # utilization is (0.92, 72.91 GiB)' is taken as logged; planned without a class name, so with
+        # the large-card defaults (8192 batch tokens, 1024 sequences), which the logged peak bears out
+        args=("--gpu-memory-utilization", "0.92"),
+        weights=15.0,
+        non_torch=15.26 - 15.0,  # 'Actual usage is 15.26 GiB for consumed memory (weights + non-torch)'
+        activation=1.44,
+        kv=56.21 / 3.51,
+        cuda_graph=0.23,
+        notes="A100 80GB ('Free memory on device (78.84/79.25 GiB) on startup'); 'Model loading took 15.0 GiB', "
+        "'1.44 GiB for peak activation, and 0.23 GiB for CUDAGraph memory', 'Available KV cache memory: 56.21 GiB', "
+        "'GPU KV cache size: 460,496 tokens, Maximum concurrency for 131,072 tokens per request: 3.51x'. The peak is "
+        "2.9 fp32 copies of 1024 x 128256 logits (4 planned); with 256 sequences no copy count the source allows "
+        "reaches it, so the large-card defaults are taken for this A100 (not checked in 0.31's source)",
     ),
     Logged(
         source="https://github.com/vllm-project/vllm/pull/10511",
