@@ -775,10 +775,10 @@ POINTS: tuple[Logged, ...] = (
         tp=1,
         card_gib=79.25,
         context=131072,
-        # `--model meta-llama/Llama-3.1-8B-Instruct` and nothing else: the log's 'Desired GPU memory
-        # utilization is (0.92, 72.91 GiB)' is taken as logged; planned without a class name, so with
+        # `--model meta-llama/Llama-3.1-8B-Instruct` and nothing else: the release's defaults, its 'Desired
+        # GPU memory utilization is (0.92, 72.91 GiB)' among them; planned without a class name, so with
         # the large-card defaults (8192 batch tokens, 1024 sequences), which the logged peak bears out
-        args=("--gpu-memory-utilization", "0.92"),
+        args=(),
         weights=15.0,
         non_torch=15.26 - 15.0,  # 'Actual usage is 15.26 GiB for consumed memory (weights + non-torch)'
         activation=1.44,

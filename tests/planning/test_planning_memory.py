@@ -289,7 +289,7 @@ def test_an_fp8_cache_takes_half():
 def test_vllm_budget_is_its_utilisation_of_the_card_capped_by_the_class():
     # determine_available_memory: total x gpu_memory_utilization (0.9 by default).
     memory = card_memory(engine("vllm"), LLAMA, 1, 8192, 76 * GIB, total=H100)
-    assert memory.budget == int(H100 * 0.9) == memory.engine_budget
+    assert memory.budget == int(H100 * 0.92) == memory.engine_budget  # 0.92 by default from vllm#38284
     assert "0.9" in memory.budget_how
     lower = card_memory(
         engine("vllm"), LLAMA, 1, 8192, 76 * GIB, total=H100, args=("--gpu-memory-utilization=0.5",)
