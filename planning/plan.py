@@ -312,8 +312,9 @@ def _check_room(
     assert p.gpu_class is not None  # pick_profile never answers a CPU-only profile
     simulate = fleet is not None and any(r.restarted for r in fleet.replicas)
     nodes = list(nodes)
+    # Only the nodes that could take a replica are checked and named: a node that is down takes none.
     refused = _floor_refusals(
-        engine(p.engine), p, fleet, (r.node for r in nodes if r.gpu_class == p.gpu_class), notes
+        engine(p.engine), p, fleet, (r.node for r in nodes if r.gpu_class == p.gpu_class and r.ready), notes
     )
     if refused:
         # A node that fails the release's floors, or lacks the release, takes none of its replicas.

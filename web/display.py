@@ -11,7 +11,7 @@ from typing import Any
 
 from base.errors import DomainError
 from catalog.models import Profile, ServedModel
-from catalog.selectors import model_spec, profile_spec
+from catalog.selectors import model_spec, profile_spec, release_of
 from planning import CardMemory, Change, card_memory, context_of, engine
 from planning.engines import terms_for
 from planning.types import ROOM_NODES_NAMED
@@ -195,14 +195,17 @@ class ProfileMemory:
     why_not: str
 
 
-def served_contexts(model: ServedModel, profiles: list[Profile]) -> list[int]:
+def served_contexts(model: ServedModel, profiles: list[Profile], *, defaults: Mapping[str, str]) -> list[int]:
     """The contexts the model's profiles serve (the engine's context flag, else the model's own),
-    each once, shortest first; no query when ``profiles`` are loaded."""
+    each once, shortest first, each profile by the release it runs (its own, else the fleet's
+    default of its engine: ``defaults``, ``catalog.selectors.engine_defaults()`` read once by the
+    caller); no query when ``profiles`` are loaded."""
     spec = model_spec(model, profiles)
+    known = dict(defaults)
     served: set[int] = set()
     for p in profiles:
         try:
-            eng = terms_for(engine(p.engine), p.engine_version)
+            eng = terms_for(engine(p.engine), release_of(p, known))
         except DomainError:
             continue
         tokens = context_of(spec, profile_spec(p), eng)
@@ -217,14 +220,19 @@ def cards_said(indices: list[int]) -> str:
     return f"{n} card{'s' if n != 1 else ''} ({', '.join(f'#{i}' for i in indices)})"
 
 
-def profile_memory(model: ServedModel, profiles: list[Profile]) -> list[ProfileMemory]:
-    """Each profile's card memory as the planner reckons it (no query: ``profiles``
-    come with their GPU class)."""
+def profile_memory(
+    model: ServedModel, profiles: list[Profile], *, defaults: Mapping[str, str]
+) -> list[ProfileMemory]:
+    """Each profile's card memory as the planner reckons it, by the memory terms of the release the
+    profile runs: its own, else the fleet's default of its engine (``defaults``,
+    ``catalog.selectors.engine_defaults()``, read once by the caller). No query: ``profiles`` come
+    with their GPU class."""
     spec = model_spec(model, profiles)
+    known = dict(defaults)
     out = []
     for p in profiles:
         try:
-            eng = terms_for(engine(p.engine), p.engine_version)
+            eng = terms_for(engine(p.engine), release_of(p, known))
         except DomainError as err:
             out.append(ProfileMemory(p, None, None, err.message))
             continue

@@ -140,3 +140,32 @@ def test_a_restart_onto_nodes_that_fail_the_floor_is_refused_before_it_starts_na
     assert caught.value.code == "driver" and "580" in caught.value.message
     assert not RestartOperation.objects.exists()
     assert Replica.objects.get(name="ft-model-1").state == "ready"
+
+
+def test_a_vllm_profile_on_volta_cards_saves_at_0_19_and_is_refused_at_0_21_naming_7_5(actor):
+    from catalog.models import Profile
+    from catalog.services.catalog import profile_save
+
+    volta = b.gpu_class("v100-32g", memory_mib=32768, usable_mib=29500, capability="7.0")
+    model = b.llama_8b("vllm-on-volta", context_length=8192)
+    saved = profile_save(
+        instance=Profile(
+            model=model, name="v19", engine="vllm", engine_version="0.19.1", gpu_class=volta, args=[]
+        ),
+        actor=actor,
+    )
+    assert saved.pk is not None
+    with pytest.raises(DomainError) as caught:
+        profile_save(
+            instance=Profile(
+                model=model, name="v21", engine="vllm", engine_version="0.21.0", gpu_class=volta, args=[]
+            ),
+            actor=actor,
+        )
+    assert caught.value.code == "capability"
+    assert (
+        "vllm 0.21.0" in caught.value.message
+        and "7.5" in caught.value.message
+        and "7.0" in caught.value.message
+    )
+    assert not Profile.objects.filter(model=model, name="v21").exists()

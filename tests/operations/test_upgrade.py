@@ -23,8 +23,8 @@ from tests.support import builders as b
 pytestmark = pytest.mark.django_db
 
 ENGINES = Path(engines.__file__).with_name("engines.toml")
-# vLLM as the registry has it, with a floor for releases from 0.20 on: Hopper cards only (a made-up
-# figure, for the test: the shipped registry records none for vLLM).
+# vLLM as the registry has it, with a floor for releases from 0.20 on put ahead of the registry's own
+# (the first range holding a release decides): Hopper cards only, a made-up figure for the test.
 FLOOR = """
 [[vllm.floors]]
 releases = ">=0.20"
@@ -35,7 +35,7 @@ source = "a test's own figure"
 
 @pytest.fixture
 def floored_registry(tmp_path, monkeypatch):
-    text = ENGINES.read_text().replace("[sglang]\n", FLOOR + "\n[sglang]\n", 1)
+    text = ENGINES.read_text().replace("[[vllm.floors]]\n", FLOOR.lstrip() + "\n[[vllm.floors]]\n", 1)
     path = tmp_path / "engines.toml"
     path.write_text(text)
     loaded = engines.load_registry(path)

@@ -92,7 +92,7 @@ def plan(point: Logged) -> Compared:
     )
     assert memory is not None
     # Graphs are compared where the log gives them, whether the release counts them inside its budget or
-    # beside it (vLLM 0.11 to 0.20 captures them after sizing the cache).
+    # beside it (vLLM 0.11 to 0.20 capture them after sizing the cache).
     terms = {t.name: t.bytes / GIB for t in memory.terms if t.inside or t.name == "cuda_graph"}
     planned = (
         memory.weights / GIB
@@ -313,6 +313,9 @@ LLM_D = (
     "https://github.com/llm-d/llm-d-benchmark/blob/259334868c5075da530cc6c90b43fceb11b6e6a7/"
     "config_explorer/empirical-vllm-memory-results.md"
 )
+# A public GitHub file read in the search index's stored copies, whose repository and path the index did
+# not name: cited by the index's file id (its read_file id), so the figures can be read again there.
+STORED = "stored public file, search-index id "
 LLM_D_VERSION = "0.11 (V1; as the gpt-oss-20b point of the same report)"
 LLM_D_NOTES = (
     "H100 80 GB ('Free memory on device: 78.57/79.18 GiB on startup'), utilization 0.9, --max-model-len {context}, "
@@ -762,6 +765,32 @@ POINTS: tuple[Logged, ...] = (
         + "; kept out of the fit: a second start-up of the same model at twice the context",
     ),
     Logged(
+        source=STORED + "70682754770: notes of a vLLM start-up ('Session 2', 'Actual logs: Run2'), "
+        "vllm/vllm-openai:v0.31.0-ubuntu2404 on an A100 80GB",
+        engine="vllm",
+        version="0.31.0 (the image's tag; V1, CUDA graphs profiled inside the budget)",
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        kind="GQA",
+        shape=LLAMA_3_8B,
+        tp=1,
+        card_gib=79.25,
+        context=131072,
+        # `--model meta-llama/Llama-3.1-8B-Instruct` and nothing else: the release's defaults, its 'Desired
+        # GPU memory utilization is (0.92, 72.91 GiB)' among them; planned without a class name, so with
+        # the large-card defaults (8192 batch tokens, 1024 sequences), which the logged peak bears out
+        args=(),
+        weights=15.0,
+        non_torch=15.26 - 15.0,  # 'Actual usage is 15.26 GiB for consumed memory (weights + non-torch)'
+        activation=1.44,
+        kv=56.21 / 3.51,
+        cuda_graph=0.23,
+        notes="A100 80GB ('Free memory on device (78.84/79.25 GiB) on startup'); 'Model loading took 15.0 GiB', "
+        "'1.44 GiB for peak activation, and 0.23 GiB for CUDAGraph memory', 'Available KV cache memory: 56.21 GiB', "
+        "'GPU KV cache size: 460,496 tokens, Maximum concurrency for 131,072 tokens per request: 3.51x'. The peak is "
+        "2.9 fp32 copies of 1024 x 128256 logits (4 planned); with 256 sequences no copy count the source allows "
+        "reaches it, so the large-card defaults are taken for this A100 (not checked in 0.31's source)",
+    ),
+    Logged(
         source="https://github.com/vllm-project/vllm/pull/10511",
         engine="vllm",
         version="0.6.5.dev (the profiler rewrite)",
@@ -842,6 +871,36 @@ NOT_HELD = (
         "give, and the report has no section for the run that would settle which; left out.",
     ),
     (
+        "https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/",
+        "openai/gpt-oss-20b with vLLM 0.19.0 on an A100 (2026-04-18): 'Model loading took 13.72 GiB', 'Available KV "
+        "cache memory: 36.56 GiB' at --gpu-memory-utilization 0.65 and --max-model-len 131072. The stored copy of the "
+        "post shows no card total and no 'GPU KV cache size' line, so neither the need nor the KV bytes a token can "
+        "be read from it; left out.",
+    ),
+    (
+        "https://github.com/gpustack/runner/pull/251",
+        "Qwen3.6-27B AWQ with an MTP drafter at TP 2, vLLM 0.27.1: 'Estimated CUDA graph memory: 0.36 GiB total', "
+        "'Available KV cache memory: 6.87 GiB', --gpu-memory-utilization 0.82. A hybrid model (Gated DeltaNet layers "
+        "beside attention) with a speculative drafter, neither of which the planner shapes, and no card total; left out.",
+    ),
+    (
+        "https://github.com/noonghunna/club-3090/issues/46",
+        "Qwen3.6-27B (autoround int4, a drafter) at TP 2 on two RTX 4090s, vLLM 0.20.1rc1 nightly: 'Available KV cache "
+        "memory: 9.74 GiB', 'GPU KV cache size: 67,728 tokens'; the same rigs' reports (#96, #127, #142, #294, #295, "
+        "#612; vLLM 0.20 to 0.24) all run hybrid Qwen3.5/3.6 models with MTP or DFlash drafters and FP8 KV caches. "
+        "The planner does not shape Gated DeltaNet state or drafters, so none is held.",
+    ),
+    (
+        STORED + "61918553602 (notes of a vLLM set-up on WSL2, 'attempt 4')",
+        "Qwen/Qwen2.5-0.5B-Instruct with vLLM 0.27.1 (Model Runner V2) on a 23.99 GiB card, --max-model-len 2048, "
+        "--gpu-memory-utilization 0.85: 'Model loading took 0.93 GiB', 'Free memory on device (22.45/23.99 GiB)', "
+        "'1.49 GiB for consumed memory (weights + non-torch), 0.25 GiB for peak activation, and 0.37 GiB for "
+        "CUDAGraph memory', 'Available KV cache memory: 18.65 GiB', 'GPU KV cache size: 1,629,520 tokens'. Left out: "
+        "the engine failed right after (a kernel warm-up error), and on a 0.9 GiB model the planner's flat terms "
+        "(1 GiB of graphs, 0.35 GiB outside PyTorch) outweigh the 0.93 GiB logged for them, so a bound in percent "
+        "cannot hold it (as opt-125m above); its 0.56 GiB outside PyTorch is WSL2's.",
+    ),
+    (
         "https://github.com/vllm-project/vllm/pull/12126",
         "Llama-3.2-11B-Vision: 36.63 GiB of activation from profiling the vision encoder; multimodal "
         "encoders are not modelled.",
@@ -866,13 +925,14 @@ def table() -> str:
     numbered = list(enumerate(POINTS, 1))
     ranges = sorted({terms_of(p) for p in POINTS}, key=lambda v: [terms_of(p) for p in POINTS].index(v))
     current = terms_for("vllm", None).memory.version
-    ranges.sort(key=lambda v: (v != current, "0.11" not in v))
+    ranges.sort(key=lambda v: (v != current, "0.17" not in v, "0.11" not in v))
     tables = []
     for described in ranges:
         rows = [f"#### {described}", "", *header]
         rows += _rows([(i, p) for i, p in numbered if terms_of(p) == described])
         tables.append("\n".join(rows))
-    for described in (current,):
+    newer = terms_for("vllm", "0.17").memory.version
+    for described in (newer, current):
         if described not in ranges:
             tables.insert(
                 0, f"#### {described}\n\nNo logged start-up with a card total was found for this range."

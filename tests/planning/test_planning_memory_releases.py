@@ -34,8 +34,10 @@ def test_a_release_reads_as_numbers_to_compare(text, key):
         ("0.6.4.post1", "vLLM 0.6.4 to 0.10"),
         ("0.10.1.1", "vLLM 0.6.4 to 0.10"),
         ("0.5.0", "vLLM 0.6.4 to 0.10"),  # older than the table: the oldest terms, not the current ones
-        ("0.11.0", "vLLM 0.11 to 0.20"),
-        ("0.19.0", "vLLM 0.11 to 0.20"),
+        ("0.11.0", "vLLM 0.11 to 0.16"),
+        ("0.16.1", "vLLM 0.11 to 0.16"),
+        ("0.17.0", "vLLM 0.17 to 0.20"),
+        ("0.19.0", "vLLM 0.17 to 0.20"),
         ("0.21.0", "vLLM 0.21 and later"),
         ("0.31.0", "vLLM 0.21 and later"),
         ("", "vLLM 0.21 and later"),  # blank: the current releases' terms
@@ -68,6 +70,21 @@ def test_graphs_are_outside_the_budget_from_0_11_to_0_20_and_inside_from_0_21():
         assert memory.need == memory.weights + memory.kv + inside
     assert graph_after.bytes in {t.bytes for t in after.terms if t.inside}
     assert graph_before.bytes not in {t.bytes for t in before.terms if t.inside}
+
+
+def test_from_0_17_the_profiles_sampler_holds_four_copies_of_the_logits_not_ten():
+    # vllm-project/vllm#33538 (v0.17.0): top-k/top-p masked in place by a Triton kernel, no sort. On an H100
+    # (1024 sequences by default) Llama-3.1-8B's sampler was the peak at ten copies; at four it is 1.96 GiB,
+    # inside the 1.1-3.7 GiB the issue measured under 0.19 where ten copies planned 4.9.
+    logits = 1024 * 128256 * 4
+    before, after = _memory("0.16.1"), _memory("0.19.0")
+    assert before is not None and after is not None
+    activation_before = next(t for t in before.terms if t.name == "activation")
+    activation_after = next(t for t in after.terms if t.name == "activation")
+    assert activation_before.bytes == 10 * logits and "sampler: 10 x 1024" in activation_before.how
+    assert activation_after.bytes == 4 * logits and "sampler: 4 x 1024" in activation_after.how
+    assert 1.1 * GIB <= activation_after.bytes <= 3.7 * GIB
+    assert "#33538" in activation_after.source
 
 
 def test_a_pinned_kv_pool_sets_the_budget_in_place_of_the_fraction():

@@ -125,6 +125,74 @@ def test_freetokens_floor_in_the_registry_is_the_seeds():
 def test_a_bad_floor_in_the_registry_stops_loading_naming_it(tmp_path: Path):
     text = (Path(__file__).parents[2] / "planning" / "engines.toml").read_text()
     bad = tmp_path / "engines.toml"
-    bad.write_text(text.replace('driver = "580"', 'driver = "new enough"'))
+    seed = 'releases = "*"\ncapability = "8.0"\ndriver = "580"'
+    assert seed in text
+    bad.write_text(text.replace(seed, 'releases = "*"\ncapability = "8.0"\ndriver = "new enough"'))
     with pytest.raises(RegistryError, match=r"freetoken.*floors\[0\]\.driver"):
         load_registry(bad)
+
+
+# -- the other engines' floors in the registry (engines.toml, each with its source) ------------------
+
+
+def _registry_refusal(name: str, release: str, capability: str = "", **kw: Any):
+    eng = engine(name)
+    installed = {name: release} if release else {}
+    return node_refusal(
+        name, release, floor_of(eng.floors, release), facts(engines=installed, **kw), capability=capability
+    )
+
+
+def test_vllm_from_0_20_needs_cuda_13_and_driver_580_where_0_19_runs_on_a_cuda_12_driver():
+    cuda12 = {"driver": "550.54.14", "cuda": "12.4"}
+    assert _registry_refusal("vllm", "0.19.1", capability="8.0", **cuda12) is None
+    err = _registry_refusal("vllm", "0.20.0", capability="8.0", **cuda12)
+    assert err is not None and err.code == "driver"
+    assert "580" in err.message and "550.54.14" in err.message and "gpu-a" in err.message
+    err = _registry_refusal("vllm", "0.21.1", capability="8.0", driver="580.65.06", cuda="12.9")
+    assert err is not None and err.code == "cuda" and "13.0" in err.message and "12.9" in err.message
+
+
+def test_vllm_from_0_20_refuses_a_volta_card_naming_7_5_where_0_19_takes_it():
+    assert _registry_refusal("vllm", "0.19.1", capability="7.0") is None
+    err = _registry_refusal("vllm", "0.20.0", capability="7.0")
+    assert err is not None and err.code == "capability" and "7.5" in err.message and "7.0" in err.message
+    # a release not known takes the newest floor, and says so by naming no release
+    err = _registry_refusal("vllm", "", capability="7.0")
+    assert err is not None and err.code == "capability"
+
+
+def test_vllm_releases_with_aarch64_wheels_take_an_arm_node_and_none_takes_ppc64le():
+    assert _registry_refusal("vllm", "0.19.1", capability="9.0", arch="aarch64") is None
+    err = _registry_refusal("vllm", "0.21.0", capability="9.0", arch="ppc64le")
+    assert err is not None and err.code == "arch" and "aarch64" in err.message and "ppc64le" in err.message
+
+
+def test_sglang_after_its_last_cuda_12_release_needs_cuda_13():
+    cuda12 = {"driver": "575.57.08", "cuda": "12.9"}
+    assert _registry_refusal("sglang", "0.5.19", capability="8.0", **cuda12) is None
+    err = _registry_refusal("sglang", "0.5.20", capability="8.0", **cuda12)
+    assert err is not None and err.code == "driver" and "580" in err.message
+    err = _registry_refusal("sglang", "0.5.19", capability="7.0")
+    assert err is not None and err.code == "capability" and "7.5" in err.message
+
+
+def test_tensorrt_llm_needs_an_ampere_card_on_x86_64_or_aarch64():
+    err = _registry_refusal("trtllm", "1.0.0", capability="7.5")
+    assert err is not None and err.code == "capability" and "8.0" in err.message and "7.5" in err.message
+    assert _registry_refusal("trtllm", "1.0.0", capability="8.0", arch="aarch64") is None
+    err = _registry_refusal("trtllm", "1.0.0", capability="8.0", arch="ppc64le")
+    assert err is not None and err.code == "arch"
+
+
+def test_llamacpp_builds_for_maxwell_and_newer():
+    err = _registry_refusal("llamacpp", "b6500", capability="3.7")
+    assert err is not None and err.code == "capability" and "5.0" in err.message
+    assert _registry_refusal("llamacpp", "b6500", capability="5.0", driver="470.256.02", cuda="11.4") is None
+
+
+def test_every_engines_floor_names_its_source():
+    for name in ("vllm", "sglang", "trtllm", "llamacpp", "freetoken"):
+        floors = engine(name).floors
+        assert floors, name
+        assert all(f.source.strip() for f in floors), name

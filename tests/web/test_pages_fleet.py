@@ -38,7 +38,7 @@ def test_the_model_page_shows_shape_profiles_replicas_and_the_card_memory_bar(vi
     # 14.96 + 4.0 + vLLM's terms at TP 1 (outside PyTorch 0.35, CUDA graphs 1), each its own segment
     assert "20.3 GiB per card of 71.7 GiB usable (28%)" in page
     assert "outside PyTorch 0.3 GiB" in page and "CUDA graphs 1.0 GiB" in page
-    assert "Budget: 79.65 GiB x --gpu-memory-utilization 0.9, capped by the class" in page
+    assert "Budget: 79.65 GiB x --gpu-memory-utilization 0.92, capped by the class" in page
     assert replica.name in page and 'href="/nodes/gpu-1/"' in page
     assert "stale: profile is at 3" in page
 

@@ -88,3 +88,27 @@ def test_the_model_page_offers_an_editor_the_measured_kv_pool_and_its_button_pin
     assert "is pinned at" in editor.get("/models/llama-3.1-8b/").content.decode()
     # A viewer is offered nothing.
     assert "KV cache pool" not in signed_in(b.user("viewer")).get("/models/llama-3.1-8b/").content.decode()
+
+
+def test_a_profile_on_the_fleets_default_release_is_shown_with_that_releases_memory_terms(viewer):
+    """The model page plans a profile without its own release by the fleet's default of its engine:
+    under vLLM 0.16.1 its CUDA graphs are captured outside the budget, 0.05 GiB and 2.5% of the card's
+    weights (engines.toml, the 0.11 to 0.16 table), where the current releases count 1 GiB inside."""
+    from planning.units import gib
+
+    model = b.llama_8b("default-release")
+    b.profile(model)
+    current = viewer.get(f"/models/{model.name}/").content.decode()
+    assert "CUDA graphs 1.0 GiB</span>" in current and "(outside the budget)" not in current
+
+    EngineDefault.objects.create(engine="vllm", version="0.16.1")
+    page = viewer.get(f"/models/{model.name}/").content.decode()
+    graphs = 0.05 * 2**30 + 0.025 * model.weight_bytes
+    assert f"CUDA graphs {gib(graphs)} GiB (outside the budget)" in page
+    assert "logged by vLLM 0.11 at TP 1" in page  # the older range's source, beside its figure
+    # a profile with its own release keeps it, whatever the default
+    pinned = b.profile(model, name="pinned")
+    pinned.engine_version = "0.21.0"
+    pinned.save()
+    page = viewer.get(f"/models/{model.name}/").content.decode()
+    assert page.count("(outside the budget)") == 1 and "CUDA graphs 1.0 GiB</span>" in page

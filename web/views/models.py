@@ -39,6 +39,7 @@ from base.views import (
     wants_partial,
 )
 from catalog.models import Profile, Replica, ServedModel, Shard, live_replicas_q, stale_replicas_q
+from catalog.selectors import engine_defaults
 from operations import views as operation_views
 from operations.services.kv_pin import PINNABLE, kv_pin
 from operations.services.resize import model_resize, model_set_context
@@ -88,7 +89,8 @@ def models_matching(filters: dict[str, Any] | None = None) -> QuerySet[ServedMod
 
 def models_with_usage(models: list[ServedModel]) -> list[ServedModel]:
     """These models (a page of them) with their usage counted and their profiles: two queries,
-    and the counts join only their rows, not the whole catalog's."""
+    and the counts join only their rows, not the whole catalog's; and the fleet's default release of
+    each engine, read once for the page, by which the profiles that run it are planned."""
     qs = (
         ServedModel.objects.filter(pk__in=[m.pk for m in models])
         .annotate(**_usage())
@@ -98,8 +100,9 @@ def models_with_usage(models: list[ServedModel]) -> list[ServedModel]:
         .order_by("name")
     )
     models = list(qs)
+    defaults = engine_defaults() if models else {}
     for m in models:
-        m.served_contexts = served_contexts(m, list(m.profiles.all()))  # type: ignore[attr-defined]
+        m.served_contexts = served_contexts(m, list(m.profiles.all()), defaults=defaults)  # type: ignore[attr-defined]
     return models
 
 
@@ -227,7 +230,8 @@ def kept_profiles(request: HttpRequest, model: ServedModel) -> tuple[list[Profil
 
     def read() -> tuple[list[Profile], list[Any]]:
         profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
-        return profiles, profile_memory(model, profiles)
+        # the fleet's default releases, once: a profile without its own release runs its engine's
+        return profiles, profile_memory(model, profiles, defaults=engine_defaults() if profiles else {})
 
     return remembered("model-profiles", ["structure"], [model.pk], read, request=request)
 
