@@ -21,7 +21,7 @@ from telemetry.services import fleet_sample
 from tests.support import builders as b
 from tests.web.pages_support import signed_in
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("audit_flushable")]
 
 
 def _healthy(url: str) -> bool:
