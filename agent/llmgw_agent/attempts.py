@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .spec import AgentError
+
 SUFFIX = ".log"
 HEAD_BYTES = 4096  # read to find an attempt's first line (its header: when, cards, port, argv)
 
@@ -38,6 +40,19 @@ def attempts_of(log_dir: Path, replica_id: str) -> list[tuple[int, Path]]:
             if number.isdigit():
                 found.append((int(number), log_dir / name))
     return sorted(found)
+
+
+def kept(log_dir: Path, replica_id: str, attempt: int) -> Path:
+    """The log of a kept start attempt; 404 ``not_found`` naming the kept ones when it is not."""
+    found = dict(attempts_of(log_dir, replica_id))
+    if attempt not in found:
+        raise AgentError(
+            404,
+            "not_found",
+            f"No log of attempt {attempt} of replica {replica_id[:140]!r} is kept; the kept ones are "
+            f"{', '.join(str(n) for n in found) or 'none'}.",
+        )
+    return found[attempt]
 
 
 def cut_to(path: Path, max_bytes: int) -> None:

@@ -5,6 +5,7 @@ supervisor's business."""
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -151,3 +152,17 @@ def parse_spec(body: Any) -> Spec:
 
 def _has_control(text: str) -> bool:
     return any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
+
+
+def engine_env(replica_id: str, spec: Spec, program_path: str) -> dict[str, str]:
+    """The engine's environment: the agent's own without its ``LLMGW_`` settings, the spec's
+    variables, its cards (in PCI bus order, as nvidia-smi numbers them) and who it is."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("LLMGW_")}
+    env["PATH"] = program_path
+    env.update(spec.env)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(card) for card in spec.cards)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["LLMGW_REPLICA_ID"] = replica_id
+    env["LLMGW_REPLICA_PORT"] = str(spec.port)
+    env["LLMGW_SERVED_MODEL"] = spec.model
+    return env

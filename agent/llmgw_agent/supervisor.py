@@ -30,7 +30,7 @@ from typing import Any
 
 from llmgw_policy import Policy, check_spec, default_policy
 
-from . import attempts
+from . import attempts, stopping
 from .config import AgentConfig, CardConfig
 from .probe import in_flight, probe
 from .process import (
@@ -44,15 +44,13 @@ from .process import (
     signal_group,
 )
 from .record import FAILED, LOADING, READY, STARTING, STOPPED, Replica, now_iso
-from .spec import AgentError, Spec, parse_spec
+from .spec import AgentError, Spec, engine_env, parse_spec
 
 log = logging.getLogger("llmgw_agent")
 
 MAX_FINISHED_RECORDS = 500
 LOG_MAX_LINES = 500  # lines a log request may ask for (read from the log's last 64 KiB)
 LOG_MIN_INTERVAL = 0.5  # seconds between two reads of one replica's log, however often it is asked
-KILL_WAIT = 5.0
-DRAIN_POLL = 0.2  # seconds between two reads of an engine's requests in flight while a stop drains it
 # The longest a reader may wait for a replica to change (GET ...?wait=): bounded, so a connection
 # is never held open for long, whatever the caller asked.
 MAX_WAIT_SECONDS = 30.0
@@ -122,21 +120,10 @@ class Supervisor:
             record = self._find(replica_id)
             state = record.state
         if attempt is not None:
-            kept = dict(attempts.attempts_of(self.config.log_dir, replica_id))
-            if attempt not in kept:
-                raise AgentError(
-                    404,
-                    "not_found",
-                    f"No log of attempt {attempt} of replica {replica_id[:140]!r} is kept; the kept ones are "
-                    f"{', '.join(str(n) for n in kept) or 'none'}.",
-                )
-            if kept[attempt] != record.log_path:
-                return {
-                    "id": replica_id,
-                    "state": state,
-                    "attempt": attempt,
-                    "lines": record.redact_lines(attempts.tail_of(kept[attempt], lines)),
-                }
+            path = attempts.kept(self.config.log_dir, replica_id, attempt)
+            if path != record.log_path:
+                tail = record.redact_lines(attempts.tail_of(path, lines))
+                return {"id": replica_id, "state": state, "attempt": attempt, "lines": tail}
         now = time.monotonic()
         cached = self._log_cache.get(replica_id)
         if cached is not None and now - cached[0] < LOG_MIN_INTERVAL and cached[1] >= lines:
@@ -285,14 +272,7 @@ class Supervisor:
         both take the same cards)."""
         program = command[0] if "/" in command[0] else shutil.which(command[0], path=self.program_path)
         argv = [program or command[0], *command[1:], *spec.args]
-        env = {name: value for name, value in os.environ.items() if not name.startswith("LLMGW_")}
-        env["PATH"] = self.program_path
-        env.update(spec.env)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(card) for card in spec.cards)
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["LLMGW_REPLICA_ID"] = replica_id
-        env["LLMGW_REPLICA_PORT"] = str(spec.port)
-        env["LLMGW_SERVED_MODEL"] = spec.model
+        env = engine_env(replica_id, spec, self.program_path)
 
         log_path = attempts.start_attempt(
             self.config.log_dir,
@@ -384,68 +364,30 @@ class Supervisor:
                 record.draining = record.state == READY and drain > 0
                 self._save()
         if already:
-            record.done.wait(timeout=drain + grace + KILL_WAIT * 2)
+            record.done.wait(timeout=drain + grace + stopping.KILL_WAIT * 2)
             return self.get(replica_id)
         if record.draining:
             self._drain(record, drain)
         self._terminate(record, grace)
-        record.done.wait(timeout=KILL_WAIT * 2)
+        record.done.wait(timeout=stopping.KILL_WAIT * 2)
         return self.get(replica_id)
 
     def _drain(self, record: Replica, drain: float) -> None:
-        """Before SIGTERM: wait up to ``drain`` seconds for the engine's requests in flight (its own
-        /metrics gauges, probe.in_flight) to finish, and say in the stop's reason how it went. The
-        replica answers ``draining`` meanwhile. An engine that does not report them is not waited
-        for: SIGTERM then, and an engine that drains on SIGTERM (vLLM >= 0.18 with
-        --shutdown-timeout, the stand-in) finishes them within the stop's grace."""
-        started = time.monotonic()
-        deadline = started + drain
-        first: int | None = None
-        while True:
-            try:
-                count = self._in_flight(record.spec.port)
-            except Exception:  # a read must never stop a stop
-                log.exception("replica %s: reading its requests in flight failed", record.id)
-                count = None
-            first = count if first is None else first
-            if record.handle is not None and record.handle.exited():
-                note = "it exited while draining"
-                break
-            if count is None:
-                note = (
-                    "the engine does not report its requests in flight (no /metrics), so none were waited for"
-                )
-                break
-            if count == 0:
-                waited = time.monotonic() - started
-                note = f"drained: {first} request(s) in flight finished in {waited:.1f}s" if first else ""
-                break
-            if time.monotonic() >= deadline or record.done.is_set():
-                note = f"{count} request(s) still in flight after the drain deadline of {drain:g}s"
-                break
-            time.sleep(DRAIN_POLL)
+        """Before SIGTERM: wait up to ``drain`` seconds for the engine's requests in flight
+        (``stopping.drain``), and say in the stop's reason how it went. The replica answers
+        ``draining`` meanwhile."""
+        note = stopping.drain(record, drain, self._in_flight)
         log.info("replica %s: %s", record.id, note or "no request in flight")
         with self._lock:
             record.stop_reason += f" ({note})" if note else ""
             record.draining = False
 
     def _terminate(self, record: Replica, grace: float) -> None:
-        handle = record.handle
-        assert handle is not None
-        pgid = handle.pid
-        log.info("replica %s: stopping pid %s (grace %gs)", record.id, pgid, grace)
-        signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        handle.wait(deadline - time.monotonic())
-        # Give the engine's workers the rest of the grace period too.
-        while group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not handle.exited() or group_alive(pgid):
+        def killed() -> None:
             with self._lock:
                 record.killed_after_grace = grace
-            signal_group(pgid, signal.SIGKILL)
-            if not handle.wait(KILL_WAIT):
-                log.error("replica %s: pid %s survived SIGKILL for %gs", record.id, pgid, KILL_WAIT)
+
+        stopping.terminate(record, grace, killed)
 
     def shutdown(self, *, stop_children: bool) -> None:
         """Refuse new starts; stop every live replica first if ``stop_children``."""

@@ -22,7 +22,7 @@ from base.actor import Actor, acting_as
 from catalog.models import Card, Node, Profile, Shard
 from catalog.services import catalog as services
 from tests.support import builders as b
-from web.views.nodes import SEEN_WITHIN_SECONDS
+from web.node_grid import SEEN_WITHIN_SECONDS
 
 LOG = AuditEntry._meta.db_table
 
@@ -61,7 +61,7 @@ def get(c: Client, url: str, **headers) -> tuple[str, int]:
 
 def kept(c: Client, url: str, **headers) -> str:
     """Asked twice: the second from what was kept (fewer queries, the same answer). The pair is
-    asked within one of the nodes pages' 10 s clock ticks (web/views/nodes.py, SEEN_WITHIN_SECONDS),
+    asked within one of the nodes pages' 10 s clock ticks (web/node_grid.py, SEEN_WITHIN_SECONDS),
     which are part of their keys: too close to the next, it waits for it to begin."""
     left = SEEN_WITHIN_SECONDS - time.time() % SEEN_WITHIN_SECONDS
     if left < 2:

@@ -1,0 +1,419 @@
+"""The nodes grid, drawn in Python rather than by a template per card (at a thousand nodes the template
+loop and its URL lookups were most of the page's time): ``tiles_html`` writes one node's cards as a
+tile each (the default view) or as a strip of small marks (the compact view), ``node_html`` the node
+around them; every name is escaped, and each model's and node's link is built once per page.
+
+The grid is drawn with a mark where each reading goes (``MARK``) and kept under the fleet's
+structure, placement and replicas; the readings are kept under their own version and put in at the
+marks per request (``kept_with_readings``, ``with_readings``), so a sampling round redraws no grid.
+The views that use it are in ``web/views/nodes.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from django.db.models import Q
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.timesince import timesince
+
+from catalog.models import Node, Replica
+from catalog.services.fit import profile_memory
+from telemetry.models import NodeReading
+from telemetry.selectors import (
+    CardUse,
+    card_use_of_nodes,
+    last_seen_of_nodes,
+)
+from versions.cache import remembered
+from web.display import hue
+
+
+class Tile(NamedTuple):
+    """One card as the grid shows it (a row of ``selectors.CARD_ROW``)."""
+
+    node_id: int
+    card: int  # the card's index on its node
+    gpu_class: str
+    replica: str | None
+    state: str | None
+    model_id: int | None
+    model: str | None
+    cordoned: bool = False  # cordoned on its own (card_cordon): no new placement on it
+    cordon_reason: str = ""
+
+    @property
+    def free(self) -> bool:
+        """No replica holds it and it takes placements (not cordoned)."""
+        return self.replica is None and not self.cordoned
+
+
+@dataclass
+class NodeGrid:
+    node: Node
+    tiles: list[Tile] = field(default_factory=list)
+    html: SafeString = mark_safe("")  # noqa: S308 - empty
+    row: SafeString = mark_safe("")  # noqa: S308 - empty
+
+    @property
+    def free(self) -> int:
+        """Cards no replica holds and not cordoned; a foreign process's hold is a reading, taken off
+        when the readings are put in (``with_readings``)."""
+        return sum(t.free for t in self.tiles)
+
+    @property
+    def classes(self) -> str:
+        """ "8 × h100-80g", or each class's count when a node mixes them."""
+        counts: dict[str, int] = {}
+        for t in self.tiles:
+            counts[t.gpu_class] = counts.get(t.gpu_class, 0) + 1
+        return ", ".join(f"{n} × {c}" for c, n in counts.items()) or "no cards"
+
+
+class Links:
+    """A page address per name (a model's, a node's), reversed once and then reused, escaped
+    (names are URL-safe by validation): a page of 500 nodes reversed 500 times otherwise."""
+
+    def __init__(self, url_name: str) -> None:
+        self._prefix = reverse(url_name, args=["x"])[:-2]
+        self._escaped: dict[str, str] = {}
+
+    def __call__(self, name: str) -> str:
+        link = self._escaped.get(name)
+        if link is None:
+            link = self._escaped[name] = escape(f"{self._prefix}{name}/")
+        return link
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.1f}"
+
+
+def _age(use: CardUse) -> str:
+    return f"read {timesince(use.at)} ago" if use.at is not None else "never read"
+
+
+def use_html(use: CardUse | None, planned: int | None, *, old: bool = False) -> str:
+    """A card's memory in use (from its agent) against what the plan holds on it, as a bar and a
+    line: "used 72.0 of 79.6 GiB · planned 14.9 · 85% · 61 °C"; foreign memory said as such.
+    ``old``: its agent is not answering, so the reading is greyed and says its age."""
+    if use is None or use.used_mib is None or not use.total_mib:
+        if planned is None:
+            return ""
+        return f'<span class="use muted">planned {_gib(planned)} GiB · not measured</span>'
+    used_at = min(100, round(100 * use.used_mib / use.total_mib))
+    marks = [f'<span class="used" style="width: {used_at}%"></span>']
+    if planned is not None:
+        marks.append(
+            f'<span class="planned" style="left: {min(100, round(100 * planned / use.total_mib))}%"></span>'
+        )
+    words = [f"used {_gib(use.used_mib)} of {_gib(use.total_mib)} GiB"]
+    if planned is not None:
+        words.append(f"planned {_gib(planned)}")
+    if use.utilization is not None:
+        words.append(f"{use.utilization}%")
+    if use.temperature is not None:
+        words.append(f"{use.temperature} °C")
+    if old:
+        words.append(_age(use))
+    foreign = (
+        f'<span class="foreign-note">foreign process: {_gib(use.foreign_mib)} GiB</span>'
+        if use.foreign_mib
+        else ""
+    )
+    stale = " stale" if old else ""
+    return (
+        f'<span class="usebar{stale}" aria-hidden="true">{"".join(marks)}</span>'
+        f'<span class="use{stale}">{" · ".join(words)}</span>{foreign}'
+    )
+
+
+def foreign_said(use: CardUse) -> str:
+    """Who holds a card the catalog thinks free: each process's name and PID, as nvidia-smi gave them."""
+    said = [f"{name} (PID {pid})" if pid is not None else name for name, pid in use.foreign]
+    return ", ".join(said) or "a process the catalog does not know"
+
+
+# Where a card's or a node's readings go in a drawn grid: the grid (the fleet's structure, its
+# placement and its replicas) is kept under their versions, the readings under theirs, and each
+# request puts the one into the other (``with_readings``), so a reading written throws away only the
+# readings. A mark is MARK kind:args MARK, the args colon-separated:
+#   f node card                 " foreign" in a card's class when a foreign process holds memory on it
+#   u node card planned         the card's memory bar and line (``use_html``; planned MiB, or "-")
+#   F node card compact         a free card: drawn free, or held by the foreign process nvidia-smi names
+#   n node free cards           the node's free count, less its free cards a foreign process holds
+#   h node cards                "N held by foreign processes" where some are
+#   a node                      " unreachable" in the node's class when its agent is not answering
+#   b node state compact        the node's badges (``badges_html``)
+#   s node                      when the node's agent last answered (``seen_html``)
+# (cards: the free cards' indices, dot-separated.)
+MARK = "\x1e"
+_MARKS = re.compile("\x1e([fuFnhabs]):([^\x1e]*)\x1e")
+
+
+def tiles_html(
+    tiles: list[Tile], links: Links, *, compact: bool = False, planned: dict[str, int] | None = None
+) -> SafeString:
+    """One node's cards as HTML: a tile each (index, model, replica and its state, memory used
+    against planned), or a mark each, with marks where the readings go (``with_readings``). A card
+    cordoned on its own says so and why; a free card a foreign process holds is drawn held by it."""
+    if not tiles:
+        return mark_safe('<li class="muted">No cards.</li>')  # noqa: S308 - constant
+    planned = planned or {}
+    out = []
+    for t in tiles:
+        at = f"{t.node_id}:{t.card}"
+        foreign = f"{MARK}f:{at}{MARK}"
+        flag = (
+            f'<span class="card-flag">cordoned{": " + escape(t.cordon_reason) if t.cordon_reason else ""}</span>'
+            if t.cordoned
+            else ""
+        )
+        cordoned = " cordoned-card" if t.cordoned else ""
+        if t.free:
+            out.append(f"{MARK}F:{at}:{int(compact)}{MARK}")
+        elif t.replica is None:  # cordoned, nothing on it
+            if compact:
+                out.append(f'<i class="free cordoned-card" title="card {t.card}: cordoned"></i>')
+            else:
+                out.append(
+                    f'<li class="card cordoned-card{foreign}"><span class="idx">card {t.card}</span>'
+                    f'<span class="holder">not placed on</span>{flag}{MARK}u:{at}:-{MARK}</li>'
+                )
+        elif compact:
+            out.append(
+                f'<i class="{hue(t.model_id)}{foreign}{cordoned}" title="card {t.card}: {escape(t.model)}"></i>'
+            )
+        else:
+            rep, state = escape(t.replica), escape(t.state)
+            busy = "" if t.state == "ready" else f" · {state}"
+            need = planned.get(t.replica or "")
+            out.append(
+                f'<li class="card held {hue(t.model_id)}{foreign}{cordoned}"><span class="idx">card {t.card}</span>'
+                f'<a class="holder" href="{links(t.model or "")}">{escape(t.model)}</a>'
+                f'<span class="rep" title="{rep}, {state}">{rep}{busy}</span>{flag}'
+                f"{MARK}u:{at}:{'-' if need is None else need}{MARK}</li>"
+            )
+    return mark_safe("".join(out))  # noqa: S308 - every name above is escaped
+
+
+def free_tile_html(card: int, use: CardUse | None, *, compact: bool, old: bool) -> str:
+    """A free card: free, or held by a process the catalog does not know (its name and PID, as
+    nvidia-smi gave them: placement takes it no more than a replica's)."""
+    foreign = " foreign" if use is not None and use.foreign_mib else ""
+    if use is not None and use.foreign_held:
+        who = escape(foreign_said(use))
+        if compact:
+            return f'<i class="foreign-held foreign" title="card {card}: held by {who}"></i>'
+        return (
+            f'<li class="card foreign-held foreign"><span class="idx">card {card}</span>'
+            f'<span class="holder">held by {who}</span>{use_html(use, None, old=old)}</li>'
+        )
+    if compact:
+        return f'<i class="free{foreign}" title="card {card}: free{foreign and ", foreign process"}"></i>'
+    return (
+        f'<li class="card free{foreign}"><span class="idx">card {card}</span><span class="holder">free</span>'
+        f"{use_html(use, None, old=old)}</li>"
+    )
+
+
+class Readings(NamedTuple):
+    """What the agents last reported of some nodes: each card's use, each node's last answer, and
+    the nodes whose agent is not answering (the reconciler's word on the node, or the sampler's)."""
+
+    use: dict[tuple[int, int], CardUse]
+    seen: dict[int, NodeReading]
+    away: frozenset[int]
+
+
+def readings_of(node_ids: list[int], *, compact: bool = False) -> Readings:
+    """Three queries, whatever the number of cards; compact, two: the compact view shows only which
+    cards a foreign process holds memory on."""
+    away = frozenset(
+        Node.objects.filter(pk__in=node_ids)
+        .filter(Q(reachable=False) | Q(reading__error__gt=""))
+        .values_list("pk", flat=True)
+    )
+    if compact:
+        return Readings(card_use_of_nodes(node_ids, foreign_only=True), {}, away)
+    return Readings(card_use_of_nodes(node_ids), last_seen_of_nodes(node_ids), away)
+
+
+# The grid says when each node's agent last answered ("seen 3 minutes ago"): a grid with its readings
+# put in is kept at most this long, so that line is never more than this many seconds behind the clock.
+SEEN_WITHIN_SECONDS = 10
+FILLED_AREAS = ["structure", "placement", "replicas", "readings"]
+
+
+def filled_parts(parts: list[Any]) -> list[Any]:
+    """A filled grid's key parts: its own, and the clock's 10 s tick."""
+    return [*parts, int(time.time() // SEEN_WITHIN_SECONDS)]
+
+
+def kept_with_readings(
+    request: HttpRequest,
+    name: str,
+    parts: list[Any],
+    html: str,
+    node_ids: list[int],
+    *,
+    compact: bool = False,
+) -> SafeString:
+    """A drawn grid (kept under the structure's, the placement's and the replicas' versions) with
+    these nodes' readings put in: the readings kept as data under the readings' version (and the
+    structure's, which says which nodes the reconciler found unreachable); the grid with them put in
+    kept under all four and the clock's 10 s tick (``filled_parts``), so that a warm request does
+    neither."""
+
+    def filled() -> SafeString:
+        readings = remembered(
+            "node-readings",
+            ["readings", "structure"],
+            [tuple(node_ids), compact],
+            lambda: readings_of(node_ids, compact=compact),
+            request=request,
+        )
+        return with_readings(html, readings)
+
+    return remembered(name, FILLED_AREAS, filled_parts(parts), filled, request=request)
+
+
+def with_readings(html: str, readings: Readings) -> SafeString:
+    """A drawn grid with its readings put in at their marks (``tiles_html``, ``node_html``)."""
+
+    def held(node: int, cards: str) -> int:
+        return sum(
+            1
+            for c in cards.split(".")
+            if c and (u := readings.use.get((node, int(c)))) is not None and u.foreign_held
+        )
+
+    def fill(m: re.Match) -> str:
+        kind, args = m.group(1), m.group(2).split(":")
+        node = int(args[0])
+        old = node in readings.away
+        if kind == "s":
+            return seen_html(readings.seen.get(node))
+        if kind == "a":
+            return " unreachable" if old else ""
+        if kind == "b":
+            return badges_html(args[1], unreachable=old, compact=args[2] == "1")
+        if kind == "n":
+            return str(int(args[1]) - held(node, args[2]))
+        if kind == "h":
+            n = held(node, args[1])
+            return f'<span class="muted">{n} held by foreign processes</span>' if n else ""
+        use = readings.use.get((node, int(args[1])))
+        if kind == "u":
+            return use_html(use, None if args[2] == "-" else int(args[2]), old=old)
+        if kind == "F":
+            return free_tile_html(int(args[1]), use, compact=args[2] == "1", old=old)
+        return " foreign" if use is not None and use.foreign_mib else ""  # f
+
+    return mark_safe(_MARKS.sub(fill, html))  # noqa: S308 - the grid is escaped, and so is each filling
+
+
+def seen_html(seen: NodeReading | None) -> str:
+    """When the node's agent last answered a telemetry request, or that it does not."""
+    if seen is None:
+        return ""
+    when = f"agent seen {timesince(seen.seen_at)} ago" if seen.seen_at else "agent never answered"
+    if seen.error:
+        return f'<span class="seen bad" title="{escape(seen.error)}">{when} · not answering</span>'
+    return f'<span class="seen">{when}</span>'
+
+
+NOT_ANSWERING = '<span class="badge state-unreachable">Not answering</span>'
+
+
+def badges_html(state: str, *, unreachable: bool, compact: bool = False) -> str:
+    """A node's badges: its state, except that a node whose agent is not answering is never shown
+    ready (a cordoned or down one says both)."""
+    said = state if compact else str(Node.State(state).label)
+    badge = f'<span class="badge state-{escape(state)}">{escape(said)}</span>'
+    if unreachable:
+        return NOT_ANSWERING if state == Node.State.READY else f"{badge} {NOT_ANSWERING}"
+    return "" if compact and state == Node.State.READY else badge
+
+
+def node_html(g: NodeGrid, link: str, *, compact: bool = False) -> str:
+    """One node as the grid shows it: its name, state (or that its agent is not answering), classes
+    and free count over its cards (``g.html``), or, compact, a line of its name and a mark per card;
+    marked where the readings go."""
+    node = g.node
+    name, state = escape(node.name), escape(node.state)
+    pk = node.pk
+    free_cards = ".".join(str(t.card) for t in g.tiles if t.free)
+    away = f"{MARK}a:{pk}{MARK}"
+    badges = f"{MARK}b:{pk}:{state}:{int(compact)}{MARK}"
+    free = f"{MARK}n:{pk}:{g.free}:{free_cards}{MARK}"
+    if compact:
+        return (
+            f'<li class="strip state-{state}{away}"><a href="{link}">{name}</a> {badges}'
+            f'<span class="marks" aria-label="{free} of {len(g.tiles)} cards free">{g.html}</span></li>'
+        )
+    return (
+        f'<section class="node state-{state}{away}" aria-labelledby="node-{pk}">'
+        f'<header class="node-head"><h2 id="node-{pk}"><a href="{link}">{name}</a></h2>'
+        f'{badges}<span>{escape(g.classes)}</span><span class="muted free-count">{free} free</span>'
+        f"{MARK}h:{pk}:{free_cards}{MARK}{MARK}s:{pk}{MARK}</header>"
+        f'<ol class="cards">{g.html}</ol></section>'
+    )
+
+
+def planned_per_card(replica_names: set[str]) -> dict[str, int]:
+    """Each replica's planned need on one of its cards, in MiB: what it recorded when it started,
+    else its profile's as the memory model reckons it (once per profile): one query."""
+    out: dict[str, int] = {}
+    by_profile: dict[int, int | None] = {}
+    for r in Replica.objects.filter(name__in=replica_names).select_related(
+        "profile__model", "profile__gpu_class"
+    ):
+        need = (r.planned_memory or {}).get("need")
+        if not isinstance(need, int):
+            if r.profile_id not in by_profile:
+                memory = profile_memory(r.profile, r.profile.model)
+                by_profile[r.profile_id] = memory.need if memory is not None else None
+            need = by_profile[r.profile_id]
+        if isinstance(need, int):
+            out[r.name] = need // 2**20
+    return out
+
+
+def grids(nodes: list[Node], rows: list[tuple], *, compact: bool = False) -> list[NodeGrid]:
+    """Each node with its cards drawn and the node drawn around them (``row``), marked where the
+    readings go (``with_readings``): one query more (the replicas' planned memory), whatever the
+    number of cards."""
+    by_id = {n.pk: NodeGrid(n) for n in nodes}
+    for row in rows:
+        by_id[row[0]].tiles.append(Tile(*row))
+    planned = (
+        {} if compact else planned_per_card({t.replica for g in by_id.values() for t in g.tiles if t.replica})
+    )
+    models, nodes_at = Links("model-detail"), Links("node-detail")
+    for g in by_id.values():
+        g.html = tiles_html(g.tiles, models, compact=compact, planned=planned)
+        g.row = mark_safe(node_html(g, nodes_at(g.node.name), compact=compact))  # noqa: S308 - escaped
+    return list(by_id.values())
+
+
+def rows_html(node_grids: list[NodeGrid]) -> SafeString:
+    """The page's nodes, one string: a template loop over 500 nodes cost more than drawing them."""
+    return mark_safe("".join(g.row for g in node_grids))  # noqa: S308 - each row is escaped
+
+
+def legend(node_grids: list[NodeGrid]) -> list[tuple[str, str, int, str]]:
+    """The models holding cards on these nodes: name, colour, card count and page link, by name."""
+    seen: dict[int, list[Any]] = {}
+    for g in node_grids:
+        for t in g.tiles:
+            if t.model_id is not None:
+                seen.setdefault(t.model_id, [t.model, hue(t.model_id), 0])[2] += 1
+    links = Links("model-detail")
+    return sorted(((name, colour, n, links(name)) for name, colour, n in seen.values()), key=lambda v: v[0])
