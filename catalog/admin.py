@@ -195,7 +195,7 @@ class NodeAdminForm(CheckedForm):
     class Meta:
         model = Node
         # The state is cordon's, uncordon's and drain's: shown read-only (NodeAdmin.readonly_fields).
-        fields = ["name", "agent_url", "agent_token"]
+        fields = ["name", "agent_url", "agent_token", "fabric_domain"]
 
     def clean(self) -> dict[str, Any]:
         super().clean()

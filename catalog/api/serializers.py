@@ -89,6 +89,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "name",
             "agent_url",
             "agent_token",
+            "fabric_domain",
             "state",
             "reachable",
             "last_seen_at",

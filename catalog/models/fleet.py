@@ -77,6 +77,16 @@ class Node(models.Model):
         help_text=f"Bearer token the node agent expects: {AGENT_TOKEN_MIN} to 200 printable ASCII characters.",
     )
     state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
+    # The nodes a replica across several may span (one InfiniBand or RoCE fabric, say): an editor's
+    # field. Empty, the node joins no group across nodes: nothing says its fabric reaches another's.
+    fabric_domain = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        validators=[name_validator],
+        help_text="The fabric this node shares with others, e.g. ib-east-1: a replica across nodes spans "
+        "only nodes of one domain. Empty: the node holds only replicas that fit it alone.",
+    )
     # What the reconciler (operations/services/reconcile.py) last learnt from the node's agent: the
     # operator's state above says whether the node may be used, these whether its agent answers.
     reachable = models.BooleanField(

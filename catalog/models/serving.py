@@ -209,6 +209,11 @@ class Replica(models.Model):
     planned_memory = models.JSONField(default=dict, blank=True)
     measured_memory = models.JSONField(default=dict, blank=True)
     measured_at = models.DateTimeField(null=True, blank=True)
+    # A replica across nodes: rank 0's rendezvous port on its node (the engine's --master-port or
+    # --dist-init-addr port), reserved on that host as the serving port is. Empty on one node.
+    rendezvous_port = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Rank 0's rendezvous port, for a replica across nodes."
+    )
     reason = models.TextField(
         blank=True, default="", help_text="What was last said of its state (the agent's reason, exit code)."
     )
@@ -222,6 +227,11 @@ class Replica(models.Model):
         ordering = ["name"]
         constraints = [
             models.CheckConstraint(condition=Q(port__gte=1) & Q(port__lte=65535), name="replica_port_range"),
+            models.CheckConstraint(
+                condition=Q(rendezvous_port__isnull=True)
+                | (Q(rendezvous_port__gte=1) & Q(rendezvous_port__lte=65535)),
+                name="replica_rendezvous_port_range",
+            ),
             models.CheckConstraint(condition=Q(revision__gte=1), name="replica_revision_positive"),
         ]
 
@@ -256,6 +266,11 @@ class Shard(models.Model):
 
     replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards")
     card = models.OneToOneField(Card, on_delete=models.PROTECT, related_name="shard")
+    # Which of the replica's ranks (one engine process, one per node unless an engine runs more)
+    # holds this card: 0 on a replica that fits one node; rank 0 serves.
+    rank = models.PositiveSmallIntegerField(
+        default=0, db_default=0, help_text="The rank of the replica's group that holds it."
+    )
 
     class Meta:
         ordering = ["card__node__name", "card__index"]
