@@ -235,7 +235,7 @@ def test_a_replicas_page_shows_its_engine_log_live_while_it_starts_with_secrets_
 
     secret = "hf_" + "t" * 32  # the stand-in logs its Hub token, as a careless engine would
     with fleet_of(
-        tmp_path, nodes=("gpu-a",), cards=2, env={"HF_TOKEN": secret}, load_seconds=4, processes=True
+        tmp_path, nodes=("gpu-a",), cards=2, env={"HF_TOKEN": secret}, load_seconds=8, processes=True
     ) as fleet:
         replica = b.replica(
             fleet.profile,
@@ -248,16 +248,18 @@ def test_a_replicas_page_shows_its_engine_log_live_while_it_starts_with_secrets_
         spec = replica_spec(
             Profile.objects.select_related("model").get(pk=fleet.profile.pk), port=replica.port, cards=[0]
         )
-        with fleet.agents["gpu-a"].client() as http:
-            assert http.put("/v1/replicas/llama-1", json=spec).status_code == 201
+        # Signed in before the engine starts: on a loaded machine a sign-in can outlast its loading,
+        # and the page would then find it ready, with nothing live to show.
         b.user("viewer", "catalog.view_servedmodel", password=PASSWORD)
         sign_in(page, "viewer")
+        with fleet.agents["gpu-a"].client() as http:
+            assert http.put("/v1/replicas/llama-1", json=spec).status_code == 201
         page.goto("/replicas/llama-1/")
         live = page.locator("#replica-log[data-polling]")
         live.wait_for()
         assert "live while it loading" in live.inner_text() or "live while it starting" in live.inner_text()
         done = page.locator("#replica-log:not([data-polling]) pre.log")
-        done.wait_for(timeout=20_000)  # it stops polling once the agent says it is ready
+        done.wait_for(timeout=30_000)  # it stops polling once the agent says it is ready
         text = done.inner_text()
         assert "listening on" in text and "with token ***" in text
         assert secret not in page.content()
