@@ -18,7 +18,7 @@ shapes in calibration_shapes.py; ``Logged`` and ``plan`` in calibration_logged.p
 from __future__ import annotations
 
 from planning.engines import terms_for
-from tests.planning.calibration_current import CURRENT, NOT_HELD, STORED
+from tests.planning.calibration_current import CURRENT, NOT_HELD, STORED, UNCALIBRATED
 from tests.planning.calibration_logged import GIB, Logged, plan, terms_of
 from tests.planning.calibration_older import EXCLUDED, OLDER
 from tests.planning.calibration_shapes import GPT_OSS_120B, LLAMA_3_8B, QWEN3_235B_A22B
@@ -31,6 +31,7 @@ __all__ = [
     "POINTS",
     "QWEN3_235B_A22B",
     "STORED",
+    "UNCALIBRATED",
     "plan",
     "table",
 ]
@@ -38,29 +39,37 @@ __all__ = [
 POINTS: tuple[Logged, ...] = (*OLDER, *CURRENT, *EXCLUDED)
 
 
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp"}
+
+
 def table() -> str:
-    """The markdown tables of docs/memory-model.md: one a release range of the memory terms, the
-    current releases first."""
+    """The markdown tables of docs/memory-model.md: one a release range of the memory terms, vLLM's
+    current releases first (a range no start-up holds says so), then each other engine's terms with
+    why no start-up holds them."""
     header = [
         "| # | model | what | engine | TP | card | context | logged need | planned | error | "
         "weights x 1.2 + 2 | terms logged / planned | source |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     numbered = list(enumerate(POINTS, 1))
-    ranges = sorted({terms_of(p) for p in POINTS}, key=lambda v: [terms_of(p) for p in POINTS].index(v))
+    ranges = list(dict.fromkeys(terms_of(p) for p in POINTS))
+    for release in ("0.17", None):  # the current ranges are shown even where no start-up holds them
+        described = terms_for("vllm", release).memory.version
+        if described not in ranges:
+            ranges.append(described)
     current = terms_for("vllm", None).memory.version
     ranges.sort(key=lambda v: (v != current, "0.17" not in v, "0.11" not in v))
     tables = []
     for described in ranges:
-        rows = [f"#### {described}", "", *header]
-        rows += _rows([(i, p) for i, p in numbered if terms_of(p) == described])
-        tables.append("\n".join(rows))
-    newer = terms_for("vllm", "0.17").memory.version
-    for described in (newer, current):
-        if described not in ranges:
-            tables.insert(
-                0, f"#### {described}\n\nNo logged start-up with a card total was found for this range."
+        held = [(i, p) for i, p in numbered if terms_of(p) == described]
+        if not held:
+            tables.append(
+                f"#### {described}\n\nNo logged start-up with a card total was found for this range."
             )
+            continue
+        tables.append("\n".join([f"#### {described}", "", *header, *_rows(held)]))
+    for name, why in UNCALIBRATED.items():
+        tables.append(f"#### {terms_for(name, None).memory.version}\n\n{why}")
     return "\n\n".join(tables)
 
 
@@ -93,7 +102,7 @@ def _rows(points: list[tuple[int, Logged]]) -> list[str]:
             " (not held)" if point.excluded else " (held out)" if point.held_out else ""
         )
         rows.append(
-            f"| {i} | {point.model} | {point.kind} | vLLM {point.version} | {point.tp} | {point.card_gib} GiB | "
+            f"| {i} | {point.model} | {point.kind} | {ENGINE_NAMES[point.engine]} {point.version} | {point.tp} | {point.card_gib} GiB | "
             f"{point.context} | {point.need:.2f} | {c.planned:.2f} | {error} | {c.rule:.2f} | "
             f"{'; '.join(terms)} | {point.source} |"
         )

@@ -10,6 +10,7 @@ from tests.planning.calibration_shapes import (
     LLAMA_3_8B,
     QWEN3_0_6B,
     QWEN3_32B,
+    QWEN3_235B_A22B_FP8,
 )
 
 LLM_D = (
@@ -37,6 +38,7 @@ CURRENT: tuple[Logged, ...] = (
         shape=GPT_OSS_20B,
         tp=1,
         card_gib=79.18,
+        card="H100 80 GB",
         context=16000,
         # --max-model-len 16000 --block-size 128 --enable-prefix-caching, utilization 0.9;
         # an H100 takes 0.11's large-card defaults (8192 batch tokens, 1024 sequences)
@@ -59,6 +61,7 @@ CURRENT: tuple[Logged, ...] = (
         shape=LLAMA_3_8B,
         tp=1,
         card_gib=79.18,
+        card="H100 80 GB",
         context=16000,
         args=("--block-size", "128"),
         weights=14.99,
@@ -75,6 +78,7 @@ CURRENT: tuple[Logged, ...] = (
         shape=QWEN3_0_6B,
         tp=1,
         card_gib=79.18,
+        card="H100 80 GB",
         context=16000,
         args=("--block-size", "128"),
         weights=1.12,
@@ -93,6 +97,7 @@ CURRENT: tuple[Logged, ...] = (
         shape=QWEN3_32B,
         tp=1,
         card_gib=79.18,
+        card="H100 80 GB",
         context=16000,
         args=("--block-size", "128"),
         weights=61.03,
@@ -110,6 +115,7 @@ CURRENT: tuple[Logged, ...] = (
         shape=LLAMA_3_3_70B_FP8,
         tp=2,
         card_gib=79.18,
+        card="H100 80 GB",
         context=16000,
         args=("--block-size", "128"),
         weights=33.88,
@@ -127,6 +133,7 @@ CURRENT: tuple[Logged, ...] = (
         shape=QWEN3_0_6B,
         tp=1,
         card_gib=79.18,
+        card="H100 80 GB",
         context=32000,
         args=("--block-size", "128"),
         weights=1.12,
@@ -148,10 +155,11 @@ CURRENT: tuple[Logged, ...] = (
         shape=LLAMA_3_8B,
         tp=1,
         card_gib=79.25,
+        card="A100 80GB",
         context=131072,
         # `--model meta-llama/Llama-3.1-8B-Instruct` and nothing else: the release's defaults, its 'Desired
-        # GPU memory utilization is (0.92, 72.91 GiB)' among them; planned without a class name, so with
-        # the large-card defaults (8192 batch tokens, 1024 sequences), which the logged peak bears out
+        # GPU memory utilization is (0.92, 72.91 GiB)' among them; planned as an A100, which the 0.21-and-later
+        # terms give the large-card defaults (8192 batch tokens, 1024 sequences): the logged peak bears them out
         args=(),
         weights=15.0,
         non_torch=15.26 - 15.0,  # 'Actual usage is 15.26 GiB for consumed memory (weights + non-torch)'
@@ -162,7 +170,40 @@ CURRENT: tuple[Logged, ...] = (
         "'1.44 GiB for peak activation, and 0.23 GiB for CUDAGraph memory', 'Available KV cache memory: 56.21 GiB', "
         "'GPU KV cache size: 460,496 tokens, Maximum concurrency for 131,072 tokens per request: 3.51x'. The peak is "
         "2.9 fp32 copies of 1024 x 128256 logits (4 planned); with 256 sequences no copy count the source allows "
-        "reaches it, so the large-card defaults are taken for this A100 (not checked in 0.31's source)",
+        "reaches it, so the 0.21-and-later terms plan an A100 with the large-card defaults (engines.toml, "
+        "sources.activation; the copies of vLLM's get_batch_defaults read there keep an A100 at 256, release not pinned)",
+    ),
+    Logged(
+        source=STORED
+        + "57976227484: 'Running a big LLM across multiple GPUs with vLLM' (S. Katara, S. Pathak; "
+        "datePublished 2026-08-18), Step 5's command and log",
+        engine="vllm",
+        version="0.27.1 (the post: 'vLLM 0.27.1 running in the official container'; V1, CUDA graphs profiled "
+        "inside the budget)",
+        model="Qwen/Qwen3-235B-A22B-Instruct-2507-FP8",
+        kind="MoE, quantized",
+        shape=QWEN3_235B_A22B_FP8,
+        tp=4,
+        card_gib=95.01,  # 'Free memory on device (94.05/95.01 GiB) on startup'
+        card="RTX PRO 6000 Blackwell Server Edition",
+        context=32768,
+        # `vllm serve ... --tensor-parallel-size 4 --gpu-memory-utilization 0.90 --max-model-len 32768
+        # --max-num-seqs 32`; a 95 GiB card that is no A100 takes the large batch default (8192 tokens)
+        args=("--gpu-memory-utilization", "0.90", "--max-num-seqs", "32"),
+        weights=55.19,
+        non_torch=56.89 - 55.19,  # 'Actual usage is 56.89 GiB for consumed memory (weights + non-torch)'
+        activation=0.76,
+        kv=27.85 / 18.96,
+        cuda_graph=0.32,
+        weights_from_log=True,
+        notes="4 x RTX PRO 6000 Blackwell Server Edition over PCIe (no NVLink: 'SYS' between every pair), driver "
+        "610.43.02, CUDA 13.0, VLLM_USE_DEEP_GEMM=0; every rank logs 'Desired GPU memory utilization is (0.9, "
+        "85.51 GiB). Actual usage is 56.89 GiB for consumed memory (weights + non-torch), 0.76 GiB for peak "
+        "activation, and 0.32 GiB for CUDAGraph memory ... Current kv cache memory in use is 27.85 GiB'; "
+        "'Model loading took 55.19 GiB'; 'GPU KV cache size: 621,392 tokens', 'Maximum concurrency for 32,768 "
+        "tokens per request: 18.96x'; kept out of the fit: the 0.21-and-later terms were set before it was "
+        "found and are unchanged by it",
+        held_out=True,
     ),
 )
 
@@ -213,7 +254,11 @@ NOT_HELD = (
         "openai/gpt-oss-20b with vLLM 0.19.0 on an A100 (2026-04-18): 'Model loading took 13.72 GiB', 'Available KV "
         "cache memory: 36.56 GiB' at --gpu-memory-utilization 0.65 and --max-model-len 131072. The stored copy of the "
         "post shows no card total and no 'GPU KV cache size' line, so neither the need nor the KV bytes a token can "
-        "be read from it; left out.",
+        "be read from it; left out. Were the card the 80 GB A100 (the post's Gemma-4 run holds 48.5 GiB of weights "
+        "and 21.5 of cache at 0.9, so it is no 40 GB card) at the 79.25 GiB the 0.31.0 point logs, weights, "
+        "activation and non-torch memory would be 0.65 x 79.25 - 36.56 = 14.95 GiB, which the 0.17-to-0.20 terms "
+        "plan 2.4% under with vLLM's A100 defaults (256 sequences) and 13% over with the large ones: a borrowed "
+        "total cannot hold a bound of 5%.",
     ),
     (
         "https://github.com/gpustack/runner/pull/251",
@@ -243,4 +288,74 @@ NOT_HELD = (
         "Llama-3.2-11B-Vision: 36.63 GiB of activation from profiling the vision encoder; multimodal "
         "encoders are not modelled.",
     ),
+    (
+        STORED + "54810965301 (a console capture of `vllm serve /models/Qwen/Qwen3-8B-AWQ ... "
+        "--tensor-parallel-size 2 --max-model-len 32768 --gpu-memory-utilization 0.2`)",
+        "Qwen/Qwen3-8B-AWQ with vLLM 0.17.0 ('Initializing a V1 LLM engine (v0.17.0)') at TP 2 on two compute "
+        "capability 8.9 cards without P2P: 'Model loading took 2.85 GiB', 'Available KV cache memory: 4.89 GiB', "
+        "'GPU KV cache size: 71,152 tokens', 'Maximum concurrency for 32,768 tokens per request: 2.17x', "
+        "'Graph capturing finished in 18 secs, took 1.65 GiB'. The cards are not named and 0.17 prints no card "
+        "total at INFO, so what the 0.2 budget kept beside weights and cache cannot be read; left out. Its KV "
+        "bytes a token (4.89 GiB over 71,152 tokens: 72 KiB, 36 layers x 4 of Qwen3-8B's 8 KV heads of 128 a card) "
+        "are the shape's.",
+    ),
+    (
+        STORED + "69624180828 (raw data of a CPU MoE offloading report, 2026-08-27: run "
+        "20260827_124509_tsk043_smoke_qwen30b, t1_gpu_only/server.log)",
+        "SGLang serving Qwen/Qwen3-30B-A3B-FP8 at TP 1 on one H100 80GB HBM3 (its kernel-config lookups name the "
+        "card), mem_fraction_static=0.83, context_length=None (the config's 40960): 'Load weight begin. avail "
+        "mem=78.48 GB', 'Load weight end ... mem usage=29.15 GB', 'KV Cache is allocated. dtype: torch.bfloat16, "
+        "#tokens: 392920, K size: 17.99 GB, V size: 17.99 GB', 'Memory pool end. avail mem=12.70 GB'. Its KV bytes "
+        "a token are held (tests/planning/test_memory_calibration.py). Its pool is what was free after the weights "
+        "less the reserve taken from the total (49.33 - 79.18 x 0.17 = 35.87 GiB against 35.98 logged, with an H100's "
+        "79.18 GiB as the llm-d report logs it), so the "
+        "0.70 GiB held before the weights loaded (79.18 - 78.48) comes out of the fraction: the planner's "
+        "pool, total x 0.83 - weights, is 399,435 tokens, 1.7% over the logged 392,920. Not held: the log prints no "
+        "SGLang release (a source build under /sgl-workspace), so the release range it would check cannot be "
+        "named, and one start-up cannot fit the term it points at; a term for what is held before the weights "
+        "waits for logs of named 0.5 releases.",
+    ),
+    (
+        STORED + "14968382678 (SGLang's LoRA documentation notebook as executed, 2026-02-09)",
+        "SGLang serving meta-llama/Meta-Llama-3.1-8B-Instruct with LoRA adapters: 'Load weight begin. avail "
+        "mem=78.43 GB', 'Load weight end ... mem usage=15.02 GB', 'KV Cache is allocated. #tokens: 20480, K size: "
+        "1.25 GB, V size: 1.25 GB', 'Memory pool end. avail mem=58.18 GB'. A pool of 20480 tokens with 58 GB left "
+        "free was not sized by the fraction, and LoRA buffers sit beside it; left out.",
+    ),
+    (
+        STORED + "2263047771 (a TensorRT-LLM start-up, 2025-12-20)",
+        "TensorRT-LLM's PyTorch backend on a 119.70 GiB device ('device total memory 119.70 GiB'): 'Memory used "
+        "after loading model weights (inside torch) ... 63.52 GiB', '(outside torch) ... 49.78 GiB', 'Peak memory "
+        "during memory usage profiling (torch + non-torch): 113.65 GiB, available KV cache memory when calculating "
+        "max tokens: 5.95 GiB, fraction is set 0.8999999761581421'. 119.70 GiB is no discrete card's size (a "
+        "GB10's unified memory, which the host shares, is), so the 49.78 GiB outside torch cannot be read as the "
+        "engine's own, and the excerpt names neither the model nor the release; left out. No TensorRT-LLM 1.x start-up "
+        "on a discrete card with its model and release was found.",
+    ),
+    (
+        STORED + "54817645161 (notes on a llama-server with Qwen3-9B on a 16 GB RTX 5060 Ti)",
+        "llama.cpp: 'CUDA0 model buffer size = 4861.28 MiB', 'CUDA0 KV buffer size = 2048.00 MiB', 'CUDA0 compute "
+        "buffer = 493.00 MiB', 'CUDA0 RS buffer = 50.25 MiB', 'llama_params_fit_impl: projected ... 7452 MiB used "
+        "vs. 15106 MiB free'. A hybrid model (8 of 40 layers attention, the rest recurrent), which the planner does "
+        "not shape, and no build number; left out.",
+    ),
+    (
+        STORED + "32713047379 (a llama-server start-up, build 8164)",
+        "llama.cpp fitting itself to the device ('fitting params to device memory') with "
+        "ggml-org/gpt-oss-20b-GGUF: 'llama_params_fit_impl: projected to use 14459 MiB of device memory vs. 18185 MiB of free device memory ... will leave 3726 >= 1024 MiB of free "
+        "device memory, no changes needed'. On an Apple M5 (Metal), not a CUDA card; left out.",
+    ),
 )
+
+
+# Engines whose current memory terms no logged start-up holds, with why (the docs' table says so beside the
+# engine's terms; test_memory_calibration.py checks that every engine the planner plans is held or listed).
+UNCALIBRATED = {
+    "sglang": "No logged SGLang 0.5 start-up with its release, model and card was found: the one log read with "
+    "every figure (Qwen3-30B-A3B-FP8 on an H100, under 'Seen and not held') prints no release. Its KV bytes a "
+    "token are held by a unit test; the fraction's arithmetic rests on server_args.py.",
+    "trtllm": "No logged TensorRT-LLM 1.x start-up on a discrete card with its model and release was found; the "
+    "one read is a unified-memory device's. The runtime figure is a planning figure, said so in its source.",
+    "llamacpp": "No llama.cpp start-up of a model the planner shapes on a CUDA card was found: the ones read run "
+    "a hybrid recurrent model or Apple's Metal. The runtime figure is a planning figure, said so in its source.",
+}

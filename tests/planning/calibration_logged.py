@@ -41,6 +41,10 @@ class Logged:
     # A start-up of a current release kept out of the fit: held to the wider held-out bound.
     held_out: bool = False
     notes: str = ""
+    # The card's name as the log or its post gives it, planned as the card class's name: vLLM picks its
+    # batch defaults by it on cards of 70 GiB or more (an A100 kept the smaller ones). Blank on smaller
+    # cards, where no default depends on it.
+    card: str = ""
 
     @property
     def need(self) -> float:
@@ -76,6 +80,7 @@ def plan(point: Logged) -> Compared:
         None,
         total=round(point.card_gib * GIB),
         args=args,
+        class_name=point.card,
     )
     assert memory is not None
     # Graphs are compared where the log gives them, whether the release counts them inside its budget or

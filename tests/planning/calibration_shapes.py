@@ -174,7 +174,7 @@ PHI_1_5 = Shape(  # microsoft/phi-1_5 config.json: 24 layers, 32 heads, num_key_
 )
 
 
-def _from_fixture(name: str, total_size: int) -> Shape:
+def shape_from_fixture(name: str, total_size: int) -> Shape:
     """A shape read the way import_model reads it, from tests/fixtures/hf-configs."""
     config = json.loads((Path(__file__).parents[1] / "fixtures" / "hf-configs" / f"{name}.json").read_text())
     read = shape_from_config(config, index={"metadata": {"total_size": total_size}, "weight_map": {}})
@@ -183,10 +183,10 @@ def _from_fixture(name: str, total_size: int) -> Shape:
 
 # openai/gpt-oss-20b: 24 layers alternating sliding (window 128) and full
 # attention, MXFP4 experts; total_size 13761264768 (hf-configs README, quoted).
-GPT_OSS_20B = _from_fixture("openai__gpt-oss-20b", 13_761_264_768)
+GPT_OSS_20B = shape_from_fixture("openai__gpt-oss-20b", 13_761_264_768)
 # openai/gpt-oss-120b: 36 layers, 18 of them sliding (window 128); total_size as
 # tests/planning/test_planning_memory.py quotes it.
-GPT_OSS_120B = _from_fixture("openai__gpt-oss-120b", 65_248_815_744)
+GPT_OSS_120B = shape_from_fixture("openai__gpt-oss-120b", 65_248_815_744)
 
 # Shapes of the llm-d-benchmark report's models (their config.json figures).
 QWEN3_0_6B = Shape(  # Qwen/Qwen3-0.6B: 28 layers, 16 heads, 8 KV heads of 128, tied embeddings
@@ -214,3 +214,8 @@ LLAMA_3_3_70B_FP8 = Shape(  # RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic: Llama
     intermediate_size=28672,
     vocab_size=128256,
 )
+# Qwen/Qwen3-235B-A22B-Instruct-2507-FP8: Qwen3-235B-A22B's config.json (tests/fixtures/hf-configs, from
+# /work/shared/fixtures/hf-configs: ai-dynamo/aiconfigurator model_configs) with block-FP8 weights; the
+# checkpoint's total_size is not known here, so the weights are the log's "Model loading took 55.19 GiB"
+# a card at TP 4.
+QWEN3_235B_A22B_FP8 = shape_from_fixture("Qwen__Qwen3-235B-A22B", round(55.19 * 4 * GIB))
