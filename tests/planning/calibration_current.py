@@ -205,6 +205,42 @@ CURRENT: tuple[Logged, ...] = (
         "found and are unchanged by it",
         held_out=True,
     ),
+    Logged(
+        source=STORED
+        + "62458215816: notes of a retrieval project's set-up ('Starting vLLM locally', 2026-04-03), "
+        "the third `docker run` of vllm/vllm-openai:latest",
+        engine="vllm",
+        version="0.19.0 (the banner's 'version 0.19.0'; V1, CUDA graphs off: --enforce-eager)",
+        model="Qwen/Qwen3-0.6B",
+        kind="GQA, large vocabulary",
+        shape=QWEN3_0_6B,
+        tp=1,
+        # the same card's first start-up: 'Free memory on device cuda:0 (9.02/11.63 GiB) on startup is less than
+        # desired GPU memory utilization (0.9, 10.47 GiB)'
+        card_gib=11.63,
+        context=4096,
+        args=(
+            "--gpu-memory-utilization",
+            "0.60",
+            "--max-num-seqs",
+            "8",
+            "--max-num-batched-tokens",
+            "1024",
+            "--enforce-eager",
+        ),
+        weights=1.12,
+        # 11.63 x 0.60 - 1.12 (Model loading took) - 5.68 (Available KV cache memory)
+        non_torch=11.63 * 0.60 - 1.12 - 5.68,
+        activation=0.0,
+        combined=True,
+        kv=5.68 / 12.98,
+        weights_from_log=True,
+        held_out=True,
+        notes="GeForce RTX 3060 12GB on a desktop (the first start-up found 2.6 GiB of it held by other processes); 'Model loading took "
+        "1.12 GiB memory', 'Available KV cache memory: 5.68 GiB', 'GPU KV cache size: 53,184 tokens', 'Maximum "
+        "concurrency for 4,096 tokens per request: 12.98x'. Kept out of the fit: the 0.17-to-0.20 terms come from "
+        "vLLM's source and were not set from it; one small model on a shared desktop card cannot calibrate them",
+    ),
 )
 
 # Seen and not held, with why (shown in docs/memory-model.md).
@@ -344,6 +380,15 @@ NOT_HELD = (
         "llama.cpp fitting itself to the device ('fitting params to device memory') with "
         "ggml-org/gpt-oss-20b-GGUF: 'llama_params_fit_impl: projected to use 14459 MiB of device memory vs. 18185 MiB of free device memory ... will leave 3726 >= 1024 MiB of free "
         "device memory, no changes needed'. On an Apple M5 (Metal), not a CUDA card; left out.",
+    ),
+    (
+        STORED + "62458215816 (the same notes' second start-up)",
+        "Qwen/Qwen3-0.6B with vLLM 0.19.0 on the same 11.63 GiB RTX 3060 at --gpu-memory-utilization 0.75, "
+        "--max-model-len 8192, --enforce-eager: 'Model loading took 1.12 GiB memory', 'Available KV cache memory: "
+        "8.03 GiB', 'GPU KV cache size: 75,152 tokens', then an error in _dummy_sampler_run. Its budget less its "
+        "cache, 0.75 x 11.63 - 8.03 = 0.69 GiB, is below the weights alone: memory other processes released between "
+        "vLLM's first memory snapshot and its profile (a 708-second download ran between them) came out as negative "
+        "non-torch memory; left out.",
     ),
 )
 
