@@ -394,7 +394,7 @@ NOT_HELD = (
 
 
 # Engines whose current memory terms no logged start-up holds, with why (the docs' table says so beside the
-# engine's terms; test_memory_calibration.py checks that every engine the planner plans is held or listed).
+# engine's terms; test_memory_calibration.py checks that each of the issue's engines is held or listed).
 UNCALIBRATED = {
     "sglang": "No logged SGLang 0.5 start-up with its release, model and card was found: the one log read with "
     "every figure (Qwen3-30B-A3B-FP8 on an H100, under 'Seen and not held') prints no release. Its KV bytes a "

@@ -257,7 +257,7 @@ def test_the_current_releases_are_planned_by_their_own_terms_and_counted():
     assert {range_of(p) for p in HELD_OUT} == set(ranges.values())
 
 
-def test_every_engine_the_planner_plans_is_held_by_start_ups_or_says_why_not():
+def test_each_of_the_issues_engines_is_held_by_start_ups_or_says_why_not():
     # The issue's engines: vLLM is held by logged start-ups of its current terms; SGLang, TensorRT-LLM and
     # llama.cpp are not (too few usable logs), and the docs' table says why beside their terms.
     held = {p.engine for p in FIT if terms_for(p.engine, None).memory.version == terms_of(p)}
