@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from planning.engines import engine
+from planning.engines import engine, terms_for
 from planning.memory import card_memory, kv_cache_bytes, kv_per_card
 from planning.types import Shape
 
@@ -302,13 +302,24 @@ def test_vllm_budget_is_its_utilisation_of_the_card_capped_by_the_class():
 
 def test_large_cards_take_vllms_larger_batch_defaults():
     # arg_utils.get_batch_defaults: 8192 batch tokens and 1024 sequences on a
-    # card of 70 GiB or more that is not an A100, else 2048 and 256.
-    h100 = card_memory(engine("vllm"), LLAMA, 1, 8192, 76 * GIB, total=H100, class_name="h100-80g")
-    a100 = card_memory(engine("vllm"), LLAMA, 1, 8192, 76 * GIB, total=H100, class_name="a100-80g")
+    # card of 70 GiB or more that is not an A100, else 2048 and 256 (vLLM 0.20
+    # and earlier, here 0.19's terms). From 0.21 the A100 takes the large ones
+    # too: the one A100 start-up of that range logs a peak 256 sequences cannot
+    # reach (engines.toml, [vllm.memory.sources] activation).
+    older = terms_for("vllm", "0.19.1")
+    h100 = card_memory(older, LLAMA, 1, 8192, 76 * GIB, total=H100, class_name="h100-80g")
+    a100 = card_memory(older, LLAMA, 1, 8192, 76 * GIB, total=H100, class_name="a100-80g")
     (act_h100,) = [t for t in h100.terms if t.name == "activation"]
     (act_a100,) = [t for t in a100.terms if t.name == "activation"]
     assert act_h100.bytes == 4 * 1024 * 128256 * 4  # the sampler over 1024 sequences
     assert act_a100.bytes == LLAMA_SAMPLER
+    current = card_memory(engine("vllm"), LLAMA, 1, 8192, 76 * GIB, total=H100, class_name="a100-80g")
+    (act_current,) = [t for t in current.terms if t.name == "activation"]
+    assert act_current.bytes == act_h100.bytes
+    # under 70 GiB the small defaults hold for every release
+    small = card_memory(engine("vllm"), LLAMA, 1, 8192, 40 * GIB, total=44 * GIB, class_name="l40s")
+    (act_small,) = [t for t in small.terms if t.name == "activation"]
+    assert act_small.bytes == LLAMA_SAMPLER
 
 
 def test_a_long_batch_makes_the_forward_pass_the_peak():
