@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import unittest
 
 from agent_cases import InATemporaryDirectory, WithAnAgent, started_replicas
@@ -249,13 +250,23 @@ class RankRefusals(WithAnAgent):
 
     def test_rank_0s_rendezvous_port_held_by_another_program_is_refused(self) -> None:
         rendezvous = free_port()
-        import socket
-
         with socket.create_server(("127.0.0.1", rendezvous)):
             body = self.refused(rank_spec(0, port=free_port(), rendezvous=rendezvous), status=409)
 
         assert body["code"] == "port_busy"
         assert f"Rendezvous port {rendezvous} is in use by another program" in body["detail"]
+
+    def test_a_headless_rank_takes_no_port_but_an_sglang_rank_takes_its_serving_port(self) -> None:
+        # vLLM's --headless ranks bind nothing (rank 0 may hold the port on this very host);
+        # SGLang's ranks > 0 serve a dummy health check on --port (the policy's ranks_bind_port).
+        port = free_port()
+        with socket.create_server(("127.0.0.1", port)):
+            sglang = rank_spec(1, port=port, rendezvous=free_port(), engine="sglang")
+            body = self.refused(sglang, status=409)
+            vllm = self.http.put("/v1/replicas/big", json=rank_spec(1, port=port, rendezvous=free_port()))
+
+        assert body["code"] == "port_busy" and f"Port {port} is in use by another program" in body["detail"]
+        assert vllm.status_code == 201, vllm.text
 
     def test_a_one_node_replica_has_no_group_in_its_record(self) -> None:
         response = self.http.put("/v1/replicas/one", json=standin_spec(port=free_port()))
