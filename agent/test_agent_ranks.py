@@ -126,6 +126,18 @@ class TwoNodes(TwoNodeCase):
         assert any("ncclRemoteError" in line for line in orphan["log_tail"])
         assert process_gone(tail["pid"])
 
+    def test_stopping_rank_0_first_is_a_stop_there_and_ends_the_other_rank(self) -> None:
+        head, tail = self.start_group()
+
+        stopped = self.head_http.delete("/v1/replicas/big").json()
+
+        assert stopped["state"] == "stopped"
+        ended = self.tail.wait_for_state("big", "failed")
+        assert "connection to rank 0 of 2 dropped" in ended["reason"]
+        again = self.tail_http.delete("/v1/replicas/big")  # the control plane's stop of the group
+        assert again.status_code == 200 and again.json()["state"] == "failed"
+        assert process_gone(head["pid"]) and process_gone(tail["pid"])
+
     def test_rank_0_alone_gives_up_at_its_deadline_in_the_engines_words(self) -> None:
         spec = rank_spec(
             0, port=self.port, rendezvous=self.rendezvous, engine="standin", env={"STANDIN_JOIN_SECONDS": "1"}
