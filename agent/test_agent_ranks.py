@@ -187,6 +187,27 @@ class TwoNodesWithCards(TwoNodeCase):
         assert "(Worker_PP1_TP1 pid=" in (self.tail.log_dir / "big.attempt-1.log").read_text()
 
 
+class AnAgentRestart(InATemporaryDirectory):
+    def test_a_headless_rank_outlives_an_agent_restart_and_is_adopted_with_its_group(self) -> None:
+        port, agent_port = free_port(), free_port()
+        spec = rank_spec(
+            1, port=port, rendezvous=free_port(), engine="standin", env={"STANDIN_JOIN_SECONDS": "120"}
+        )
+        with running_agent(self.tmp_path, port=agent_port, stop_children_on_exit=False) as first:
+            with first.client() as http:
+                assert http.put("/v1/replicas/big", json=spec).status_code == 201
+            rank = first.wait_for_state("big", "ready")
+            assert first.stop() == 0
+            first.known_pids.discard(rank["pid"])  # left to the next agent
+
+        with running_agent(self.tmp_path, port=agent_port) as second, second.client() as http:
+            second.known_pids.add(rank["pid"])
+            adopted = second.replica("big")
+            assert (adopted["state"], adopted["pid"], adopted["adopted"]) == ("ready", rank["pid"], True)
+            assert adopted["group"] == spec["group"] and "known only through rank 0" in adopted["reason"]
+            assert http.put("/v1/replicas/big", json=spec).status_code == 200  # the same rank: nothing new
+
+
 class RankRefusals(WithAnAgent):
     """The agent refuses rank flags that the spec's group does not make, and starts nothing."""
 
