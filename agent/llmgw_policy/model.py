@@ -23,8 +23,10 @@ class PolicyError(ValueError):
 @dataclass(frozen=True)
 class Refusal:
     """Why something may not reach an engine. ``code``: refused_arg,
-    refused_env, refused_source, launch_mismatch or too_large; ``subject``:
-    the argument or variable named."""
+    refused_env, refused_source, launch_mismatch, too_large, or for a rank of
+    a replica across nodes refused_group (the engine cannot span nodes) or
+    invalid_spec (its group is wrong); ``subject``: the argument or variable
+    named."""
 
     code: str
     subject: str
@@ -42,6 +44,19 @@ class ValueRule:
     # The engine's API key: the agent's readiness probe sends it as a bearer token (probe.py).
     api_key: bool = False
     source: str = ""
+
+
+@dataclass(frozen=True)
+class GroupPolicy:
+    """An engine's place in a replica across nodes (``group``): its rank flags (``args`` on
+    every rank, ``headless`` on every rank but 0), or why it cannot span nodes (``refused``)."""
+
+    args: tuple[str, ...] = ()
+    headless: tuple[str, ...] = ()
+    refused: str = ""
+    source: str = ""
+    # Ranks > 0 bind the serving port too (SGLang's dummy health check); False: they bind nothing.
+    ranks_bind_port: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,8 @@ class EnginePolicy:
     refused_env: Mapping[str, str]
     env: Mapping[str, ValueRule]
     sources: Mapping[str, str]
+    # The rank flags of a replica across nodes (``group``); None: the policy gives none.
+    group: GroupPolicy | None = None
 
     def canonical(self, name: str) -> str:
         """``name`` as this engine's parser looks it up."""
