@@ -10,7 +10,7 @@ import pytest
 
 from planning.enginememory import release_key
 from planning.engines import engine, terms_for
-from planning.memory import batch_tokens, kv_per_card, max_seqs
+from planning.memory import batch_tokens, card_memory, kv_per_card, max_seqs
 from planning.types import Shape
 from tests.planning.calibration import (
     GIB,
@@ -297,3 +297,28 @@ def test_sglangs_kv_bytes_a_token_for_a_mixture_of_experts_match_its_log():
     assert kv[0] / 4096 == pytest.approx((17.99 + 17.99) * GIB / 392_920, rel=0.001)
     # 48 layers, 4 KV heads of 128, a key and a value in 2 bytes: 96 KiB a token
     assert kv[0] / 4096 == 48 * 4 * 128 * 2 * 2
+
+
+# The same start-up's pool (mem_fraction_static=0.83, no context flag): "Load weight begin. avail mem=78.48 GB",
+# "Load weight end ... mem usage=29.15 GB", the K and V above, on an H100 of 79.18 GiB (the total the llm-d
+# report's vLLM logs give an H100). SGLang takes its fraction of what was free before the weights loaded
+# (model_runner_kv_cache_mixin.py profile_max_num_token), so the 0.70 GiB held then is beside the pool.
+def test_sglangs_pool_is_its_fraction_of_what_was_free_before_the_weights():
+    qwen3_30b_fp8 = shape_from_fixture("Qwen__Qwen3-30B-A3B", round(29.15 * GIB))  # the log's weights
+    memory = card_memory(
+        engine("sglang"),
+        qwen3_30b_fp8,
+        1,
+        40960,
+        None,
+        total=round(79.18 * GIB),
+        args=("--mem-fraction-static", "0.83"),
+    )
+    assert memory is not None and memory.kv_tokens is not None
+    assert memory.kv_tokens / 392_920 - 1 == pytest.approx(0, abs=0.002)
+    # the static need, what SGLang held when its pool was built: held before the weights, weights, K and V
+    logged = (79.18 - 78.48) + 29.15 + 17.99 + 17.99
+    planned = (memory.budget or 0) / GIB
+    assert 0 <= planned / logged - 1 <= 0.01
+    # the fraction of the card's total, as planned before, is 1.7% over the logged pool
+    assert (79.18 * 0.83 - 29.15) * GIB / (48 * 4 * 128 * 2 * 2) / 392_920 - 1 > 0.015
