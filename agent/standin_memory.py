@@ -9,8 +9,9 @@ sizes), so that the agent reads a replica's start-up lines and nvidia-smi as on 
 - vLLM takes ``--gpu-memory-utilization`` (0.9) of the card, or the weights and the terms beside
   them plus ``--kv-cache-memory-bytes``; the KV cache is what the budget leaves. From 0.21 the
   CUDA graphs are estimated inside the budget; before, captured beside it. Before 0.11, V0's lines.
-- SGLang takes ``--mem-fraction-static`` (its own default for the card and TP) of the card for
-  weights and KV pool; graphs and activations come on top. After 0.5.10 its graph line names
+- SGLang takes ``--mem-fraction-static`` (its own default for the card and TP) of what was free
+  before the weights loaded (the card less the CUDA context) for weights and KV pool; graphs and
+  activations come on top. After 0.5.10 its graph line names
   the captured kind ("Capture target decode CUDA graph end").
 - llama.cpp takes what it needs: its layers' share of the weights, the KV cache for the context
   in 256-cell blocks, a compute buffer, on each card.
@@ -287,7 +288,9 @@ def _sglang(
     tp = int(_number(args, "--tp-size", "--tp", "--tensor-parallel-size") or len(cards))
     fraction = _number(args, "--mem-fraction-static") or sglang_fraction(total, tp)
     weights = facts["weight_bytes"] / tp / GIB
-    pool = max(fraction * total - weights, 0.0)
+    # profile_max_num_token: the fraction is of what was free before the weights loaded
+    free_before = total - CONTEXT_GIB
+    pool = max(fraction * free_before - weights, 0.0)
     per_token = _kv_token_gib(facts, tp)
     tokens = int(pool / per_token) if per_token else 0
     graphs = 0.0 if "--disable-cuda-graph" in args else 0.45
@@ -296,13 +299,13 @@ def _sglang(
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     out = Startup(
         held_mib={
-            index: round(min(fraction * total + graphs + activations + CONTEXT_GIB, total) * 1024)
+            index: round(min(fraction * free_before + graphs + activations + CONTEXT_GIB, total) * 1024)
             for index, _, _ in cards
         }
     )
     for rank in range(tp):
         who = f"[{stamp} TP{rank}]" if tp > 1 else f"[{stamp}]"
-        after_graphs = total - fraction * total - graphs
+        after_graphs = free_before - fraction * free_before - graphs
         if renamed:
             graph_line = (
                 f"{who} Capture target decode CUDA graph end. elapsed=5.20 s, mem usage={graphs:.2f} GB, "
@@ -314,8 +317,9 @@ def _sglang(
                 f"avail mem={after_graphs:.2f} GB."
             )
         out.lines += [
+            f"{who} Load weight begin. avail mem={free_before:.2f} GB",
             f"{who} Load weight end. elapsed=3.10 s, type=StandinForCausalLM, dtype=torch.bfloat16, "
-            f"avail mem={total - weights:.2f} GB, mem usage={weights:.2f} GB.",
+            f"avail mem={free_before - weights:.2f} GB, mem usage={weights:.2f} GB.",
             f"{who} KV Cache is allocated. #tokens: {tokens}, K size: {pool / 2:.2f} GB, V size: {pool / 2:.2f} GB",
         ]
         if graphs:

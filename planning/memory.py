@@ -230,6 +230,7 @@ def engine_budget(
     n: int,
     args: Sequence[str] = (),
     held: int = 0,
+    before_weights: int = 0,
 ) -> tuple[int | None, str, Term | None]:
     """(what the engine may fill a card with, how, a term it keeps outside).
 
@@ -237,7 +238,9 @@ def engine_budget(
     usable memory. With the card's total unknown, the class's usable memory.
     ``held`` is what the card holds before the KV cache (weights and the
     terms beside them): a "free_fraction" engine (TensorRT-LLM) gives its
-    cache that fraction of what is left after them.
+    cache that fraction of what is left after them. ``before_weights`` is what
+    the card holds before the weights load (the terms inside the budget): SGLang
+    takes its fraction of what is free then, not of the total.
     """
     mem = eng.memory
     rule = mem.budget_rule
@@ -278,18 +281,24 @@ def engine_budget(
             f"{gib(held, 2)} GiB held + {mem.budget_flag} {fraction:g} x the "
             f"{gib(free, 2)} GiB left of {gib(total, 2)} GiB"
         )
-    else:  # sglang
+    else:  # sglang: weights and KV pool fill the fraction of what was free before the weights loaded
         if given is not None and 0 < given <= 1:
             fraction = given
-            how = f"{gib(total, 2)} GiB x {mem.budget_flag} {fraction:g}"
+            how = f"{gib(before_weights, 2)} GiB held before the weights + {mem.budget_flag} {fraction:g}"
         else:
             fraction = sglang_fraction(total, n)
-            how = f"{gib(total, 2)} GiB x {mem.budget_flag} {fraction:g} (SGLang's default for this card at TP {n})"
-        own = int(total * fraction)
+            how = (
+                f"{gib(before_weights, 2)} GiB held before the weights + {mem.budget_flag} {fraction:g} "
+                f"(SGLang's default for this card at TP {n})"
+            )
+        free = max(total - before_weights, 0)
+        own = before_weights + int(free * fraction)
+        how += f" x the {gib(free, 2)} GiB then free of {gib(total, 2)} GiB"
         outside = Term(
             name="reserved",
             bytes=total - own,
-            how=f"total - total x {fraction:g}: activations and CUDA graphs, outside the static pool",
+            how=f"(total - held before the weights) x (1 - {fraction:g}): activations and CUDA graphs, "
+            "outside the static pool",
             source=source,
             inside=False,
         )
@@ -436,7 +445,7 @@ def card_memory(
     terms = overhead_terms(engine, shape, n, args=args, total=total, class_name=class_name)
     inside = sum(t.bytes for t in terms if t.inside)
     own, how, outside = engine_budget(
-        engine, total=total, usable=budget, n=n, args=args, held=weights_each + inside
+        engine, total=total, usable=budget, n=n, args=args, held=weights_each + inside, before_weights=inside
     )
     if outside is not None:
         terms.append(outside)

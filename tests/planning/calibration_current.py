@@ -345,11 +345,25 @@ NOT_HELD = (
         "a token are held (tests/planning/test_memory_calibration.py). Its pool is what was free after the weights "
         "less the reserve taken from the total (49.33 - 79.18 x 0.17 = 35.87 GiB against 35.98 logged, with an H100's "
         "79.18 GiB as the llm-d report logs it), so the "
-        "0.70 GiB held before the weights loaded (79.18 - 78.48) comes out of the fraction: the planner's "
-        "pool, total x 0.83 - weights, is 399,435 tokens, 1.7% over the logged 392,920. Not held: the log prints no "
-        "SGLang release (a source build under /sgl-workspace), so the release range it would check cannot be "
-        "named, and one start-up cannot fit the term it points at; a term for what is held before the weights "
-        "waits for logs of named 0.5 releases.",
+        "0.70 GiB held before the weights loaded (79.18 - 78.48) is outside the fraction, as SGLang's source has it "
+        "(profile_max_num_token takes the fraction of what init_torch_distributed found free): the planner's pool, "
+        "now (total - 0.70) x 0.83 - weights, is 393,089 tokens against the logged 392,920 (+0.04%; it was "
+        "total x 0.83 - weights, 1.7% over), held by a unit test (tests/planning/test_memory_calibration.py). Not "
+        "in the table: the log prints no SGLang release (a source build under /sgl-workspace), so the release "
+        "range it would check cannot be named.",
+    ),
+    (
+        STORED
+        + "55529353766 (a load-test project's service baseline, 2026-06-14: logs/server_qwen3_14b_tp4.log)",
+        "SGLang built from source at commit ebaf86d4 serving Qwen/Qwen3-14B at TP 4 on four RTX 4090s (24564 MiB "
+        "each), --mem-fraction-static 0.80: 'Load weight end. type=Qwen3ForCausalLM, dtype=torch.bfloat16, avail "
+        "mem=16.00 GB, mem usage=7.08 GB', 'KV Cache is allocated. #tokens: 298447, K size: 5.69 GB, V size: 5.69 "
+        "GB'. What was free before the weights, 16.00 + 7.08 = 23.08 GiB, times 0.80 less the weights is 11.38 GiB, "
+        "the logged K and V: the fraction is of what was free then. With an RTX 4090's 23.55 GiB (vLLM's log of "
+        "the card, vllm-project/vllm#13061) the card held 0.47 GiB before the weights at TP 4, torch distributed "
+        "init included; the planner's 0.70 plans 293,601 tokens (-1.6%) and the static need +0.3%, held by a unit "
+        "test (tests/planning/test_memory_calibration.py). Not in the table: a source build, its release not "
+        "named.",
     ),
     (
         STORED + "14968382678 (SGLang's LoRA documentation notebook as executed, 2026-02-09)",
@@ -396,9 +410,12 @@ NOT_HELD = (
 # Engines whose current memory terms no logged start-up holds, with why (the docs' table says so beside the
 # engine's terms; test_memory_calibration.py checks that each of the issue's engines is held or listed).
 UNCALIBRATED = {
-    "sglang": "No logged SGLang 0.5 start-up with its release, model and card was found: the one log read with "
-    "every figure (Qwen3-30B-A3B-FP8 on an H100, under 'Seen and not held') prints no release. Its KV bytes a "
-    "token are held by a unit test; the fraction's arithmetic rests on server_args.py.",
+    "sglang": "No logged SGLang 0.5 start-up with its release, model and card's total was found: the two logs read "
+    "with every figure of the pool (Qwen3-30B-A3B-FP8 on an H100 at TP 1, Qwen3-14B on four RTX 4090s at TP 4, "
+    "under 'Seen and not held') are source builds that name no release. Unit tests hold the pool against both "
+    "(+0.04% and -1.6% tokens, the static need +0.0% and +0.3%), taken as the fraction of what was free before "
+    "the weights loaded (model_runner_kv_cache_mixin.py); the default fraction rests on server_args.py, and the "
+    "2.0 GiB held at TP > 1 on cards of 70 GiB or more on logs without a pool to check it.",
     "trtllm": "No logged TensorRT-LLM 1.x start-up on a discrete card with its model and release was found; the "
     "one read is a unified-memory device's. The runtime figure is a planning figure, said so in its source.",
     "llamacpp": "No llama.cpp start-up of a model the planner shapes on a CUDA card was found: the ones read run "

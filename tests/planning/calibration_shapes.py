@@ -98,6 +98,18 @@ QWEN3_4B = Shape(  # Qwen/Qwen3-4B config.json (huggingface.co/Qwen/Qwen3-4B): 3
     vocab_size=151936,
 )
 
+QWEN3_14B = Shape(  # Qwen/Qwen3-14B config.json: 40 layers, 40 heads, 8 KV heads of 128 (huggingface.co/Qwen/Qwen3-14B)
+    layers=40,
+    attention_heads=40,
+    kv_heads=8,
+    head_dim=128,
+    attention="gqa",
+    kv_bytes_per_token=2 * 40 * 8 * 128 * 2,
+    weight_bytes=round(4 * 7.08 * GIB),  # SGLang's "Load weight end ... mem usage=7.08 GB" a card at TP 4
+    hidden_size=5120,
+    intermediate_size=17408,
+    vocab_size=151936,
+)
 QWEN3_32B_AWQ = Shape(  # Qwen/Qwen3-32B config.json (the AWQ checkpoint's is the same): 64 layers, 8 KV heads
     layers=64,
     attention_heads=64,

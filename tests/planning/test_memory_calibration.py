@@ -10,7 +10,7 @@ import pytest
 
 from planning.enginememory import release_key
 from planning.engines import engine, terms_for
-from planning.memory import batch_tokens, kv_per_card, max_seqs
+from planning.memory import batch_tokens, card_memory, kv_per_card, max_seqs
 from planning.types import Shape
 from tests.planning.calibration import (
     GIB,
@@ -24,7 +24,7 @@ from tests.planning.calibration import (
     table,
 )
 from tests.planning.calibration_logged import terms_of
-from tests.planning.calibration_shapes import shape_from_fixture
+from tests.planning.calibration_shapes import QWEN3_14B, shape_from_fixture
 
 HELD = [p for p in POINTS if not p.excluded]
 
@@ -297,3 +297,69 @@ def test_sglangs_kv_bytes_a_token_for_a_mixture_of_experts_match_its_log():
     assert kv[0] / 4096 == pytest.approx((17.99 + 17.99) * GIB / 392_920, rel=0.001)
     # 48 layers, 4 KV heads of 128, a key and a value in 2 bytes: 96 KiB a token
     assert kv[0] / 4096 == 48 * 4 * 128 * 2 * 2
+
+
+# SGLang's pool against the start-ups that print every figure of it. SGLang takes --mem-fraction-static of what
+# was free before the weights loaded (model_runner_kv_cache_mixin.py profile_max_num_token, its total_gpu_memory
+# being init_torch_distributed's min_per_gpu_memory), so what the card held then is beside the pool. What was
+# free then is "Load weight begin. avail mem", or "Load weight end"'s avail mem plus its mem usage (SGLang logs
+# the difference); the card's total is not in SGLang's logs and is taken from vLLM's log of the same card.
+SGLANG_POOLS = [
+    pytest.param(
+        # stored public file, search-index id 69624180828: Qwen3-30B-A3B-FP8, TP 1, one H100 80GB HBM3, 0.83;
+        # "Load weight begin. avail mem=78.48 GB", "mem usage=29.15 GB", "#tokens: 392920, K size: 17.99 GB,
+        # V size: 17.99 GB"; the H100's 79.18 GiB as the llm-d report's vLLM logs give it
+        shape_from_fixture("Qwen__Qwen3-30B-A3B", round(29.15 * GIB)),  # the log's weights
+        1,
+        79.18,
+        0.83,
+        78.48,
+        29.15,
+        17.99 + 17.99,
+        392_920,
+        id="qwen3-30b-a3b-fp8-h100-tp1",
+    ),
+    pytest.param(
+        # stored public file, search-index id 55529353766: Qwen3-14B, TP 4 over four RTX 4090s, 0.80, SGLang built
+        # from source at commit ebaf86d4 (2026-06-14); "Load weight end ... avail mem=16.00 GB, mem usage=7.08 GB",
+        # "#tokens: 298447, K size: 5.69 GB, V size: 5.69 GB"; an RTX 4090's 23.55 GiB as vllm-project/vllm#13061
+        # logs it
+        QWEN3_14B,
+        4,
+        23.55,
+        0.80,
+        16.00 + 7.08,
+        7.08,
+        5.69 + 5.69,
+        298_447,
+        id="qwen3-14b-rtx4090-tp4",
+    ),
+]
+
+
+@pytest.mark.parametrize("shape,tp,card,fraction,free_before,weights,kv,tokens", SGLANG_POOLS)
+def test_sglangs_pool_is_its_fraction_of_what_was_free_before_the_weights(
+    shape, tp, card, fraction, free_before, weights, kv, tokens
+):
+    # the rule itself, from the logged figures: the pool is what was free before less the weights
+    assert free_before * fraction - weights == pytest.approx(kv, abs=0.02)
+    memory = card_memory(
+        engine("sglang"),
+        shape,
+        tp,
+        40960,
+        None,
+        total=round(card * GIB),
+        args=("--mem-fraction-static", str(fraction)),
+    )
+    assert memory is not None and memory.kv_tokens is not None
+    # never more tokens than SGLang allocated (the unsafe side), and not many fewer
+    assert -0.05 <= memory.kv_tokens / tokens - 1 <= 0.002
+    # the static need, what SGLang holds once its pool is built: held before the weights, weights, K and V
+    logged = (card - free_before) + weights + kv
+    assert 0 <= (memory.budget or 0) / GIB / logged - 1 <= 0.05
+
+
+# The H100 start-up above, planned as the fraction of the card's total (as before): 1.7% more tokens than logged.
+def test_the_fraction_of_the_total_would_plan_more_tokens_than_sglang_allocated():
+    assert (79.18 * 0.83 - 29.15) * GIB / (48 * 4 * 128 * 2 * 2) / 392_920 - 1 > 0.015

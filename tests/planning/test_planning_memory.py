@@ -114,10 +114,13 @@ def test_an_mla_cache_is_whole_on_every_card(n):
     memory = card_memory(engine("sglang"), DEEPSEEK, n, 32768, 141 * GIB)
     assert memory.kv == 70272 * 32768 == 2302672896
     assert memory.weights == -(-688586727753 // n)  # rounded up to whole bytes
-    # SGLang's budget is the static pool, weights and KV cache only; with the
-    # card's total unknown, the class's usable memory.
-    assert memory.need == memory.weights + 2302672896
-    assert memory.terms == ()
+    # SGLang's static pool is weights and KV cache; beside them, what the card
+    # held before the weights loaded (0.70 GiB, and 2.0 GiB of torch distributed
+    # init at TP > 1 on a card whose size is unknown). With the card's total
+    # unknown, the budget is the class's usable memory.
+    held = round(0.70 * GIB) + round(2.0 * GIB)
+    assert [t.name for t in memory.terms] == ["non_torch", "comm_buffers"]
+    assert memory.need == memory.weights + 2302672896 + held
 
 
 def test_llamacpp_splits_layers_so_the_cache_splits_by_card():
@@ -365,10 +368,16 @@ def test_sglang_default_fraction_follows_its_server_args():
 
     assert sglang_fraction(H100, 1) == round((81920 - 13440) / 81920, 3) == 0.836
     memory = card_memory(engine("sglang"), LLAMA, 1, 8192, 80 * GIB, total=H100)
-    assert memory.budget == int(H100 * 0.836)
-    (reserved,) = memory.terms
-    assert reserved.inside is False and reserved.bytes == H100 - int(H100 * 0.836)
-    assert memory.need == LLAMA_WEIGHTS + GIB
+    # The fraction is of what was free before the weights loaded
+    # (profile_max_num_token's min_per_gpu_memory): the card less the 0.70 GiB
+    # held then, which is itself beside the pool.
+    before = round(0.70 * GIB)
+    assert memory.budget == before + int((H100 - before) * 0.836)
+    non_torch, reserved = memory.terms
+    assert non_torch.name == "non_torch" and non_torch.inside and non_torch.bytes == before
+    assert reserved.inside is False and reserved.bytes == H100 - memory.budget
+    assert memory.need == LLAMA_WEIGHTS + GIB + before
+    assert memory.kv_tokens == int((int((H100 - before) * 0.836) - LLAMA_WEIGHTS) / (GIB / 8192))
 
 
 def test_the_memory_answer_carries_each_term_in_bytes():
