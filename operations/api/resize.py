@@ -89,11 +89,20 @@ class MemorySerializer(serializers.Serializer):
     sequences = serializers.FloatField(allow_null=True, help_text="Full-context sequences that is.")
 
 
-class PlacementSerializer(serializers.Serializer):
-    replica = serializers.CharField()
+class RankPlaceSerializer(serializers.Serializer):
+    rank = serializers.IntegerField(help_text="The rank of the replica's group; rank 0 serves.")
     node = serializers.CharField()
     cards = serializers.ListField(child=serializers.IntegerField())
+
+
+class PlacementSerializer(serializers.Serializer):
+    replica = serializers.CharField()
     in_place = serializers.BooleanField()
+    ranks = RankPlaceSerializer(
+        many=True, help_text="Each rank's node and cards, rank 0 first: one rank for a replica on one node."
+    )
+    node = serializers.CharField(help_text="Rank 0's node.")
+    cards = serializers.ListField(child=serializers.IntegerField(), help_text="Rank 0's cards.")
 
 
 class RoomSerializer(serializers.Serializer):
