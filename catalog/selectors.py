@@ -123,7 +123,9 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
         else Q(pk__in=[])
     )
     rows = (
-        Card.objects.values("node__name", "node__state", "node__reachable", "gpu_class__name")
+        Card.objects.values(
+            "node__name", "node__state", "node__reachable", "node__fabric_domain", "gpu_class__name"
+        )
         .annotate(
             cards=Count("id"), free=Count("id", filter=Q(shard__isnull=True)), own=Count("id", filter=own)
         )
@@ -137,6 +139,7 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
             cards=r["cards"],
             free=r["free"],
             own=r["own"],
+            fabric=r["node__fabric_domain"],
         )
         for r in rows
     ]
