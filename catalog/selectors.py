@@ -163,6 +163,10 @@ CARD_ROW = (
     "shard__replica__profile__model__name",
     "cordoned",
     "cordon_reason",
+    # A replica across nodes: the rank that holds the card, and rank 0's rendezvous port (set only on
+    # a group, so the grid numbers a group's ranks and nothing else).
+    "shard__rank",
+    "shard__replica__rendezvous_port",
 )
 HOLDERS_NAMED = 8  # models named per class in the summary; the rest are counted together
 
