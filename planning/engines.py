@@ -30,6 +30,9 @@ from planning.units import and_list
 
 DEFAULT_PATH = Path(__file__).with_name("engines.toml")
 SPREADS = ("tensor", "layers", "single")
+# How one replica runs across nodes (engines.toml ``span``): "pipeline", TP = a node's cards and one
+# pipeline stage a node; "tensor", TP over every card of every node; "none", not at all.
+SPANS = ("pipeline", "tensor", "none")
 _CAPABILITY = re.compile(r"(\d+)\.(\d+)")
 
 
@@ -62,13 +65,17 @@ class Engine:
     package: str = ""
     # What a node must have, per range of releases, oldest first (``planning.releases.floor_of``).
     floors: tuple[Floor, ...] = ()
+    # How a replica runs across nodes (``SPANS``), why it cannot ("none"), and where that comes from.
+    span: str = "none"
+    span_reason: str = ""
+    span_source: str = ""
 
 
 # -- loading -----------------------------------------------------------------
 
 _REQUIRED = {"spread", "min_capability", "memory", "experts_on_card"}
 # memory_of: another engine whose memory model this one has (the stand-in plans as vLLM), in place of memory.
-_OPTIONAL: set[str] = {"memory_of", "older_memory", "package", "floors"}
+_OPTIONAL: set[str] = {"memory_of", "older_memory", "package", "floors", "span", "span_reason", "span_source"}
 _FLOOR_KEYS = {"releases", *FLOORS, "source"}
 
 
@@ -159,6 +166,7 @@ def _engine(
     if not isinstance(package, str) or (package and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", package)):
         raise fail("package", f"must be the engine's package name on the package index, not {package!r}")
 
+    span, span_reason, span_source = _span(table, spread, fail)
     return Engine(
         name=name,
         spread=spread,
@@ -176,7 +184,33 @@ def _engine(
         older_memory=older,
         package=package,
         floors=_floors(table.get("floors", []), fail),
+        span=span,
+        span_reason=span_reason,
+        span_source=span_source,
     )
+
+
+def _span(
+    table: dict[str, Any], spread: str, fail: Callable[[str, str], RegistryError]
+) -> tuple[str, str, str]:
+    """The engine's ``span``, ``span_reason`` and ``span_source``, checked: only a tensor-parallel engine
+    spans nodes, and an engine that does not says why."""
+    span = table.get("span", "none")
+    if span not in SPANS:
+        raise fail("span", f"must be one of {', '.join(SPANS)}, not {span!r}")
+    reason, source = table.get("span_reason", ""), table.get("span_source", "")
+    for key, value in (("span_reason", reason), ("span_source", source)):
+        if not isinstance(value, str):
+            raise fail(key, f"must be a sentence, not {value!r}")
+    if span != "none" and spread != "tensor":
+        raise fail("span", f"only a tensor-parallel engine spans nodes, and this one spreads by {spread}")
+    if span != "none" and not source.strip():
+        raise fail("span_source", "must say where the engine's way across nodes comes from")
+    if span != "none" and reason:
+        raise fail("span_reason", 'is for an engine that cannot span nodes (span = "none")')
+    if span == "none" and not reason:
+        reason = "the registry gives it no way across nodes (engines.toml, span)"
+    return span, reason, source
 
 
 def _floors(raw: Any, fail: Callable[[str, str], RegistryError]) -> tuple[Floor, ...]:
@@ -255,6 +289,27 @@ def engine_at(name: str, release: str) -> Engine:
     that release (``terms_for``); the floors per release are picked apart
     (``planning.releases.floor_of``)."""
     return terms_for(engine(name), release)
+
+
+def span_refusal(eng: Engine) -> str | None:
+    """Why a replica of ``eng`` cannot run across nodes; None when it can."""
+    if eng.span != "none":
+        return None
+    return eng.span_reason or f"the {eng.name} engine does not span nodes"
+
+
+def group_widths(eng: Engine, per_node: int, nodes: int) -> tuple[int, int]:
+    """The tensor- and pipeline-parallel widths an engine runs a replica of ``nodes`` nodes of
+    ``per_node`` cards each with: TP ``per_node`` and PP ``nodes`` for a "pipeline" engine (vLLM),
+    TP ``per_node × nodes`` and PP 1 for a "tensor" one (SGLang). One node: TP ``per_node``, PP 1.
+
+    A profile keeps TP as the width within a node (``tp``, the cards formula ``max(gpus_per_node,
+    tp) × max(nodes, pp)``); this is what the engine itself is told."""
+    if nodes <= 1 or eng.span == "none":
+        return per_node, 1
+    if eng.span == "tensor":
+        return per_node * nodes, 1
+    return per_node, nodes
 
 
 def parse_capability(text: str) -> tuple[int, int] | None:

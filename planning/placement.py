@@ -18,11 +18,15 @@ see each other's freed cards.
 
 ``place_restart`` plays that through on plain data and says, per replica,
 where it goes, or refuses naming the replica that has no place.
+
+A replica across nodes (a profile with ``nodes > 1``) is a group of ranks, one a node, each on
+``per_node`` cards of its node; ``pick_group`` chooses the nodes of one group (all of one fabric
+domain), and the restart's run (``operations/services/placement.py`` ``group_best_fit``) picks by it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +42,24 @@ class NodeCards:
     ready: bool
     indices: tuple[int, ...]
     free: tuple[int, ...]
+    # The node's fabric domain (``Node.fabric_domain``): a group spans nodes of one; "" joins none.
+    fabric: str = ""
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """One rank of a replica: the node it runs on and its card indices there. Rank 0 serves."""
+
+    rank: int
+    node: str
+    cards: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "cards": list(self.cards)}
+
+    @property
+    def text(self) -> str:
+        return f"rank {self.rank} on {self.node} cards {', '.join(map(str, self.cards))}"
 
 
 @dataclass(frozen=True)
@@ -55,34 +77,62 @@ class LiveReplica:
     cards: tuple[int, ...]
     restarted: bool = True
     cordoned: tuple[int, ...] = ()
+    # Every rank's place, rank 0's first (``node`` and ``cards`` are rank 0's); empty: one rank,
+    # ``node`` and ``cards``. ``cordoned`` counts on rank 0's node only.
+    ranks: tuple[RankPlace, ...] = ()
 
     @property
     def usable(self) -> list[int]:
         """Its cards a replacement may take once it stops: those not cordoned."""
         return [c for c in self.cards if c not in self.cordoned]
 
+    @property
+    def places(self) -> tuple[RankPlace, ...]:
+        """Its ranks, one at least."""
+        return self.ranks or (RankPlace(0, self.node, self.cards),)
+
 
 @dataclass(frozen=True)
 class Placement:
-    """Where one replica's replacement goes."""
+    """Where one replica's replacement goes: each of its ranks' node and cards (one rank on one
+    node); ``node`` and ``cards`` are rank 0's."""
 
     replica: str
     node: str
     cards: tuple[int, ...]
     in_place: bool
+    ranks: tuple[RankPlace, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            object.__setattr__(self, "ranks", (RankPlace(0, self.node, tuple(self.cards)),))
+        elif (self.ranks[0].rank, self.ranks[0].node, self.ranks[0].cards) != (
+            0,
+            self.node,
+            tuple(self.cards),
+        ):
+            raise ValueError(f"{self.replica}: node and cards must be rank 0's")
+
+    @classmethod
+    def group(cls, replica: str, ranks: Sequence[RankPlace], *, in_place: bool) -> Placement:
+        """A replica of ``ranks``, rank 0's first."""
+        return cls(replica, ranks[0].node, ranks[0].cards, in_place, ranks=tuple(ranks))
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "replica": self.replica,
+            "in_place": self.in_place,
+            "ranks": [r.as_dict() for r in self.ranks],
             "node": self.node,
             "cards": list(self.cards),
-            "in_place": self.in_place,
         }
 
     @property
     def text(self) -> str:
         how = "in place" if self.in_place else "beside"
-        return f"{self.replica} → {self.node} cards {', '.join(map(str, self.cards))} ({how})"
+        if len(self.ranks) == 1:
+            return f"{self.replica} → {self.node} cards {', '.join(map(str, self.cards))} ({how})"
+        return f"{self.replica} → {'; '.join(r.text for r in self.ranks)} ({how})"
 
 
 def best_fit_key(on_sibling: bool, free_cards: int, node_name: str) -> tuple[bool, int, str]:
@@ -92,6 +142,46 @@ def best_fit_key(on_sibling: bool, free_cards: int, node_name: str) -> tuple[boo
     larger holes for larger replicas), then the name. The restart's plan (``place_restart``)
     and its run (``operations/services/placement.py`` ``best_fit``) both pick by it."""
     return (on_sibling, free_cards, node_name)
+
+
+def group_fit_key(chosen: Sequence[str], siblings: Collection[str], free: Mapping[str, int], domain: str):
+    """The order in which fabric domains take a group, smallest first: the fewest of its nodes
+    holding another of the model's live replicas, then the fewest free cards on them (best fit,
+    as ``best_fit_key`` for one node), then the domain's name."""
+    return (sum(n in siblings for n in chosen), sum(free[n] for n in chosen), domain)
+
+
+def pick_group(
+    free: Mapping[str, Sequence[int]],
+    fabric: Mapping[str, str],
+    per_node: int,
+    nodes: int,
+    *,
+    siblings: Collection[str] = (),
+) -> tuple[RankPlace, ...] | None:
+    """The places of a group of ``nodes`` ranks of ``per_node`` cards each, on the nodes of
+    ``free`` (each ready node's free card indices, of the profile's class): ``nodes`` nodes of one
+    fabric domain (a node whose domain is blank joins no group), each with ``per_node`` free.
+    Within a domain the nodes come by ``best_fit_key``, the domains by ``group_fit_key``; rank 0
+    is the first node, and each rank takes its node's lowest-numbered free cards. None when no
+    domain has ``nodes`` such nodes."""
+    by_domain: dict[str, list[str]] = {}
+    for node, cards_free in free.items():
+        domain = fabric.get(node, "")
+        if domain and len(cards_free) >= per_node:
+            by_domain.setdefault(domain, []).append(node)
+    counts = {node: len(cards_free) for node, cards_free in free.items()}
+    best: tuple[Any, list[str]] | None = None
+    for domain, names in sorted(by_domain.items()):
+        if len(names) < nodes:
+            continue
+        chosen = sorted(names, key=lambda n: best_fit_key(n in siblings, counts[n], n))[:nodes]
+        key = group_fit_key(chosen, siblings, counts, domain)
+        if best is None or key < best[0]:
+            best = (key, chosen)
+    if best is None:
+        return None
+    return tuple(RankPlace(i, node, tuple(sorted(free[node])[:per_node])) for i, node in enumerate(best[1]))
 
 
 def place_restart(
@@ -129,10 +219,12 @@ def place_restart(
             # A new wave: the earlier steps' old replicas have stopped by now.
             for done in wave_frees:
                 live.pop(f"{done.name} (old)", None)
-                if done.node in free:
-                    free[done.node] = sorted({*free[done.node], *done.usable})
+                for place in done.places:  # a group's every rank frees its cards
+                    if place.node in free:
+                        usable = done.usable if place.rank == 0 else place.cards
+                        free[place.node] = sorted({*free[place.node], *usable})
             wave_frees = []
-        siblings = {r.node for name, r in live.items() if name != old.name}
+        siblings = {p.node for name, r in live.items() if name != old.name for p in r.places}
         fits = [] if always_in_place else [name for name, cards_free in free.items() if len(cards_free) >= n]
         if fits:
             without_waiting = [name for name in fits if len(idle[name]) >= n]

@@ -2,8 +2,12 @@
 
 Rolling, the replacement goes on free cards beside the replica it replaces
 (best fit, on a node that holds none of the model's other live replicas
-first); in place, on the old replica's cards once it is stopped. Ports are
-the highest in use on the node's host + 1, from ``LLMGW_REPLICA_PORT_BASE``.
+first); in place, on the old replica's cards once it is stopped. A replica
+across nodes (a profile with ``nodes > 1``) goes on whole nodes of one fabric
+domain, a rank a node (``group_best_fit``). Ports are the highest in use (a
+serving or a rendezvous port) on the node's host + 1, from
+``LLMGW_REPLICA_PORT_BASE``; a group's two are free on every host it touches
+(``group_ports``).
 Placements are made one at a time (``lock_placement``), so two steps never
 pick the same cards or port.
 """
@@ -19,7 +23,7 @@ from catalog.models import Card, Node, Profile, Replica, ServedModel, Shard, liv
 from catalog.selectors import node_facts, release_of
 from operations.models import RestartStep
 from planning import engine
-from planning.placement import best_fit_key
+from planning.placement import best_fit_key, pick_group
 from planning.releases import floor_of, node_refusal
 from telemetry.selectors import foreign_held_card_ids
 
@@ -32,12 +36,25 @@ def lock_placement() -> None:
 
 
 def replica_placement(replica: Replica) -> tuple[Node | None, list[int]]:
-    """The node a replica runs on and its card indices there (None, [] when it holds no cards)."""
-    shards = list(Shard.objects.filter(replica=replica).select_related("card__node").order_by("card__index"))
+    """The node a replica runs on and its card indices there (None, [] when it holds no cards);
+    rank 0's for a replica across nodes (``replica_ranks``: every rank's)."""
+    shards = list(
+        Shard.objects.filter(replica=replica).select_related("card__node").order_by("rank", "card__index")
+    )
     if not shards:
         return None, []
     node = shards[0].card.node
     return node, [s.card.index for s in shards if s.card.node_id == node.pk]
+
+
+def replica_ranks(replica: Replica) -> list[tuple[int, Node, list[int]]]:
+    """Each rank of a replica with its node and card indices there, rank 0 first (one rank on one node)."""
+    ranks: dict[int, tuple[Node, list[int]]] = {}
+    for shard in (
+        Shard.objects.filter(replica=replica).select_related("card__node").order_by("rank", "card__index")
+    ):
+        ranks.setdefault(shard.rank, (shard.card.node, []))[1].append(shard.card.index)
+    return [(rank, node, cards) for rank, (node, cards) in sorted(ranks.items())]
 
 
 def node_hosts() -> dict[int, str]:
@@ -53,12 +70,29 @@ def free_port(node: Node, *, after: int | None = None, hosts: dict[int, str] | N
     Nodes whose agents share a host (the demo, the tests) share its ports: ``hosts``
     (``node_hosts``), when the caller read them before the placement lock.
     """
+    return _free_port_on([node], after=after, hosts=hosts)
+
+
+def group_ports(
+    nodes: list[Node], *, after: int | None = None, hosts: dict[int, str] | None = None
+) -> tuple[int, int]:
+    """A group's serving port (rank 0's) and its rendezvous port, each free on every host of
+    ``nodes`` (one number per replica, reserved on all its hosts): above the highest port any live
+    replica holds on any of them, and above ``after`` when given (a port found taken)."""
+    port = _free_port_on(nodes, after=after, hosts=hosts)
+    return port, port + 1
+
+
+def _free_port_on(nodes: list[Node], *, after: int | None, hosts: dict[int, str] | None) -> int:
     hosts = node_hosts() if hosts is None else hosts
-    same_host = [pk for pk, host in hosts.items() if host == node.agent_host]
-    # Replicas whose end is not confirmed may still hold their port: not reused.
-    highest = Replica.objects.filter(
+    wanted = {node.agent_host for node in nodes}
+    same_host = [pk for pk, host in hosts.items() if host in wanted]
+    # Replicas whose end is not confirmed may still hold their ports: not reused. A group's
+    # rendezvous port is held on every host it touches, as its serving port is.
+    top = Replica.objects.filter(
         state__in=Replica.HOLDING_STATES, shards__card__node__in=same_host
-    ).aggregate(top=Max("port"))["top"]
+    ).aggregate(port=Max("port"), rendezvous=Max("rendezvous_port"))
+    highest = max((v for v in top.values() if v is not None), default=None)
     base = settings.LLMGW_REPLICA_PORT_BASE
     port = base if highest is None or highest < base else highest + 1
     return port if after is None else max(port, after + 1)
@@ -100,6 +134,19 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
         .exclude(replica=replacing)
         .values_list("card__node_id", flat=True)
     )
+    fits = [cards for cards in _free_cards(profile).values() if len(cards) >= need]
+    if not fits:
+        return None
+    best = min(
+        fits, key=lambda cards: best_fit_key(cards[0].node_id in siblings, len(cards), cards[0].node.name)
+    )
+    return best[0].node, best[:need]
+
+
+def _free_cards(profile: Profile) -> dict[int, list[Card]]:
+    """The free cards of the profile's class by node id, on the nodes that may take a replica of
+    it: ready, answering, able to run its release; no card cordoned, held by a foreign process or
+    by an orphan engine. In node name and card index order."""
     free: dict[int, list[Card]] = {}
     refused: set[int] = set()
     for card in (
@@ -122,13 +169,41 @@ def best_fit(profile: Profile, *, replacing: Replica | None = None) -> tuple[Nod
             refused.add(card.node_id)  # the release's floors, or the release not installed there
             continue
         free.setdefault(card.node_id, []).append(card)
-    fits = [cards for cards in free.values() if len(cards) >= need]
-    if not fits:
-        return None
-    best = min(
-        fits, key=lambda cards: best_fit_key(cards[0].node_id in siblings, len(cards), cards[0].node.name)
+    return free
+
+
+def group_best_fit(
+    profile: Profile, *, replacing: Replica | None = None
+) -> list[tuple[int, Node, list[Card]]] | None:
+    """Free cards for one replica across ``profile.nodes`` nodes: a rank a node, each on
+    ``profile.cards // profile.nodes`` free cards of the profile's class, the nodes all of one
+    fabric domain (a node whose domain is blank joins no group), ready, answering, able to run the
+    profile's release (so one release on all of them), as ``best_fit`` reads them; chosen by
+    ``planning.placement.pick_group``, the rule the restart's plan uses. Each rank with its node and
+    cards, rank 0 first; None when no domain has room."""
+    ranks = max(profile.nodes, 1)
+    per_node = profile.cards // ranks
+    siblings = set(
+        Shard.objects.filter(live_replicas_q("replica__"), replica__profile__model_id=profile.model_id)
+        .exclude(replica=replacing)
+        .values_list("card__node__name", flat=True)
     )
-    return best[0].node, best[:need]
+    free = _free_cards(profile)
+    by_name = {cards[0].node.name: cards for cards in free.values()}
+    chosen = pick_group(
+        {name: [c.index for c in cards] for name, cards in by_name.items()},
+        {name: cards[0].node.fabric_domain for name, cards in by_name.items()},
+        per_node,
+        ranks,
+        siblings=siblings,
+    )
+    if chosen is None:
+        return None
+    out = []
+    for place in chosen:
+        cards = {c.index: c for c in by_name[place.node]}
+        out.append((place.rank, cards[place.cards[0]].node, [cards[i] for i in place.cards]))
+    return out
 
 
 def orphan_cards(node: Node) -> set[int]:
