@@ -44,7 +44,7 @@ from llmgw_agent.cards import discover_cards
 from llmgw_agent.config import load_config
 from llmgw_agent.server import AgentServer
 from llmgw_agent.supervisor import Supervisor
-from llmgw_policy import default_policy, launch_args, load_policy
+from llmgw_policy import GroupSpec, default_policy, launch_args, load_policy
 
 AGENT_DIR = Path(__file__).resolve().parent
 REPO_ROOT = AGENT_DIR.parent
@@ -130,14 +130,24 @@ def standin_spec(
     ready_timeout: float = 60,
     launch: bool = True,
     source: str = "org/standin-model",
+    group: GroupSpec | None = None,
 ) -> dict[str, Any]:
     """A PUT /v1/replicas/{id} body for a stand-in that loads in ``load_seconds``.
 
     ``args`` follow the launcher's own (the launch policy's template for
-    ``engine``, as the control plane writes it) unless ``launch`` is False."""
+    ``engine``, as the control plane writes it, with the rank flags of
+    ``group``, one rank of a replica across nodes) unless ``launch`` is False."""
+    cards = list(cards)
     if launch:
         args = launch_args(
-            default_policy(), engine, source=source, port=port, model=model, tp=1, args=list(args)
+            default_policy(),
+            engine,
+            source=source,
+            port=port,
+            model=model,
+            tp=len(cards) if group is not None else 1,
+            args=list(args),
+            group=group,
         )
     return {
         "engine": engine,
@@ -151,6 +161,7 @@ def standin_spec(
         "cards": list(cards),
         "port": port,
         "ready_timeout": ready_timeout,
+        **({"group": group.as_dict()} if group is not None else {}),
     }
 
 

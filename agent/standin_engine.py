@@ -46,6 +46,10 @@ from variables (a flag wins):
       print vLLM's start-up memory lines with these figures (GiB; the lines of
       vllm/worker/worker.py and model_runner.py, 0.6 to 0.8), so that the agent
       reads them as it reads a real engine's; without it, none are printed
+  --nnodes N --node-rank R --master-addr A --master-port P [--headless]
+      play rank R of a replica across N nodes (vLLM's rank flags, agent/standin_ranks.py):
+      rank 0 waits at A:P for the others (STANDIN_JOIN_SECONDS, default 60) before it loads and
+      serves; a rank > 0 joins it and serves nothing; a rank lost takes the group down
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+import standin_ranks  # beside this file
 
 CRASH_EXIT_CODE = 137
 
@@ -465,6 +471,39 @@ def play_startup(args: argparse.Namespace, unknown: list[str]) -> Path | None:
     return path
 
 
+def crash_later(args: argparse.Namespace) -> None:
+    """With --crash-after: exit 137 that long from now, as an engine that hit a CUDA error."""
+    if args.crash_after is None:
+        return
+
+    def crash() -> None:
+        log(f"fatal: simulated crash after {args.crash_after:g}s (CUDA error: an illegal memory access)")
+        os._exit(CRASH_EXIT_CODE)
+
+    timer = threading.Timer(args.crash_after, crash)
+    timer.daemon = True
+    timer.start()
+
+
+def run_headless(args: argparse.Namespace, unknown: list[str]) -> int:
+    """A rank > 0 that joined its group: it serves nothing and binds no port; it holds its
+    cards until SIGTERM (or its group breaks up: standin_ranks ends the process then)."""
+    stop = threading.Event()
+    if not args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    crash_later(args)
+    held = play_startup(args, unknown)
+    log("headless: serving nothing; holding this rank's cards until stopped")
+    with contextlib.suppress(KeyboardInterrupt):
+        while not stop.wait(0.5):
+            pass
+    if held is not None:
+        with contextlib.suppress(OSError):
+            held.unlink()
+    log("stopped")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, unknown = parse_args(argv)
@@ -485,6 +524,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, lambda *_: log("SIGTERM received and ignored"))
 
+    try:
+        group = standin_ranks.group_of(unknown)
+        link = None if group is None else standin_ranks.rendezvous(group, standin_ranks.join_seconds(), log)
+    except (ValueError, standin_ranks.RendezvousFailed) as exc:
+        log(f"error: {exc}")
+        return standin_ranks.EXIT_CODE
+    if link is not None:
+        link.watch(log)
+        if link.group.headless:
+            return run_headless(args, unknown)
+
     engine = Engine(args, [sys.argv[0], *argv])
     handler = type("Handler", (StandinHandler,), {"engine": engine})
     try:
@@ -502,15 +552,7 @@ def main(argv: list[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, on_sigterm)
 
-    if args.crash_after is not None:
-
-        def crash() -> None:
-            log(f"fatal: simulated crash after {args.crash_after:g}s (CUDA error: an illegal memory access)")
-            os._exit(CRASH_EXIT_CODE)
-
-        timer = threading.Timer(args.crash_after, crash)
-        timer.daemon = True
-        timer.start()
+    crash_later(args)
 
     if os.environ.get("HF_TOKEN"):
         # As an engine that logs its settings, secrets and all, would: what the agent must redact,

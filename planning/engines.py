@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from llmgw_policy import Policy, Refusal, check_profile, default_policy
+from llmgw_policy import GroupSpec, Policy, Refusal, check_profile, default_policy
 from llmgw_policy import launch_args as policy_launch_args
 
 from base.errors import DomainError
@@ -418,12 +418,31 @@ def refused(
 
 
 def launch_args(
-    eng: Engine, *, source: str, port: int, model: str, tp: int, args: Sequence[str]
+    eng: Engine,
+    *,
+    source: str,
+    port: int,
+    model: str,
+    tp: int,
+    args: Sequence[str],
+    group: GroupSpec | None = None,
 ) -> list[str]:
     """The arguments the node agent starts the engine with (after the
     agent's own program for it): the launch template filled in, the
     revision a source pins, then the TP width for a tensor-parallel engine,
-    then the profile's own arguments."""
+    then for one rank of a replica across nodes (``group``: its rank, the
+    group's size, rank 0's agent host and rendezvous port) the rank flags
+    the launch policy makes (``llmgw_policy.group_args``; ``PolicyError`` for
+    an engine that cannot span nodes), then the profile's own arguments.
+    The agent recomputes the rank flags from the spec's ``group`` and
+    refuses any other."""
     return policy_launch_args(
-        default_policy(), eng.name, source=source, port=port, model=model, tp=tp, args=list(args)
+        default_policy(),
+        eng.name,
+        source=source,
+        port=port,
+        model=model,
+        tp=tp,
+        args=list(args),
+        group=group,
     )

@@ -90,6 +90,8 @@ class Replica:
             )
             if self.live
             else {},
+            # One rank of a replica across nodes, as the spec gave it; absent on a one-node replica.
+            **({"group": self.spec.group.as_dict()} if self.spec.group is not None else {}),
         }
 
     def redact(self, text: str) -> str:

@@ -11,9 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw_policy import GroupSpec
+
 REPLICA_ID = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-SPEC_KEYS = ("engine", "model", "args", "env", "cards", "port", "ready_timeout")
+SPEC_KEYS = ("engine", "model", "args", "env", "cards", "port", "ready_timeout", "group")
+GROUP_KEYS = ("rank", "size", "address", "port")
 DEFAULT_READY_TIMEOUT = 600.0
 MAX_READY_TIMEOUT = 7 * 24 * 3600.0
 MAX_ARGS = 1000
@@ -45,22 +48,31 @@ class Spec:
     cards: tuple[int, ...]  # in the caller's order: it is the order CUDA numbers them in
     port: int
     ready_timeout: float = DEFAULT_READY_TIMEOUT
+    # One rank of a replica across nodes; None: a replica on this node alone.
+    group: GroupSpec | None = None
+
+    @property
+    def headless(self) -> bool:
+        """A rank > 0 of a replica across nodes: it serves nothing and does not bind ``port``
+        (rank 0's serving port, possibly held by rank 0 on this very host)."""
+        return self.group is not None and self.group.headless
 
     def runs_same_as(self, other: Spec) -> bool:
         """True when both specs would start the same process. The readiness
         deadline is not part of that: a retried PUT with another deadline is
         still the same replica."""
-        return (self.engine, self.model, self.args, self.env, self.cards, self.port) == (
+        return (self.engine, self.model, self.args, self.env, self.cards, self.port, self.group) == (
             other.engine,
             other.model,
             other.args,
             other.env,
             other.cards,
             other.port,
+            other.group,
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "engine": self.engine,
             "model": self.model,
             "args": list(self.args),
@@ -69,6 +81,9 @@ class Spec:
             "port": self.port,
             "ready_timeout": self.ready_timeout,
         }
+        if self.group is not None:
+            out["group"] = self.group.as_dict()
+        return out
 
 
 def check_replica_id(replica_id: str) -> None:
@@ -147,7 +162,26 @@ def parse_spec(body: Any) -> Spec:
         cards=tuple(cards),
         port=port,
         ready_timeout=float(ready_timeout),
+        group=parse_group(body.get("group")),
     )
+
+
+def parse_group(raw: Any) -> GroupSpec | None:
+    """A spec's ``group`` (one rank of a replica across nodes), or None when absent;
+    AgentError(400, "invalid_spec") saying what is wrong."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or set(raw) != set(GROUP_KEYS):
+        raise invalid(
+            "Field 'group' must be an object with exactly rank, size, address and port: this "
+            "node's rank, how many ranks the replica has, rank 0's agent host and its rendezvous "
+            "port (leave 'group' out for a replica on one node)."
+        )
+    group = GroupSpec(rank=raw["rank"], size=raw["size"], address=raw["address"], port=raw["port"])
+    problem = group.problem()
+    if problem is not None:
+        raise invalid(f"Field 'group' is wrong: {problem}.")
+    return group
 
 
 def _has_control(text: str) -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 
 from llmgw_policy import Policy, check_spec, default_policy
 
-from . import attempts, stopping
+from . import attempts, ranks, stopping
 from .config import AgentConfig, CardConfig
 from .probe import in_flight, probe
 from .process import (
@@ -192,6 +192,7 @@ class Supervisor:
             port=spec.port,
             model=spec.model,
             roots=self.config.model_roots,
+            group=spec.group,
         )
         if refusals:
             code = "refused_arg" if refusals[0].code == "too_large" else refusals[0].code
@@ -205,8 +206,8 @@ class Supervisor:
                 "unknown_card",
                 f"Card {missing[0]} does not exist on node {self.config.node} (cards: {have}).",
             )
-        if spec.port == self.config.port:
-            raise AgentError(409, "port_busy", f"Port {spec.port} is the agent's own port.")
+        if self.config.port in ranks.bound_ports(spec):
+            raise AgentError(409, "port_busy", f"Port {self.config.port} is the agent's own port.")
 
         with self._lock:
             if self._closing:
@@ -228,9 +229,8 @@ class Supervisor:
                     "spec_conflict",
                     f"Replica {replica_id} is {current.state} with a different spec; stop it first, or use another id.",
                 )
-            for other in self._replicas.values():
-                if other.id == replica_id or not other.holds_resources:
-                    continue
+            others = [o for o in self._replicas.values() if o.id != replica_id and o.holds_resources]
+            for other in others:
                 busy = sorted(set(other.spec.cards) & set(spec.cards))
                 if busy:
                     raise AgentError(
@@ -238,19 +238,11 @@ class Supervisor:
                         "card_busy",
                         f"Card {busy[0]} is held by replica {other.id} ({other.state}); pick a free card or stop it first.",
                     )
-                if other.spec.port == spec.port:
-                    raise AgentError(
-                        409,
-                        "port_busy",
-                        f"Port {spec.port} is used by replica {other.id} ({other.state}); pick another port.",
-                    )
-            if not port_free(spec.port):
-                raise AgentError(
-                    409,
-                    "port_busy",
-                    f"Port {spec.port} is in use by another program on node {self.config.node}; "
-                    "pick another port.",
-                )
+            taken = ranks.port_refusal(
+                spec, [(o.id, o.state, o.spec) for o in others], self.config.node, port_free
+            )
+            if taken is not None:
+                raise taken
             record = self._launch(replica_id, spec, engine.command)
             self._replicas[replica_id] = record
             self._prune()
@@ -361,7 +353,8 @@ class Supervisor:
             record.stopping = True
             if not already:
                 record.stop_reason = why
-                record.draining = record.state == READY and drain > 0
+                # A headless rank serves nothing to drain (its port is rank 0's).
+                record.draining = record.state == READY and drain > 0 and not record.spec.headless
                 self._save()
         if already:
             record.done.wait(timeout=drain + grace + stopping.KILL_WAIT * 2)
@@ -432,8 +425,10 @@ class Supervisor:
                 self._terminate(record, self.config.stop_grace_seconds)
                 continue
             try:
-                state, reason = self._probe(
-                    record.spec.port, record.spec.model, api_key=self._api_key(record.spec)
+                state, reason = (
+                    (READY, ranks.headless_reason(record.spec))
+                    if record.spec.headless
+                    else self._probe(record.spec.port, record.spec.model, api_key=self._api_key(record.spec))
                 )
             except Exception as exc:  # a probe must never kill the watcher
                 log.exception("replica %s: readiness probe failed", record.id)
@@ -483,6 +478,9 @@ class Supervisor:
                     )
                 else:
                     record.reason = f"exited on its own {when}: {describe_exit(code)}"
+                line = ranks.engine_line(record.log_tail()) if record.spec.group is not None else ""
+                if line:  # a rank says why in its log (its group lost a rank, a rendezvous timed out)
+                    record.reason += f"; the engine's last line: {line}"
             record.done.set()
             self._save()
         log.info("replica %s: %s (%s)", record.id, record.state, record.reason)

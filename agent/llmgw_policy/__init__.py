@@ -26,9 +26,11 @@ The modules, each about one thing:
 - ``profile``: ``check_profile``, the entry point, with the size limits;
 - ``source``: a model's source (repo id or a path under the model roots);
 - ``spec``: the launcher's own arguments, ``launch_args`` and ``check_spec``;
+- ``group``: the rank flags of a replica across nodes (``GroupSpec``, ``group_args``);
 - ``redaction``: secret values (and their encoded and split copies) taken out of text.
 """
 
+from .group import GroupSpec, group_args
 from .loading import POLICY_PATH, default_policy, load_policy
 from .model import EnginePolicy, Limits, Policy, PolicyError, Refusal, ValueRule
 from .profile import check_profile
@@ -41,6 +43,7 @@ __all__ = [
     "POLICY_PATH",
     "REDACTED",
     "EnginePolicy",
+    "GroupSpec",
     "Limits",
     "Policy",
     "PolicyError",
@@ -49,6 +52,7 @@ __all__ = [
     "check_profile",
     "check_spec",
     "default_policy",
+    "group_args",
     "is_flag",
     "launch_args",
     "load_policy",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .kinds import plain_number
 from .loading import load_policy
-from .model import Policy, ValueRule
+from .model import EnginePolicy, Policy, ValueRule
 
 
 def _value(rule: ValueRule) -> str:
@@ -43,6 +43,17 @@ def _value(rule: ValueRule) -> str:
     return text + ("; the engine's API key, which the agent's readiness probe sends" if rule.api_key else "")
 
 
+def _across_nodes(eng: EnginePolicy) -> str:
+    """The engine's rank flags for a replica across nodes, or why the agent cannot start it so."""
+    group = eng.group
+    if group is None:
+        return "Across nodes: no rank flags in the policy, so a spec with a group is refused."
+    if group.refused:
+        return f"Across nodes: refused, {group.refused} ({group.source})."
+    headless = f"; on every rank but 0 also `{' '.join(group.headless)}`" if group.headless else ""
+    return f"Across nodes, on every rank: `{' '.join(group.args)}`{headless} ({group.source})."
+
+
 def markdown(policy: Policy) -> str:
     out = [f"Policy file `agent/llmgw_policy/policy.toml`, {policy.digest}.", ""]
     limits = policy.limits
@@ -68,6 +79,7 @@ def markdown(policy: Policy) -> str:
             "argparse prefixes (refused here: exact spellings only)" if eng.abbreviations else "no prefixes",
         ]
         out += [f"Parsing: {'; '.join(parsing)}. Launch: `{' '.join(eng.launch)}`.", ""]
+        out += [_across_nodes(eng), ""]
         out += ["| argument | value | checked in |", "|---|---|---|"]
         for flag, target in sorted(eng.aliases.items()):
             rule = eng.args[target]

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .group import load_group
 from .kinds import FIGURE_KINDS, FIGURE_NAME, JSON_KINDS, KINDS
 from .model import PLACEHOLDERS, EnginePolicy, Limits, Policy, PolicyError, ValueRule
 from .tokens import ENV_NAME, is_flag
@@ -153,6 +154,7 @@ _ENGINE_KEYS = {
     "owned_env",
     "refused_env",
     "env",
+    "group",
 }
 
 
@@ -200,6 +202,7 @@ def _engine(name: str, table: dict[str, Any], shared_sources: Mapping[str, str])
         refused_env=_reasons(table.get("refused_env"), f"{where}.refused_env"),
         env=_env_rules(table.get("env"), f"{where}.env", sources),
         sources=sources,
+        group=load_group(table.get("group"), f"{where}.group", owned, sources),
     )
     _check_spellings(eng, where)
     return eng

@@ -45,6 +45,17 @@ class ValueRule:
 
 
 @dataclass(frozen=True)
+class GroupPolicy:
+    """An engine's place in a replica across nodes (``group``): its rank flags (``args`` on
+    every rank, ``headless`` on every rank but 0), or why it cannot span nodes (``refused``)."""
+
+    args: tuple[str, ...] = ()
+    headless: tuple[str, ...] = ()
+    refused: str = ""
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class EnginePolicy:
     name: str
     version: str
@@ -66,6 +77,8 @@ class EnginePolicy:
     refused_env: Mapping[str, str]
     env: Mapping[str, ValueRule]
     sources: Mapping[str, str]
+    # The rank flags of a replica across nodes (``group``); None: the policy gives none.
+    group: GroupPolicy | None = None
 
     def canonical(self, name: str) -> str:
         """``name`` as this engine's parser looks it up."""

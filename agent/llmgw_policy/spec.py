@@ -7,17 +7,28 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from .group import GroupSpec, check_group_part, group_args
 from .model import PLACEHOLDER, EnginePolicy, Policy, Refusal, excerpt
 from .profile import check_profile
 from .source import source_refusal, split_source
 
 
 def launch_args(
-    policy: Policy, engine: str, *, source: str, port: int, model: str, tp: int, args: Sequence[str]
+    policy: Policy,
+    engine: str,
+    *,
+    source: str,
+    port: int,
+    model: str,
+    tp: int,
+    args: Sequence[str],
+    group: GroupSpec | None = None,
 ) -> list[str]:
     """The arguments a replica starts with (after the agent's program): the
     engine's launch template filled in, the revision when the source pins
-    one, the TP width for a tensor-parallel engine, then the profile's own."""
+    one, the TP width for a tensor-parallel engine, the rank flags of a
+    replica across nodes (``group_args``; ``PolicyError`` for an engine that
+    cannot span nodes), then the profile's own."""
     eng = policy.engines[engine]
     repo, revision = split_source(source)
     values = {"{source}": repo, "{port}": str(port), "{model}": model}
@@ -26,6 +37,8 @@ def launch_args(
         out += [eng.revision_flag, revision]
     if eng.tp_flag:
         out += [eng.tp_flag, str(tp)]
+    if group is not None:
+        out += group_args(eng, group.rank, group.size, group.address, group.port)
     return [*out, *args]
 
 
@@ -38,15 +51,21 @@ def check_spec(
     port: int,
     model: str,
     roots: Sequence[str] = (),
+    group: GroupSpec | None = None,
 ) -> list[Refusal]:
     """Every reason the agent may not start this spec: its arguments must
     begin with the engine's launch template naming the spec's own port and
     model and a checked source (then the revision and TP width the launcher
-    writes), and what follows is checked as a profile's arguments."""
+    writes, and for a rank of a replica across nodes exactly the rank flags
+    ``group_args`` makes of ``group``), and what follows is checked as a
+    profile's arguments, where every rank flag is refused (the policy lists
+    them as the launcher's own)."""
     eng = policy.engines.get(engine)
     if eng is None:
         return check_profile(policy, engine, args, env)
     own, refusal = _launcher_part(eng, args, port=port, model=model, roots=roots)
+    if refusal is None and group is not None:
+        own, refusal = check_group_part(eng, args, own, group)
     if refusal is not None:
         return [refusal]
     return check_profile(policy, engine, args[own:], env)
