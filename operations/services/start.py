@@ -105,11 +105,21 @@ def _check_restartable(model: ServedModel, profile: Profile) -> None:
             f"{model.name}'s {profile.name} profile runs on CPUs: restarts go through a "
             "node's agent and need cards; give the profile a GPU class first.",
         )
-    if max(profile.nodes, 1) > 1 or max(profile.pp, 1) > 1:
+    nodes = max(profile.nodes, 1)
+    if nodes > 1:
+        # A replica across nodes runs as a group of ranks (runner/groups.py), where its engine can.
+        refusal = engines.span_refusal(engines.engine(profile.engine))
+        if refusal is not None:
+            raise DomainError(
+                "multi_node",
+                f"{model.name}'s {profile.name} profile spreads a replica over {nodes} nodes, and "
+                f"{profile.engine} cannot: {refusal}. Give it one node's cards (nodes 1), or another engine.",
+            )
+    elif max(profile.pp, 1) > 1:
         raise DomainError(
             "multi_node",
-            f"{model.name}'s {profile.name} profile spreads a replica over several "
-            "nodes or pipeline stages, which restarts do not handle yet.",
+            f"{model.name}'s {profile.name} profile runs {profile.pp} pipeline stages on one node, which "
+            "restarts do not handle: pipeline stages run one a node (set nodes to the stages), or set pp to 1.",
         )
 
 
@@ -272,9 +282,18 @@ def _record_steps(op: RestartOperation, chosen: list[Replica], places: dict[str,
             planned_node=places[r.name].node if r.name in places else "",
             planned_cards=list(places[r.name].cards) if r.name in places else [],
             planned_in_place=places[r.name].in_place if r.name in places else None,
+            planned_ranks=_planned_ranks(places[r.name]) if r.name in places else [],
         )
         for r in chosen
     )
+
+
+def _planned_ranks(place: Placement) -> list[dict[str, Any]]:
+    """Where the plan puts each rank of a replacement across nodes; [] for one on one node (its
+    ``node`` and ``cards`` say it)."""
+    if len(place.ranks) < 2:
+        return []
+    return [{"rank": r.rank, "node": r.node, "cards": list(r.cards)} for r in place.ranks]
 
 
 def _audit_start(op: RestartOperation, names: list[str], *, actor: Actor) -> None:
@@ -359,7 +378,7 @@ def restart_start(
     The whole restart is played through first (planning/placement.py)
     and each step records where the plan puts its replica; the runner follows
     it. Refusals: not_found, other_model, not_live, nothing_to_restart, busy,
-    cpu_only, multi_node, several_profiles, unknown_engine, invalid, memory
+    cpu_only, multi_node (an engine that cannot span the profile's nodes), several_profiles, unknown_engine, invalid, memory
     (the profile does not fit its cards), no_room, no_room_beside (a replica
     has no place).
 
