@@ -149,11 +149,17 @@ def _vllm(
     total = cards[0][1]
     large = total >= 70 and "a100" not in cards[0][2].lower()
     tp = int(_number(args, "--tensor-parallel-size", "-tp") or len(cards))
+    # One rank of a replica across nodes (the launch policy's rank flags): this node holds pipeline
+    # stage ``stage`` of ``pp``, an even share of the layers (the stand-in's split: a real one puts
+    # the embedding on the first stage and the head on the last), and the KV cache of those layers.
+    pp = int(_number(args, "--pipeline-parallel-size", "-pp") or 1)
+    stage = int(_number(args, "--node-rank") or 0)
+    headless = "--headless" in args
     fraction = _number(args, "--gpu-memory-utilization") or 0.9
     batch = int(_number(args, "--max-num-batched-tokens") or (8192 if large else 2048))
     seqs = min(int(_number(args, "--max-num-seqs") or (1024 if large else 256)), batch)
     hidden, ffn = int(facts.get("hidden_size") or 0), int(facts.get("intermediate_size") or 0)
-    weights = facts["weight_bytes"] / tp / GIB
+    weights = facts["weight_bytes"] / tp / pp / GIB
     # The stand-in's peak: the forward pass and three fp32 copies of the sampler's logits.
     activation = (
         batch * 2 * (3 * ffn / tp + 4 * hidden) + 3 * seqs * int(facts.get("vocab_size") or 0) * 4
@@ -168,7 +174,7 @@ def _vllm(
         pool = pinned / GIB
     else:
         pool = max(budget - weights - activation - non_torch - (graphs if inside else 0.0), 0.0)
-    per_token = _kv_token_gib(facts, tp)
+    per_token = _kv_token_gib(facts, tp) / pp
     tokens = int(pool / per_token) if per_token else 0
     context = _context(args, facts, "--max-model-len")
     held = (
@@ -178,7 +184,7 @@ def _vllm(
     if key < (0, 11):
         return _vllm_v0(out, weights, non_torch, activation, pool, graphs, total, fraction, tokens, context)
     for rank in range(tp):
-        who = f"(Worker_TP{rank} pid={pid})" if tp > 1 else f"(EngineCore pid={pid})"
+        who = _vllm_worker(rank, tp, stage, pp, pid)
         lines = [
             f"{who} INFO [gpu_model_runner.py] Model loading took {weights:.2f} GiB memory and 3.1 seconds"
         ]
@@ -195,13 +201,14 @@ def _vllm(
             lines.append(f"{who} INFO [gpu_worker.py] Available KV cache memory: {pool:.2f} GiB")
         out.lines += lines
     core = f"(EngineCore pid={pid})"
-    out.lines += [
-        f"{core} INFO [kv_cache_utils.py] GPU KV cache size: {tokens:,} tokens",
-        f"{core} INFO [kv_cache_utils.py] Maximum concurrency for {context:,} tokens per request: "
-        f"{tokens / context:.2f}x",
-    ]
+    if not headless:  # the engine core (its scheduler and KV cache sizing) runs on rank 0 only
+        out.lines += [
+            f"{core} INFO [kv_cache_utils.py] GPU KV cache size: {tokens:,} tokens",
+            f"{core} INFO [kv_cache_utils.py] Maximum concurrency for {context:,} tokens per request: "
+            f"{tokens / context:.2f}x",
+        ]
     for rank in range(tp):
-        who = f"(Worker_TP{rank} pid={pid})" if tp > 1 else core
+        who = _vllm_worker(rank, tp, stage, pp, pid)
         if not inside and not eager:
             out.lines.append(
                 f"{who} INFO [gpu_model_runner.py] Graph capturing finished in 2 secs, took {graphs:.2f} GiB"
@@ -213,6 +220,16 @@ def _vllm(
             f"and {graphs:.2f} GiB for CUDAGraph memory."
         )
     return out
+
+
+def _vllm_worker(rank: int, tp: int, stage: int, pp: int, pid: int) -> str:
+    """How a vLLM worker's lines begin: ``(Worker_TP1 pid=...)``; with pipeline stages its stage
+    too, ``(Worker_PP1_TP1 pid=...)`` (vllm/v1/executor/multiproc_executor.py, WorkerProc: the
+    ``PP{stage}`` and ``TP{rank}`` suffix of the worker's name); one card alone: the engine core's."""
+    suffix = "_".join(
+        part for part in (f"PP{stage}" if pp > 1 else "", f"TP{rank}" if tp > 1 else "") if part
+    )
+    return f"(Worker_{suffix} pid={pid})" if suffix else f"(EngineCore pid={pid})"
 
 
 def _vllm_v0(

@@ -8,6 +8,7 @@ Standard library only, like the agent: ``python -m unittest test_agent_ranks`` f
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import unittest
@@ -30,30 +31,37 @@ def rank_spec(rank: int, *, port: int, rendezvous: int, engine: str = "vllm", **
     return standin_spec(port=port, model="big", cards=[0, 1], engine=engine, group=group, **kw)
 
 
-class TwoNodes(InATemporaryDirectory):
+class TwoNodeCase(InATemporaryDirectory):
     """Two agents, each a node of its own, both on 127.0.0.1 as the fleet's tests run them."""
 
     def setUp(self) -> None:
         super().setUp()
-        self.head = self.enterContext(running_agent(self.tmp_path / "a", node="gpu-a"))
-        self.tail = self.enterContext(running_agent(self.tmp_path / "b", node="gpu-b"))
+        env = self.agent_env()
+        self.head = self.enterContext(running_agent(self.tmp_path / "a", node="gpu-a", env=env))
+        self.tail = self.enterContext(running_agent(self.tmp_path / "b", node="gpu-b", env=env))
         self.head_http = self.enterContext(self.head.client())
         self.tail_http = self.enterContext(self.tail.client())
         self.port, self.rendezvous = free_port(), free_port()
 
-    def start_group(self) -> tuple[dict, dict]:
+    def agent_env(self) -> dict[str, str]:
+        """The agents' environment, which their engines inherit."""
+        return {}
+
+    def start_group(self, **spec) -> tuple[dict, dict]:
         """Rank 0 on the head, then rank 1 on the tail; both ready."""
         first = self.head_http.put(
-            "/v1/replicas/big", json=rank_spec(0, port=self.port, rendezvous=self.rendezvous)
+            "/v1/replicas/big", json=rank_spec(0, port=self.port, rendezvous=self.rendezvous, **spec)
         )
         assert first.status_code == 201, first.text
         # Rank 0 holds the serving port on this very host: the headless rank must not be refused for it.
         second = self.tail_http.put(
-            "/v1/replicas/big", json=rank_spec(1, port=self.port, rendezvous=self.rendezvous)
+            "/v1/replicas/big", json=rank_spec(1, port=self.port, rendezvous=self.rendezvous, **spec)
         )
         assert second.status_code == 201, second.text
         return self.head.wait_for_state("big", "ready"), self.tail.wait_for_state("big", "ready")
 
+
+class TwoNodes(TwoNodeCase):
     def test_two_ranks_form_their_group_and_rank_0_serves(self) -> None:
         head, tail = self.start_group()
 
@@ -135,6 +143,35 @@ class TwoNodes(InATemporaryDirectory):
 
         failed = self.tail.wait_for_state("big", "failed")
         assert "could not join its group" in failed["reason"], failed["reason"]
+
+
+LLAMA_405B = "meta-llama/Llama-3.1-405B-Instruct"
+
+
+class TwoNodesWithCards(TwoNodeCase):
+    """The two nodes with the stand-in's cards and model facts ($STANDIN_GPU_DIR), so each rank
+    prints the memory lines of its pipeline stage, as vLLM's workers do on each node."""
+
+    def agent_env(self) -> dict[str, str]:
+        gpus = self.tmp_path / "gpus"
+        gpus.mkdir()
+        cards = [{"index": i, "name": "h100-80g", "memory_mib": 81559} for i in range(4)]
+        (gpus / "cards.json").write_text(json.dumps(cards))
+        facts = {"weight_bytes": 60 * 2**30, "kv_bytes_per_token": 516096, "kv_heads": 8, "layers": 126}
+        (gpus / "models.json").write_text(json.dumps({LLAMA_405B: facts}))
+        return {"STANDIN_GPU_DIR": str(gpus)}
+
+    def test_each_rank_reports_the_memory_of_its_own_stage(self) -> None:
+        head, tail = self.start_group(source=LLAMA_405B)
+
+        for state in (head, tail):
+            memory = state["memory"]
+            # 60 GiB of weights over 2 cards a node and 2 stages: 15 GiB a card, on each node.
+            assert abs(memory["weights"] - 15 * 2**30) < 0.02 * 2**30, memory
+            assert sorted(memory["ranks"]) == ["0", "1"], memory  # this node's two cards
+            assert "missing" not in memory, memory
+        assert "sequences" in head["memory"] and "sequences" not in tail["memory"]
+        assert "(Worker_PP1_TP1 pid=" in (self.tail.log_dir / "big.attempt-1.log").read_text()
 
 
 class RankRefusals(WithAnAgent):

@@ -120,6 +120,32 @@ class StandinMemoryTest(unittest.TestCase):
         assert abs(played.held_mib[2] - (needs + standin_memory.CONTEXT_GIB * 1024)) <= 1
         assert played.held_mib[2] < 0.25 * H100_MIB  # not the 90% a vLLM replica takes
 
+    def test_a_pipeline_stage_of_a_replica_across_nodes_holds_its_share_per_card(self):
+        one_node = self.play("vllm", "0.19.0", [LLAMA, "--tensor-parallel-size", "2"])
+        rank_flags = ["--pipeline-parallel-size", "2", "--nnodes", "2", "--master-addr", "gpu-a"]
+        head = self.play(
+            "vllm", "0.19.0", [LLAMA, "--tensor-parallel-size", "2", *rank_flags, "--node-rank", "0"]
+        )
+        tail = self.play(
+            "vllm",
+            "0.19.0",
+            [LLAMA, "--tensor-parallel-size", "2", *rank_flags, "--node-rank", "1", "--headless"],
+        )
+
+        whole = parse_memory_lines(one_node.lines)["weights"]
+        for played, stage in ((head, 0), (tail, 1)):
+            ranks = parse_memory_ranks(played.lines)
+            assert sorted(ranks) == [0, 1], ranks  # this node's two cards, named by their TP rank
+            assert all(abs(r["weights"] - whole / 2) <= 0.01 * GIB for r in ranks.values())
+            assert any(f"(Worker_PP{stage}_TP1 pid=4242)" in line for line in played.lines)
+        # The engine core, which sizes the KV cache for the whole group, runs on rank 0 alone.
+        head_got, tail_got = parse_memory_lines(head.lines), parse_memory_lines(tail.lines)
+        assert "sequences" in head_got and "sequences" not in tail_got
+        assert missing_figures("vllm", tail_got, ["--headless"]) == []
+        assert missing_figures("vllm", tail_got) == ["sequences"]
+        # Half the layers a card: twice the tokens of KV cache in the same pool, and more pool.
+        assert head_got["kv_tokens"] > 2 * parse_memory_lines(one_node.lines)["kv_tokens"]
+
     def test_without_the_model_or_the_cards_it_plays_nothing(self):
         assert self.play("vllm", "0.19.0", ["some/other-model"]).lines == []
         with mock.patch.dict(os.environ, {**self.env, "CUDA_VISIBLE_DEVICES": ""}):

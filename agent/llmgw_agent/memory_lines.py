@@ -54,7 +54,8 @@ the spelling of the function before the colon changing by build)::
     llama_kv_cache: size = 6144.00 MiB ( 65536 cells,  48 layers,  4/1 seqs), ...
     llama_context:      CUDA0 compute buffer size =   300.75 MiB  (llama_new_context_with_model, sched_reserve)
 
-A line names its rank where the engine says it: vLLM's ``(Worker_TP1 pid=...)``, SGLang's
+A line names its rank where the engine says it: vLLM's ``(Worker_TP1 pid=...)`` (``(Worker_PP1_TP1
+pid=...)`` on a pipeline stage of a replica across nodes, whose ranks are this node's cards), SGLang's
 ``[... TP1]``, llama.cpp's ``CUDA1``; a line without one is rank 0's (the single process, or
 vLLM's driver).
 
@@ -142,9 +143,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
 
 # What names a line's rank (tensor-parallel rank, or llama.cpp's card); None: rank 0's.
 _RANKS = (
-    re.compile(
-        r"\(Worker_TP(\d+)"
-    ),  # vLLM's multiprocess workers: (Worker_TP1 pid=...), (Worker_TP1_EP1 ...)
+    # vLLM's multiprocess workers: (Worker_TP1 pid=...), (Worker_TP1_EP1 ...), and with pipeline
+    # stages (a replica across nodes) (Worker_PP1_TP1 ...) or (VllmWorker PP1_TP1 ...): the TP rank
+    # names the card on this node (multiproc_executor.py WorkerProc's PP/TP suffix).
+    re.compile(r"\((?:Vllm)?Worker[_ ](?:PP\d+_)?TP(\d+)"),
     re.compile(r"\[[^\]]*\bTP(\d+)\]"),  # SGLang: [2026-07-21 13:35:33 TP1]
     re.compile(r"\bCUDA(\d+) (?:model |KV |compute )?buffer size"),  # llama.cpp: a buffer on card N
 )
@@ -255,7 +257,10 @@ _NO_GRAPHS = {"--enforce-eager", "--disable-cuda-graph"}
 
 def missing_figures(engine: str, found: dict[str, Any], args: Iterable[str] = ()) -> list[str]:
     """The figures ``engine``'s start-up should have printed and this log did not."""
+    args = list(args)
     expected = list(EXPECTED.get(engine, ()))
+    if "--headless" in args:  # vLLM's rank > 0: no engine core here, so no concurrency line
+        expected = [e for e in expected if e != "sequences"]
     if any(a.split("=", 1)[0] in _NO_GRAPHS for a in args):
         expected = [e for e in expected if e != "cuda_graph"]
     return [e for e in expected if e not in found]
