@@ -123,7 +123,9 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
         else Q(pk__in=[])
     )
     rows = (
-        Card.objects.values("node__name", "node__state", "node__reachable", "gpu_class__name")
+        Card.objects.values(
+            "node__name", "node__state", "node__reachable", "node__fabric_domain", "gpu_class__name"
+        )
         .annotate(
             cards=Count("id"), free=Count("id", filter=Q(shard__isnull=True)), own=Count("id", filter=own)
         )
@@ -137,6 +139,7 @@ def node_rooms(profile: Profile | None = None) -> list[NodeRoom]:
             cards=r["cards"],
             free=r["free"],
             own=r["own"],
+            fabric=r["node__fabric_domain"],
         )
         for r in rows
     ]
@@ -160,6 +163,10 @@ CARD_ROW = (
     "shard__replica__profile__model__name",
     "cordoned",
     "cordon_reason",
+    # A replica across nodes: the rank that holds the card, and rank 0's rendezvous port (set only on
+    # a group, so the grid numbers a group's ranks and nothing else).
+    "shard__rank",
+    "shard__replica__rendezvous_port",
 )
 HOLDERS_NAMED = 8  # models named per class in the summary; the rest are counted together
 

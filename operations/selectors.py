@@ -9,8 +9,8 @@ from catalog.models import Card, GPUClass, Node, Profile, Replica, restartable_r
 from catalog.selectors import node_facts
 from operations.models import RestartOperation, RestartStep
 from planning import NodeRoom
-from planning.placement import LiveReplica, NodeCards
-from planning.plan import Fleet
+from planning.checks import Fleet
+from planning.placement import LiveReplica, NodeCards, RankPlace
 from telemetry.selectors import foreign_held_card_ids
 
 
@@ -36,11 +36,22 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
     # A node is used only when the operator has it ready and its agent answers (the reconciler says).
     nodes = {}
     facts = {}
+    fabric: dict[str, str] = {}  # each node's fabric domain, by name: a group spans one
     for row in Node.objects.only(
-        "id", "name", "state", "reachable", "driver_version", "cuda_version", "arch", "engines", "facts_at"
+        "id",
+        "name",
+        "state",
+        "reachable",
+        "driver_version",
+        "cuda_version",
+        "arch",
+        "engines",
+        "facts_at",
+        "fabric_domain",
     ):
         nodes[row.pk] = (row.name, row.state == "ready" and row.reachable)
         facts[row.name] = node_facts(row)
+        fabric[row.name] = row.fabric_domain
     classes = dict(GPUClass.objects.values_list("id", "name"))
     model_live: dict[int, tuple[str, bool]] = {}  # the model's live replicas: name, and whether restarted
     if profile is not None:
@@ -55,14 +66,14 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
     counts: dict[tuple[int, int], list[int]] = {}  # cards, free, held by the profile's live replicas
     by_node: dict[int, tuple[list[int], list[int]]] = {}  # the class's card indices on a node, and the free
     held: list[
-        tuple[str, str, int, int]
-    ] = []  # the model's live replicas' cards: node, class, index, replica
+        tuple[int, str, str, int, int]
+    ] = []  # the model's live replicas' cards: rank, node, class, index, replica
     # A card a process the catalog does not know holds memory on is not free, whatever the catalog says.
     foreign = foreign_held_card_ids()
     cordoned_held: dict[int, set[tuple[str, int]]] = {}  # the live replicas' cordoned cards: node, index
     # A card cordoned on its own (card_cordon) takes no replacement: neither free nor room in place.
-    for card_id, node, cls, index, holder, cordoned in Card.objects.values_list(
-        "id", "node_id", "gpu_class_id", "index", "shard__replica_id", "cordoned"
+    for card_id, node, cls, index, holder, rank, cordoned in Card.objects.values_list(
+        "id", "node_id", "gpu_class_id", "index", "shard__replica_id", "shard__rank", "cordoned"
     ).order_by("index"):
         count = counts.setdefault((node, cls), [0, 0, 0])
         count[0] += 1
@@ -70,7 +81,7 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
             count[1] += not cordoned
         elif holder in model_live:
             count[2] += model_live[holder][1] and not cordoned
-            held.append((nodes[node][0], classes[cls], index, holder))
+            held.append((rank or 0, nodes[node][0], classes[cls], index, holder))
             if cordoned:
                 cordoned_held.setdefault(holder, set()).add((nodes[node][0], index))
         if cls == restarted_class:
@@ -87,6 +98,7 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
                 cards=n,
                 free=free_n,
                 own=own_n,
+                fabric=fabric[nodes[node][0]],
             )
             for (node, cls), (n, free_n, own_n) in counts.items()
         ),
@@ -94,30 +106,43 @@ def rooms_and_fleet(profile: Profile | None, *, parallel: int = 1) -> tuple[list
     )
     if profile is None or profile.gpu_class_id is None:
         return rooms, None
-    # Where each live replica runs: the first node of its cards, by name, and its cards there.
-    spots: dict[int, tuple[str, list[int]]] = {}
-    for node_name, _, index, holder in sorted(held):
-        node_of, cards = spots.setdefault(holder, (node_name, []))
+    # Where each live replica runs: each rank's node and its cards there, rank 0 first (its node
+    # and cards are the replica's own); a rank's node is the first of its cards', by name.
+    spots: dict[int, dict[int, tuple[str, list[int]]]] = {}
+    for rank, node_name, _, index, holder in sorted(held):
+        node_of, cards = spots.setdefault(holder, {}).setdefault(rank, (node_name, []))
         if node_name == node_of:
             cards.append(index)
     fleet = Fleet(
         cards=tuple(
-            NodeCards(node=name, ready=ready, indices=tuple(indices), free=tuple(free))
+            NodeCards(node=name, ready=ready, indices=tuple(indices), free=tuple(free), fabric=fabric[name])
             for (name, ready), (indices, free) in sorted(
                 ((nodes[pk], cards) for pk, cards in by_node.items()), key=lambda pair: pair[0][0]
             )
         ),
         replicas=tuple(
-            LiveReplica(
-                name=model_live[pk][0],
-                node=node,
-                cards=tuple(sorted(cards)),
-                restarted=model_live[pk][1],
-                cordoned=tuple(sorted(i for n, i in cordoned_held.get(pk, ()) if n == node)),
-            )
-            for pk, (node, cards) in spots.items()
+            _live_replica(model_live[pk], ranks, cordoned_held.get(pk, set())) for pk, ranks in spots.items()
         ),
         parallel=parallel,
         facts=facts,
     )
     return rooms, fleet
+
+
+def _live_replica(
+    live: tuple[str, bool], ranks: dict[int, tuple[str, list[int]]], cordoned: set[tuple[str, int]]
+) -> LiveReplica:
+    """A live replica as the restart simulation reads it: rank 0's node and cards (the lowest rank
+    held), every rank's, and its cordoned cards on rank 0's node."""
+    places = tuple(
+        RankPlace(rank, node, tuple(sorted(cards))) for rank, (node, cards) in sorted(ranks.items())
+    )
+    first = places[0]
+    return LiveReplica(
+        name=live[0],
+        node=first.node,
+        cards=first.cards,
+        restarted=live[1],
+        cordoned=tuple(sorted(i for n, i in cordoned if n == first.node)),
+        ranks=places if len(places) > 1 else (),
+    )

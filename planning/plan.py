@@ -7,46 +7,33 @@ worked out so far.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from base.errors import DomainError, declared
 from base.notes import Notes
+from planning.checks import CONTEXT_CHANGE, Fleet, card_of, finish, floor_refusals, unknown_note, with_change
 from planning.engines import (
     Engine,
     drop_spellings,
     engine,
+    group_widths,
     launch_args,
     parse_capability,
     refusals,
+    span_refusal,
     terms_for,
     with_context,
 )
+from planning.groups import Span, most_cards, nodes_for, respread_group, span_of
 from planning.memory import card_memory, longest_context_that_fits
-from planning.placement import LiveReplica, NodeCards, place_restart
-from planning.releases import NodeFacts, floor_of, node_refusal, parse_version, unknown_facts
+from planning.placement import place_restart
+from planning.releases import floor_of, parse_version
 from planning.room import room_for
 from planning.rules import MAX_CARDS, context_of, heads_known, pick_profile, respread, splits_heads
+from planning.spanplan import check_group_memory, check_group_room
 from planning.types import CardMemory, Change, GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
-from planning.units import and_list, cards, gib, gib_short
-
-CONTEXT_CHANGE = (
-    "a context change (the model page's context form, POST /api/models/{name}/context/, or manage.py context)"
-)
-
-
-@dataclass(frozen=True)
-class Fleet:
-    """What the restart simulation reads: the class's cards on every node,
-    the model's live replicas, and how many steps run at once."""
-
-    cards: tuple[NodeCards, ...]
-    replicas: tuple[LiveReplica, ...]
-    parallel: int = 1
-    # What each node's agent reported of itself (driver, CUDA, architecture, engines installed), by
-    # node name; a node missing here is one whose facts are not known.
-    facts: Mapping[str, NodeFacts] | None = None
-
+from planning.units import cards, gib, gib_short
 
 # When the model does not say how long its context may be, a ceiling still
 # keeps a typo (an extra zero or ten) out of a profile: 16 Mi tokens is past
@@ -64,21 +51,15 @@ def _refuse_declared(model: ModelSpec) -> None:
         raise declared(model.name, model.declared_in or "the cluster's settings file")
 
 
-def _with_change(err: DomainError, change: Change, notes: Notes) -> DomainError:
-    """``err`` again, carrying the change worked out so far."""
-    return DomainError(err.code, err.message, status=err.status, change=_finish(change, notes).as_dict())
-
-
-def _finish(change: Change, notes: Notes) -> Change:
-    return replace(change, note=notes.text())
-
-
 def _launch(eng: Engine, model: ModelSpec, p: ProfileSpec) -> tuple[str, ...]:
     """The engine's arguments for ``p``, as the node agent will start it (after
     the program its own configuration names for the engine)."""
     # The port is each replica's own, chosen when the restart places it.
     port: Any = "{port}"
-    return tuple(launch_args(eng, source=model.source, port=port, model=model.name, tp=p.tp, args=p.args))
+    # Across nodes the engine's own TP width (SGLang's counts every node's cards); the rank flags are
+    # each rank's, written by the launcher.
+    tp = group_widths(eng, p.tp, p.nodes)[0] if p.nodes > 1 else p.tp
+    return tuple(launch_args(eng, source=model.source, port=port, model=model.name, tp=tp, args=p.args))
 
 
 def _refuse_forbidden(
@@ -92,7 +73,7 @@ def _refuse_forbidden(
         raise DomainError(
             "refused_arg",
             " ".join(sentences) + " Remove it from the profile first.",
-            change=_finish(change, notes).as_dict(),
+            change=finish(change, notes).as_dict(),
         )
 
 
@@ -100,7 +81,7 @@ def _engine_of(p: ProfileSpec, change: Change, notes: Notes) -> Engine:
     try:
         return terms_for(engine(p.engine), p.engine_version)
     except DomainError as err:
-        raise _with_change(err, change, notes) from None
+        raise with_change(err, change, notes) from None
 
 
 def _check_class(
@@ -122,7 +103,7 @@ def _check_class(
             "capability",
             f"The {eng.name} engine needs cards of compute capability {eng.min_capability} or newer; "
             f"{spec.name} cards are {spec.capability}.",
-            change=_finish(change, notes).as_dict(),
+            change=finish(change, notes).as_dict(),
         )
     floor = floor_of(eng.floors, p.engine_version)
     floor_need = parse_version(floor.capability) if floor is not None and floor.capability else None
@@ -138,77 +119,9 @@ def _check_class(
             "capability",
             f"{release} needs cards of compute capability {floor.capability} or newer; {spec.name} cards are "
             f"{spec.capability}.",
-            change=_finish(change, notes).as_dict(),
+            change=finish(change, notes).as_dict(),
         )
     return spec.usable_bytes if spec.usable_bytes > 0 else None
-
-
-def _floor_refusals(
-    eng: Engine, p: ProfileSpec, fleet: Fleet | None, nodes: Iterable[str], notes: Notes
-) -> dict[str, DomainError]:
-    """Each node that cannot run ``p``'s engine release, with why (``planning.releases.node_refusal``);
-    a note names the nodes whose facts are not known. Nothing when the fleet's facts were not given."""
-    if fleet is None or fleet.facts is None:
-        return {}
-    floor = floor_of(eng.floors, p.engine_version)
-    refused: dict[str, DomainError] = {}
-    unknown: list[str] = []
-    for node in sorted(set(nodes)):
-        facts = fleet.facts.get(node) or NodeFacts(node=node)
-        if not facts.known:
-            unknown.append(node)
-        err = node_refusal(eng.name, p.engine_version, floor, facts)
-        if err is not None:
-            refused[node] = err
-    if unknown and (floor is not None or p.engine_version):
-        notes.add(unknown_facts(unknown))
-    return refused
-
-
-def _card_of(spec: GPUClassSpec | None) -> dict[str, Any]:
-    """The card facts the memory model reads beyond the usable bytes."""
-    if spec is None:
-        return {"total": None, "class_name": ""}
-    return {"total": spec.total_bytes or None, "class_name": spec.name}
-
-
-def _unknown_note(model: ModelSpec, context: int | None, *, heads_checked: bool | None) -> str | None:
-    """One sentence naming what is not known and the checks that skips; None
-    when nothing was skipped. ``heads_checked`` is None when the head split is
-    not a check of this change."""
-    shape = model.shape
-    heads, memory = "how its heads split over the cards", "what each card holds"
-    skipped: list[str] = []
-    unknown: list[tuple[str, bool]] = []  # (what, is it plural)
-    if shape is None:
-        skipped = [heads, memory] if heads_checked is False else [memory]
-        unknown = [("shape", False)]
-    else:
-        if heads_checked is False:
-            skipped.append(heads)
-            unknown += [
-                (what, True)
-                for what, n in (("KV heads", shape.kv_heads), ("attention heads", shape.attention_heads))
-                if not n
-            ]
-        missing = [
-            (what, plural)
-            for what, plural, known in (
-                ("weight bytes", True, shape.weight_bytes is not None),
-                ("KV-cache bytes per token", True, shape.kv_bytes_per_token is not None),
-                ("context", False, bool(context)),
-            )
-            if not known
-        ]
-        if missing:
-            skipped.append(memory)
-            unknown += missing
-    if not skipped:
-        return None
-    verb = "are" if len(unknown) > 1 or unknown[0][1] else "is"
-    checks = "are" if len(skipped) > 1 else "is"
-    what = and_list([w for w, _ in unknown])
-    return f"{model.name}'s {what} {verb} not known, so {and_list(skipped)} {checks} not checked."
 
 
 def _memory_refusal(
@@ -269,7 +182,7 @@ def _check_memory(
     heads_checked: bool | None,
     card: dict[str, Any],
 ) -> Change:
-    note = _unknown_note(model, context, heads_checked=heads_checked)
+    note = unknown_note(model, context, heads_checked=heads_checked)
     if note:
         notes.add(note)
     memory = card_memory(eng, model.shape, n, context, budget, args=p.args, **card)
@@ -290,7 +203,7 @@ def _check_memory(
                 next_cards=_fewest_cards_that_fit(eng, model.shape, context, budget, n, p.args, card),
                 card=card,
             ),
-            change=_finish(change, notes).as_dict(),
+            change=finish(change, notes).as_dict(),
         )
     return change
 
@@ -313,7 +226,7 @@ def _check_room(
     simulate = fleet is not None and any(r.restarted for r in fleet.replicas)
     nodes = list(nodes)
     # Only the nodes that could take a replica are checked and named: a node that is down takes none.
-    refused = _floor_refusals(
+    refused = floor_refusals(
         engine(p.engine), p, fleet, (r.node for r in nodes if r.gpu_class == p.gpu_class and r.ready), notes
     )
     if refused:
@@ -338,13 +251,57 @@ def _check_room(
             room = replace(room, places=places, in_place=any(pl.in_place for pl in places))
     except DomainError as err:
         answer = err
+        if err.code == "too_few_cards":
+            answer = DomainError(
+                err.code, err.message + _why_one_node(engine(p.engine), n, nodes, p), status=err.status
+            )
         if refused:
             # Nowhere to go because of the nodes the release cannot run on: that is the answer.
             first = refused[min(refused)]
             others = f" ({len(refused) - 1} other node(s) refused too)" if len(refused) > 1 else ""
             answer = DomainError(first.code, first.message + others, status=first.status)
-        raise _with_change(answer, change, notes) from None
+        raise with_change(answer, change, notes) from None
     return replace(change, room=room, in_place=room.in_place)
+
+
+def _why_one_node(eng: Engine, n: int, nodes: Iterable[NodeRoom], p: ProfileSpec) -> str:
+    """Why a replica of ``n`` cards more than a node has was not planned across nodes."""
+    reason = span_refusal(eng)
+    if reason is not None:
+        return f" A replica of the {eng.name} engine cannot run across nodes: {reason}."
+    most = most_cards(nodes, p.gpu_class)
+    return (
+        f" Across nodes a replica runs the same number of cards on each, and no count of nodes divides {n} "
+        f"into {most} or fewer a node: ask for a multiple of a node's share."
+    )
+
+
+def _span(
+    eng: Engine,
+    p: ProfileSpec,
+    gpus: int,
+    nodes: list[NodeRoom],
+    asked: int | None,
+    change: Change,
+    notes: Notes,
+) -> Span | None:
+    """The nodes a replica of ``gpus`` cards spans (``groups.nodes_for``); None for one node, and for
+    an engine that cannot span nodes (the room check then refuses with its reason). Refuses (400)
+    ``nodes_range`` for nodes that do not divide the cards and ``single_node_engine`` for nodes
+    asked of an engine that cannot span them."""
+    try:
+        span = nodes_for(gpus, most_cards(nodes, p.gpu_class), asked)
+        reason = span_refusal(eng)
+        if asked is not None and asked > 1 and reason is not None:
+            raise DomainError(
+                "single_node_engine",
+                f"A replica of the {eng.name} engine cannot run across nodes: {reason}. Ask for one node.",
+            )
+    except DomainError as err:
+        raise with_change(err, change, notes) from None
+    if span is None or span.nodes == 1 or reason is not None:
+        return None
+    return span
 
 
 def plan_resize(
@@ -357,9 +314,12 @@ def plan_resize(
     nodes: Iterable[NodeRoom],
     running: int,
     fleet: Fleet | None = None,
+    node_count: int | None = None,
 ) -> Change:
-    """The change that spreads ``model``'s profile over ``gpus`` cards of one
-    node, after every check of docs/design.md's "Resize", in its order.
+    """The change that spreads ``model``'s profile over ``gpus`` cards, after
+    every check of docs/design.md's "Resize", in its order: on one node when one
+    holds them, else across the fewest nodes that divide them evenly (or the
+    ``node_count`` asked), as the engine spans nodes (``groups``, ``spanplan``).
 
     Refusals: ``declared`` (409), ``gpus_range``, the profile's
     (``no_profile``, ``cpu_only``, ``ambiguous_profile``), ``unknown_engine``,
@@ -387,7 +347,7 @@ def plan_resize(
         args=p.args,
     )
     eng = _engine_of(p, change, notes)
-    if p.cards == gpus:
+    if p.cards == gpus and (node_count is None or node_count == max(p.nodes, 1)):
         raise DomainError(
             "unchanged",
             f"{model.name}'s {p.name} profile already uses {cards(gpus)}.",
@@ -395,14 +355,34 @@ def plan_resize(
         )
     spec = classes.get(p.gpu_class or "")
     budget = _check_class(eng, p, spec, change, notes)
+    nodes = list(nodes)
+    span = _span(eng, p, gpus, nodes, node_count, change, notes)
 
     try:
-        new = respread(p, gpus, model.shape, eng)
+        new = (
+            respread(p, gpus, model.shape, eng) if span is None else respread_group(p, span, model.shape, eng)
+        )
     except DomainError as err:
-        raise _with_change(err, change, notes) from None
+        raise with_change(err, change, notes) from None
     change = replace(change, args=new.args, launch=_launch(eng, model, new), new_profile=new)
     _refuse_forbidden(eng, new, change, notes, context_max=model.context_length)
 
+    if span is not None:
+        change = check_group_memory(
+            model=model,
+            eng=eng,
+            p=new,
+            span=span,
+            context=context_of(model, new, eng),
+            budget=budget,
+            change=change,
+            notes=notes,
+            card=card_of(spec),
+        )
+        change = check_group_room(
+            nodes, eng, p, span, in_place=in_place, change=change, notes=notes, fleet=fleet
+        )
+        return finish(change, notes)
     change = _check_memory(
         model=model,
         eng=eng,
@@ -413,12 +393,12 @@ def plan_resize(
         change=change,
         notes=notes,
         heads_checked=heads_known(model.shape) if eng.spread == "tensor" else None,
-        card=_card_of(spec),
+        card=card_of(spec),
     )
     change = _check_room(
         nodes, p, gpus, running=running, in_place=in_place, change=change, notes=notes, fleet=fleet
     )
-    return _finish(change, notes)
+    return finish(change, notes)
 
 
 def plan_context(
@@ -483,7 +463,7 @@ def plan_context(
         # spelling left from before the launch policy goes with the change.
         args = with_context(eng, drop_spellings(eng, p.args, eng.tp_flags), tokens)
     except DomainError as err:
-        raise _with_change(err, change, notes) from None
+        raise with_change(err, change, notes) from None
     # The flag now wins over any environment spelling; dropping those keeps
     # the profile from saying two things.
     env = tuple((k, v) for k, v in p.env if k not in eng.context_env)
@@ -492,6 +472,23 @@ def plan_context(
     _refuse_forbidden(eng, new, change, notes, context_max=model.context_length)
 
     n = p.cards
+    if p.nodes > 1 and span_refusal(eng) is None:
+        span = span_of(p)
+        change = check_group_memory(
+            model=model,
+            eng=eng,
+            p=new,
+            span=span,
+            context=tokens,
+            budget=budget,
+            change=change,
+            notes=notes,
+            card=card_of(spec),
+        )
+        change = check_group_room(
+            nodes, eng, p, span, in_place=in_place, change=change, notes=notes, fleet=fleet
+        )
+        return finish(change, notes)
     change = _check_memory(
         model=model,
         eng=eng,
@@ -502,9 +499,9 @@ def plan_context(
         change=change,
         notes=notes,
         heads_checked=None,
-        card=_card_of(spec),
+        card=card_of(spec),
     )
     change = _check_room(
         nodes, p, n, running=running, in_place=in_place, change=change, notes=notes, fleet=fleet
     )
-    return _finish(change, notes)
+    return finish(change, notes)

@@ -144,6 +144,8 @@ class NodeRoom:
     cards: int
     free: int
     own: int
+    # The node's fabric domain (``Node.fabric_domain``): a replica across nodes spans one; "" joins none.
+    fabric: str = ""
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,9 @@ class Change:
     note: str = ""
     new_profile: ProfileSpec | None = None
     operation: int | None = None
+    # A replica across nodes of a pipeline engine: each stage's memory (``stages.Stage``), first
+    # first; ``memory`` is then the fullest stage's. Empty on one node.
+    stages: tuple[Any, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The API's keys (docs/design.md, "Resize"), plus ``kind``, ``memory`` and ``room``."""
@@ -311,4 +316,6 @@ class Change:
             "memory": self.memory.as_dict() if self.memory else None,
             "room": self.room.as_dict() if self.room else None,
             "operation": self.operation,
+            "nodes": self.new_profile.nodes if self.new_profile else None,
+            "stages": [s.as_dict() for s in self.stages],
         }

@@ -276,6 +276,15 @@ class Preview:
     note: str = ""
     error: str = ""
     code: str = ""
+    nodes: int = 1  # the nodes one new replica spans (its ranks)
+    per_node: int = 0  # its cards on each
+    stages: tuple[Mapping[str, Any], ...] = ()  # a pipeline engine's stages across nodes
+    per_card: str = ""
+
+    @property
+    def ranked(self) -> bool:
+        """Whether some place has several ranks (the table then numbers them)."""
+        return any(len(p.get("ranks", ())) > 1 for p in self.places)
 
     @property
     def ok(self) -> bool:
@@ -312,6 +321,12 @@ class Preview:
             in_place_count=len(room.in_place_nodes) if room else 0,
             in_place=change.in_place,
             note=change.note,
+            nodes=change.new_profile.nodes if change.new_profile else 1,
+            per_node=change.new_profile.cards // max(change.new_profile.nodes, 1)
+            if change.new_profile
+            else 0,
+            stages=tuple(st.as_dict() for st in change.stages),
+            per_card=change.per_card,
         )
 
     @classmethod

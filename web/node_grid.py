@@ -47,6 +47,13 @@ class Tile(NamedTuple):
     model: str | None
     cordoned: bool = False  # cordoned on its own (card_cordon): no new placement on it
     cordon_reason: str = ""
+    rank: int | None = None  # the rank of the replica that holds it
+    rendezvous: int | None = None  # its replica's rendezvous port: set only on a replica across nodes
+
+    @property
+    def group_rank(self) -> int | None:
+        """The holder's rank when it is a replica across nodes (its ranks share the model's colour)."""
+        return self.rank if self.replica is not None and self.rendezvous is not None else None
 
     @property
     def free(self) -> bool:
@@ -187,17 +194,27 @@ def tiles_html(
                     f'<span class="holder">not placed on</span>{flag}{MARK}u:{at}:-{MARK}</li>'
                 )
         elif compact:
+            ranked = f", {escape(t.replica)} rank {t.group_rank}" if t.group_rank is not None else ""
+            group = " group" if t.group_rank is not None else ""
             out.append(
-                f'<i class="{hue(t.model_id)}{foreign}{cordoned}" title="card {t.card}: {escape(t.model)}"></i>'
+                f'<i class="{hue(t.model_id)}{group}{foreign}{cordoned}" '
+                f'title="card {t.card}: {escape(t.model)}{ranked}"></i>'
             )
         else:
             rep, state = escape(t.replica), escape(t.state)
             busy = "" if t.state == "ready" else f" · {state}"
             need = planned.get(t.replica or "")
+            rank = (
+                f'<span class="rank" title="{rep} runs across nodes: rank {t.group_rank} of its group">'
+                f"rank {t.group_rank}</span>"
+                if t.group_rank is not None
+                else ""
+            )
+            group = " group" if t.group_rank is not None else ""
             out.append(
-                f'<li class="card held {hue(t.model_id)}{foreign}{cordoned}"><span class="idx">card {t.card}</span>'
+                f'<li class="card held {hue(t.model_id)}{group}{foreign}{cordoned}"><span class="idx">card {t.card}</span>'
                 f'<a class="holder" href="{links(t.model or "")}">{escape(t.model)}</a>'
-                f'<span class="rep" title="{rep}, {state}">{rep}{busy}</span>{flag}'
+                f'<span class="rep" title="{rep}, {state}">{rep}{busy}</span>{rank}{flag}'
                 f"{MARK}u:{at}:{'-' if need is None else need}{MARK}</li>"
             )
     return mark_safe("".join(out))  # noqa: S308 - every name above is escaped

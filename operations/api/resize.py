@@ -27,6 +27,14 @@ class ResizeInput(StrictInput):
         default="",
         help_text="The profile to change; needed when the model has several on cards.",
     )
+    nodes = StrictIntegerField(
+        required=False,
+        default=None,
+        allow_null=True,
+        bounds=(1, MAX_CARDS),
+        help_text="The nodes one replica spans, a rank on each with gpus / nodes cards; it must divide "
+        "gpus. Left out: one node when one has the cards, else the fewest nodes that divide them evenly.",
+    )
     in_place = serializers.BooleanField(
         required=False,
         default=False,
@@ -117,7 +125,17 @@ class RoomSerializer(serializers.Serializer):
         help_text=f"Nodes with the cards free once this profile's replicas stop: the first {ROOM_NODES_NAMED}.",
     )
     in_place_count = serializers.IntegerField(help_text="How many nodes have them free that way.")
-    places = PlacementSerializer(many=True, help_text="Where the restart puts each replica, in its order.")
+    places = PlacementSerializer(
+        many=True, help_text="Where the restart puts each replica (every rank of it), in its order."
+    )
+
+
+class StageSerializer(serializers.Serializer):
+    stage = serializers.IntegerField(help_text="The pipeline stage, and the rank that runs it.")
+    first_layer = serializers.IntegerField()
+    layers = serializers.IntegerField()
+    holds = serializers.CharField(help_text="Its layers, and the embedding (first) or the head (last).")
+    memory = MemorySerializer()
 
 
 class ChangeSerializer(serializers.Serializer):
@@ -139,6 +157,14 @@ class ChangeSerializer(serializers.Serializer):
     note = serializers.CharField(allow_blank=True, help_text="What could not be checked, said once.")
     memory = MemorySerializer(allow_null=True)
     room = RoomSerializer(allow_null=True)
+    nodes = serializers.IntegerField(
+        allow_null=True, help_text="The nodes one replica of the new profile spans (its ranks)."
+    )
+    stages = StageSerializer(
+        many=True,
+        help_text="A replica across nodes of a pipeline engine (vLLM): each stage's layers and memory, "
+        "a stage a rank; memory is the fullest's. Empty otherwise.",
+    )
     operation = serializers.IntegerField(
         allow_null=True,
         help_text="The restart operation started for the "
@@ -156,8 +182,8 @@ _refusals = {
     400: OpenApiResponse(
         ChangeErrorSerializer,
         description="Refused by a rule: gpus_range, no_profile, cpu_only, "
-        "ambiguous_profile, unchanged, capability, heads, single_card_engine, memory, "
-        "context_range, or invalid input",
+        "ambiguous_profile, unchanged, capability, heads, layers, single_card_engine, "
+        "single_node_engine, nodes_range, memory, context_range, or invalid input",
     ),
     403: OpenApiResponse(
         ChangeErrorSerializer, description="Not signed in, or without the resize permission"
@@ -186,6 +212,7 @@ class ResizeView(APIView):
         change = model_resize(
             name=name,
             gpus=v["gpus"],
+            nodes=v["nodes"],
             profile=v["profile"] or None,
             in_place=v["in_place"],
             dry_run=v["dry_run"],

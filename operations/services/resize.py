@@ -191,8 +191,10 @@ def model_resize(
     in_place: bool = False,
     dry_run: bool = False,
     actor: Actor | None = None,
+    nodes: int | None = None,
 ) -> Change:
-    """Spread ``name``'s profile over ``gpus`` cards of one node.
+    """Spread ``name``'s profile over ``gpus`` cards: of one node, or across ``nodes`` nodes (None:
+    one node when one has the cards, else the fewest that divide them evenly).
 
     Every check of docs/design.md's "Resize" runs, in its order; a refusal raises
     DomainError and saves nothing. ``dry_run`` runs them all and saves nothing.
@@ -205,11 +207,18 @@ def model_resize(
         action="resize",
         actor=actor,
         gpus=gpus,
+        node_count=nodes,
         in_place=in_place,
         describe=lambda c: (
-            f"{c.model}/{c.profile}: {c.before} → {c.after} cards ({c.per_card or 'memory not checked'})"
+            f"{c.model}/{c.profile}: {c.before} → {c.after} cards"
+            f"{_across(c)} ({c.per_card or 'memory not checked'})"
         ),
     )
+
+
+def _across(change: Change) -> str:
+    nodes = change.new_profile.nodes if change.new_profile else 1
+    return f" across {nodes} nodes" if nodes > 1 else ""
 
 
 def model_set_context(

@@ -25,7 +25,8 @@ DESIGN_KEYS = {
     "in_place",
     "note",
 }
-CHANGE_KEYS = DESIGN_KEYS | {"memory", "room", "kind", "operation", "launch"}
+# "nodes" and "stages": a replica across nodes (its ranks, and a pipeline engine's stages).
+CHANGE_KEYS = DESIGN_KEYS | {"memory", "room", "kind", "operation", "launch", "nodes", "stages"}
 
 
 def client_for(user=None) -> APIClient:

@@ -170,7 +170,24 @@ REFUSALS = [
         says=("8 KV heads", "32 attention heads", "1, 2, 4, 8, 16 or 32"),
         change={"after": 3},
     ),
-    Refusal("heads", 400, {"gpus": 64}, says=("32 attention heads", "64 cards")),
+    # On one node, as asked: tensor parallel 64 wide (across 8 nodes it would run TP 8, PP 8).
+    Refusal("heads", 400, {"gpus": 64, "nodes": 1}, says=("32 attention heads", "64 cards")),
+    Refusal(
+        "layers",
+        400,
+        {"gpus": 64, "nodes": 64},
+        says=("64 pipeline stages", "32 layers", "32 nodes or fewer"),
+        change={"after": 64},
+    ),
+    Refusal("nodes_range", 400, {"gpus": 16, "nodes": 3}, says=("16 cards", "3 nodes", "1, 2, 4, 8 or 16")),
+    Refusal(
+        "single_node_engine",
+        400,
+        {"gpus": 2, "nodes": 2},
+        freetoken_on("9.0"),
+        url=gpus_url("gpt-oss-20b"),
+        says=("freetoken engine cannot run across nodes", "one card"),
+    ),
     Refusal(
         "single_card_engine",
         400,
@@ -334,6 +351,9 @@ def test_the_refusal_codes_cover_every_code_the_design_names():
         "no_room",
         "no_room_beside",
         "context_range",
+        "layers",
+        "nodes_range",
+        "single_node_engine",
     }  # and busy, in test_resize_concurrency
     assert {c.code for c in REFUSALS} == named
 

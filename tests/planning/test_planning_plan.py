@@ -254,18 +254,20 @@ def test_memory_is_checked_before_room():
 
 
 @pytest.mark.parametrize(
-    ("nodes", "in_place", "code"),
+    ("nodes", "in_place", "code", "each"),
     [
-        ([], False, "no_class"),
-        ([NodeRoom("n1", True, "h100", 2, 2, 0)], False, "too_few_cards"),
-        ([NodeRoom("n1", True, "h100", 8, 1, 2)], True, "no_room"),
-        ([NodeRoom("n1", True, "h100", 8, 2, 2)], False, "no_room_beside"),
+        ([], False, "no_class", 4),
+        # 4 cards on nodes of 2: planned across 2 nodes (a pipeline stage of 2 cards each), and n1 is
+        # the only node, in no fabric domain.
+        ([NodeRoom("n1", True, "h100", 2, 2, 0)], False, "too_few_cards", 2),
+        ([NodeRoom("n1", True, "h100", 8, 1, 2)], True, "no_room", 4),
+        ([NodeRoom("n1", True, "h100", 8, 2, 2)], False, "no_room_beside", 4),
     ],
 )
-def test_no_room_is_refused_with_the_whole_change(nodes, in_place, code):
+def test_no_room_is_refused_with_the_whole_change(nodes, in_place, code, each):
     err = refusal(lambda: resize(llama(), 4, nodes=nodes, in_place=in_place))
     assert (err.code, err.status) == (code, 409)
-    assert err.change["memory"]["cards"] == 4
+    assert err.change["memory"]["cards"] == each
     assert err.change["args"] == ["--max-model-len", "8192", "--enable-prefix-caching"]
 
 

@@ -152,6 +152,19 @@ def model_list(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _ranks_of(replica: Replica) -> list[tuple[int, str, str, str]]:
+    """A replica across nodes, rank by rank: its rank, node, node state and cards there; empty for
+    one on one node (prefetch ``shards__card__node``)."""
+    ranks: dict[int, tuple[str, str, list[int]]] = {}
+    for s in replica.shards.all():
+        ranks.setdefault(s.rank, (s.card.node.name, s.card.node.state, []))[2].append(s.card.index)
+    if len(ranks) < 2:
+        return []
+    return [
+        (rank, node, state, cards_said(sorted(cards))) for rank, (node, state, cards) in sorted(ranks.items())
+    ]
+
+
 def _replicas_of(model: ServedModel) -> list[Replica]:
     from planning.measured import compare
     from planning.units import gib
@@ -168,6 +181,8 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
         r.cards_said = [(node, cards_said(indices)) for node, indices in r.placement]  # type: ignore[attr-defined]
         # Each node it runs on with the node's state: a cordoned or down node is said beside its name.
         r.nodes = list({s.card.node.name: s.card.node.state for s in r.shards.all()}.items())  # type: ignore[attr-defined]
+        r.ranks = _ranks_of(r)  # type: ignore[attr-defined]
+        r.hue = hue(r.profile.model_id)  # type: ignore[attr-defined]
         # The need planned beside the need measured, over the terms the engine logged.
         r.memory_need = None  # type: ignore[attr-defined]
         r.memory_card = None  # type: ignore[attr-defined]
