@@ -28,6 +28,7 @@ from operations.services.placement import (
     node_hosts,
     release_refusal,
     replica_name,
+    replica_placement,
 )
 from operations.services.runner.groups import RankRecord, replica_ranks, said_ranks, spans
 from operations.services.runner.parts import RunParts
@@ -224,12 +225,16 @@ def in_place_refusal(profile: Profile, old: Replica) -> str:
 
 
 def swap_group(run: RunParts, step: RestartStep, current: Replica, reason: str) -> Replica | None:
-    """In the caller's transaction, ``current`` locked and every rank's stop confirmed: it is
-    recorded stopped with its cards freed, and the replacement recorded on the same cards rank for
-    rank, with its ports; None when another replica took one of those cards meanwhile."""
+    """In the caller's transaction, ``current`` locked and its stop confirmed by every agent: it is
+    recorded stopped with its cards freed, and the new group recorded where the restart's plan put
+    it in place, else on the old group's very cards rank for rank (with its ports when the places
+    are the old ones, else ports free on every host of the new group); None when another replica
+    took one of those cards meanwhile."""
     records = run.records
     profile = Profile.objects.select_related("model").get(pk=records.op.profile_id)
-    places = [(int(r["rank"]), r["node"], list(r["cards"])) for r in step.old_ranks]
+    old = [(int(r["rank"]), r["node"], list(r["cards"])) for r in step.old_ranks]
+    planned = [(int(r["rank"]), r["node"], list(r["cards"])) for r in step.planned_ranks]
+    places = planned if step.planned_in_place and planned else old
     for _, node_name, cards in places:
         if (
             Shard.objects.filter(card__node__name=node_name, card__index__in=cards)
@@ -243,13 +248,19 @@ def swap_group(run: RunParts, step: RestartStep, current: Replica, reason: str) 
         for rank, node, cards in places
     ]
     if current.state in Replica.HOLDING_STATES:
-        records.stop_for_in_place(current, nodes[places[0][1]], places[0][2], reason=reason)
+        held_node, held_cards = replica_placement(current)
+        if held_node is not None:
+            records.stop_for_in_place(current, held_node, held_cards, reason=reason)
+    same = places == old and current.rendezvous_port is not None
+    port, rendezvous = (
+        (current.port, current.rendezvous_port or 0) if same else group_ports(list(nodes.values()))
+    )
     return record_group_replacement(
         run,
         step,
         profile,
         fit,
-        port=current.port,
-        rendezvous_port=current.rendezvous_port or group_ports(list(nodes.values()))[1],
+        port=port,
+        rendezvous_port=rendezvous,
         said=f"in place of {current.name}",
     )

@@ -129,7 +129,7 @@ def _swap(run: RunParts, step: RestartStep, old: Replica, node: Node) -> Replica
     records.hold()
     profile = Profile.objects.select_related("model").get(pk=records.op.profile_id)
     current = Replica.objects.select_for_update().get(pk=old.pk)
-    if step.old_ranks:  # every rank's own cards, rank for rank
+    if max(profile.nodes, 1) > 1:  # a new group: the plan's places, or the old group's cards rank for rank
         why = with_stop_note(IN_PLACE_WHY, run.agents.stop_said(current.name))
         return swap_group(run, step, current, why)
     if Shard.objects.filter(card__node=node, card__index__in=step.cards).exclude(replica=current).exists():

@@ -140,10 +140,26 @@ def _begin_group(run: RunParts, step: RestartStep, old: Replica, profile: Profil
                 f"the running replicas, and the restart was asked to be rolling only: free whole nodes, or "
                 f"restart in place.{_refused_nodes(profile)} {old.name} keeps serving.",
             )
-    refusal = in_place_refusal(profile, old)
-    if refusal:
-        return records.finish_step(step, RestartStep.State.FAILED, f"{refusal} {old.name} keeps serving.")
-    return begin_in_place(run, step, old, head, list(ranks[0][2]), old_spec)
+    if group:
+        # In place, a group takes the plan's places (every rank of the old replica stopped first), else
+        # the old replica's own cards rank for rank; the step's node is the old replica's own until
+        # the new group is recorded (its stop is asked there).
+        if not (step.planned_in_place and step.planned_ranks):
+            refusal = in_place_refusal(profile, old)
+            if refusal:
+                return records.finish_step(
+                    step, RestartStep.State.FAILED, f"{refusal} {old.name} keeps serving."
+                )
+        return begin_in_place(run, step, old, head, list(ranks[0][2]), old_spec)
+    # One node in place of a group: on rank 0's node, its own cards and free ones there.
+    if step.planned_in_place and step.planned_node:
+        return begin_in_place(
+            run, step, old, Node.objects.get(name=step.planned_node), list(step.planned_cards), old_spec
+        )
+    cards = _in_place_cards(run, old, head)
+    if isinstance(cards, str):
+        return records.finish_step(step, RestartStep.State.FAILED, f"{cards} {old.name} keeps serving.")
+    return begin_in_place(run, step, old, head, cards, old_spec)
 
 
 def _refused_nodes(profile: Profile) -> str:
