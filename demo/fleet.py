@@ -1,4 +1,5 @@
-"""The demo fleet: three kinds of card, four nodes, real model shapes, running replicas.
+"""The demo fleet: three kinds of card, six nodes, real model shapes, running replicas, one of them
+across two nodes (Llama-3.1-405B on gpu-h3 and gpu-h4, one fabric domain).
 
 Model shapes come from real Hugging Face configs shipped beside this file, with
 the weight sizes their safetensors indexes give (or derive, where noted).

@@ -67,9 +67,11 @@ def reconcile_group(
     return _lose(replica, node, rank, f"{LOST}rank {rank} on {node.name}: {said}", actor=actor, fence=fence)
 
 
-def _stopped(node: Node, name: str) -> bool:
+def _stopped(node: Node, name: str, *, drain: float | None = None) -> bool:
+    """Its agent stopped ``name`` (or does not run it); ``drain``: how long a ready engine's requests in
+    flight may finish first (LLMGW_STOP_DRAIN_SECONDS when None; 0 for a group already lost)."""
     try:
-        AgentClient.for_node(node).stop(name)
+        AgentClient.for_node(node).stop(name, drain=drain)
     except AgentCallFailed as exc:
         log.info("%s is still not stopped on %s: %s", name, node.name, exc.message)
         return False
@@ -96,7 +98,7 @@ def _lose(
     for other in (
         Node.objects.filter(cards__shard__replica=row).exclude(pk=node.pk).distinct().order_by("name")
     ):
-        if _stopped(other, row.name):
+        if _stopped(other, row.name, drain=0):  # the group serves nothing without its lost rank
             other_rank = (
                 Shard.objects.filter(replica=row, card__node=other).values_list("rank", flat=True).first()
             )

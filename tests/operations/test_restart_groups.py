@@ -20,9 +20,11 @@ from agent_testing import wait_until
 
 from audit.models import AuditEntry
 from catalog.models import Node, Replica, Shard
+from operations.api.views import RestartStepSerializer
 from operations.models import RestartOperation, RestartStep
 from operations.services.drain import node_drain
-from operations.services.start import restart_start
+from operations.services.start import operation_cancel, restart_start
+from tests.support import builders as b
 from tests.support.restart import (
     MODEL,
     Fleet,
@@ -35,6 +37,7 @@ from tests.support.restart import (
     fleet_of,
     wait_for_operation,
 )
+from tests.web.pages_support import signed_in
 
 pytestmark = [
     pytest.mark.postgres,
@@ -123,6 +126,14 @@ def test_a_two_node_profile_is_planned_started_ready_then_restarted_rolling_and_
             assert_group_serves(fleet, group)
             assert [(r["rank"], r["node"], r["cards"]) for r in step.planned_ranks] == ranks_of(group)
             assert {r["state"] for r in step.ranks} == {"ready"}, step.ranks  # the page's rank states
+            page = signed_in(b.user("viewer")).get(f"/operations/{op.pk}/").content.decode()
+            for rank, node, _ in ranks_of(group):
+                assert f'rank {rank} on <a href="/nodes/{node}/">{node}</a>' in page, page
+            listed = RestartStepSerializer(step).data["ranks"]
+            assert [(r["rank"], r["node"], r["state"]) for r in listed] == [
+                (rank, node, "ready") for rank, node, _ in ranks_of(group)
+            ]
+            assert all("spec" not in r for r in listed)  # the specs (their environment) are not shown
             assert Replica.objects.get(name="llama-1").state == "stopped"
             in_line(fleet)
 
@@ -255,4 +266,33 @@ def test_a_drain_of_a_node_holding_one_rank_moves_the_whole_group(tmp_path, acto
             assert not running_ranks(fleet, group.name)
             assert Node.objects.get(name=rank1_node).state == "cordoned"
             in_line(fleet)
+        assert_nothing_half_done()
+
+
+def test_a_cancel_while_the_group_starts_stops_every_rank_it_started(tmp_path, actor, settings):
+    with group_fleet(tmp_path) as fleet:
+        fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "8"}, **GROUP)
+        with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE) as worker:
+            op = restart_start(model_name=MODEL, ready_timeout=60)
+            step = wait_until(
+                lambda: RestartStep.objects.filter(operation=op, state="waiting").first(),
+                timeout=60,
+                interval=0.1,
+                what="the group loading",
+            )
+            new = Replica.objects.get(pk=step.new_replica_id)
+            wait_until(
+                lambda: len(running_ranks(fleet, new.name)) == 2, timeout=20, what="both ranks running"
+            )
+            operation_cancel(operation_id=op.pk)
+            op = wait_for_operation(op.pk, timeout=60)
+        assert op.state == "cancelled", (op.reason, worker.output())
+        step = only_step(op)
+        assert step.state == "cancelled" and "cancelled while" in step.reason, step.reason
+        new.refresh_from_db()
+        assert new.state == "stopped" and "cancelled while" in new.reason and not new.shards.exists()
+        assert not running_ranks(fleet, new.name)  # every rank it started, stopped
+        old = Replica.objects.get(name="llama-1")
+        assert old.state == "ready" and answers(old.port)
+        in_line(fleet)
         assert_nothing_half_done()

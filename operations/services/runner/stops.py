@@ -115,8 +115,9 @@ def stop_replacement(agents: AgentConversation, step: RestartStep, failure: Step
             agents,
             new,
             Node.objects.get(name=step.node),
-            end=Replica.State.FAILED,
-            why=f"failed: {failure.reason}",
+            # A replacement stopped because the restart was cancelled did not fail: it was stopped.
+            end=Replica.State.STOPPED if failure.cancelled else Replica.State.FAILED,
+            why=failure.reason if failure.cancelled else f"failed: {failure.reason}",
         )
         if left:
             reason += (
