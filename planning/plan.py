@@ -270,6 +270,10 @@ def _why_one_node(eng: Engine, n: int, nodes: Iterable[NodeRoom], p: ProfileSpec
     if reason is not None:
         return f" A replica of the {eng.name} engine cannot run across nodes: {reason}."
     most = most_cards(nodes, p.gpu_class)
+    across = nodes_for(n, most, None)
+    if across is not None and across.nodes > 1:
+        # It could span them: one node was asked for.
+        return f" One node was asked for: leave nodes out (or name {across.nodes}) to run it across nodes."
     return (
         f" Across nodes a replica runs the same number of cards on each, and no count of nodes divides {n} "
         f"into {most} or fewer a node: ask for a multiple of a node's share."

@@ -162,6 +162,11 @@ def check_group_room(
     rooms = list(rooms)
     mine = [r for r in rooms if r.gpu_class == p.gpu_class]
     errors = floor_refusals(eng, p, fleet, (r.node for r in mine if r.ready), notes)
+    if not p.engine_version:
+        notes.add(
+            f"The profile names no {eng.name} release (nor does the fleet's default), so its ranks' nodes are "
+            "not held to one release: set one to have every rank run it."
+        )
     refused: Mapping[str, str] = {node: err.message for node, err in errors.items()}
     if not any(r.ready for r in mine):
         raise with_change(

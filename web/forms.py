@@ -90,7 +90,13 @@ class ResizeForm(_ChangeForm):
         widget=forms.NumberInput(attrs={"min": 1, "max": 64, "inputmode": "numeric", "class": "narrow"}),
         error_messages={"required": "Type a card count.", "invalid": "A card count is a whole number."},
     )
-    field_order = ["gpus", "profile", "in_place"]
+    nodes = forms.IntegerField(
+        label="Nodes (empty: as few as hold them)",
+        required=False,
+        widget=forms.NumberInput(attrs={"min": 1, "max": 64, "inputmode": "numeric", "class": "narrow"}),
+        error_messages={"invalid": "A node count is a whole number."},
+    )
+    field_order = ["gpus", "nodes", "profile", "in_place"]
 
 
 class ContextForm(_ChangeForm):

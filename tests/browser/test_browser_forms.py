@@ -157,6 +157,7 @@ def test_the_pages_work_from_the_keyboard(page, demo):
     page.get_by_label("Cards per replica").focus()
     page.keyboard.press("ArrowUp")  # 1 → 2, as a keyboard user would
     page.locator("#resize-preview .preview.ok").wait_for()
+    page.keyboard.press("Tab")  # the nodes field (empty: as few as hold the cards)
     page.keyboard.press("Tab")  # the in-place checkbox
     page.keyboard.press("Tab")  # the Apply button in the preview
     assert page.evaluate("document.activeElement.textContent.trim()") == "Apply: 2 cards"

@@ -219,3 +219,16 @@ def test_a_group_without_room_beside_goes_in_place_when_asked(dry_run):
         ("gpu-1", tuple(range(8))),
         ("gpu-2", tuple(range(8))),
     }
+
+
+def test_the_gpus_command_plans_across_the_nodes_it_is_given():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    llama_405b()
+    for i in range(1, 5):
+        node(f"gpu-{i}", "ib-1")
+    out = StringIO()
+    call_command("gpus", "llama-405b", "32", "--nodes", "4", "--dry-run", stdout=out)
+    assert "8 → 32 card(s)" in out.getvalue() and "across 4 nodes, a rank on each" in out.getvalue()

@@ -66,19 +66,17 @@ def test_a_group_avoids_the_nodes_of_the_models_other_replicas():
 
 
 def test_a_group_replica_frees_every_ranks_cards_for_the_steps_after_it():
-    # An old group of two ranks on n1 and n2 resized to one node of 8: the first replacement goes
-    # on n3 beside it; once it is ready the group's cards on both nodes come free for r2's.
-    nodes = [NodeCards("n1", True, tuple(range(8)), ()), NodeCards("n2", True, tuple(range(8)), ())]
-    nodes.append(NodeCards("n3", True, tuple(range(8)), tuple(range(8))))
-    group = LiveReplica(
-        "r1",
-        "n1",
-        tuple(range(8)),
-        ranks=(RankPlace(0, "n1", tuple(range(8))), RankPlace(1, "n2", tuple(range(8)))),
-    )
-    other = LiveReplica("r2", "n3", (), restarted=True, ranks=(RankPlace(0, "n3", ()),))
-    places = place_restart(nodes, [group, other], 8, in_place=False)
-    assert [(p.replica, p.node) for p in places] == [("r1", "n3"), ("r2", "n1")]
+    # Resized to one node of 8: r1 ran across n1 and n2, r2 on n3, r3 on n5; only n4 is free. r1's
+    # replacement takes n4; once it is ready r1 frees n1 (rank 0) and n2 (rank 1), so r2 goes to n1
+    # and r3 to n2 (before n3, which r2 frees, by name); were rank 1's cards not freed, r3 would go to n3.
+    whole = tuple(range(8))
+    nodes = [NodeCards(n, True, whole, ()) for n in ("n1", "n2", "n3", "n5")] + [
+        NodeCards("n4", True, whole, whole)
+    ]
+    r1 = LiveReplica("r1", "n1", whole, ranks=(RankPlace(0, "n1", whole), RankPlace(1, "n2", whole)))
+    replicas = [r1, LiveReplica("r2", "n3", whole), LiveReplica("r3", "n5", whole)]
+    places = place_restart(nodes, replicas, 8, in_place=False)
+    assert [(p.replica, p.node) for p in places] == [("r1", "n4"), ("r2", "n1"), ("r3", "n2")]
 
 
 def test_the_engines_span_modes():
@@ -99,44 +97,24 @@ def test_the_widths_each_engine_runs_a_group_with():
 
 
 @pytest.mark.parametrize(
-    ("line", "replacement", "where", "problem"),
+    ("replacement", "key", "problem"),
     [
-        (
-            'span = "tensor"',
-            'span = "ring"',
-            "engine 'sglang', key 'span'",
-            "must be one of pipeline, tensor, none",
-        ),
-        (
-            'span = "tensor"',
-            'span = "tensor"\nspan_reason = "why"',
-            "engine 'sglang', key 'span_reason'",
-            "cannot span",
-        ),
-        (
-            'span = "tensor"',
-            'span = "tensor"\nspan_source = ""',
-            "engine 'sglang', key 'span_source'",
-            "must say where",
-        ),
+        ('span = "ring"', "span", "must be one of pipeline, tensor, none"),
+        ('span = "tensor"\nspan_reason = "why"', "span_reason", "cannot span"),
+        ('span = "tensor"\nspan_source = ""', "span_source", "must say where"),
     ],
 )
-def test_a_wrong_span_is_refused_at_load_naming_the_engine_and_key(
-    tmp_path, line, replacement, where, problem
-):
+def test_a_wrong_span_is_refused_at_load_naming_the_engine_and_key(tmp_path, replacement, key, problem):
     text = DEFAULT_PATH.read_text()
-    sglang = text.index("[sglang]")
-    at = text.index(line, sglang)
+    at = text.index('span = "tensor"', text.index("[sglang]"))
+    rest = text[at + len('span = "tensor"') :]
+    if "span_source" in replacement:  # sglang's own span_source line (the next one) goes
+        rest = "\n" + rest.split("\n", 2)[2]
     path = tmp_path / "engines.toml"
-    # The source line that follows span in sglang's table goes too, so the replacement's own is the only one.
-    rest = text[at + len(line) :]
-    if "span_source" in replacement:
-        rest = rest.split("\n", 2)[2]
-        rest = "\n" + rest
     path.write_text(text[:at] + replacement + rest)
     with pytest.raises(RegistryError) as err:
         load_registry(path)
-    assert where in str(err.value) and problem in str(err.value)
+    assert f"engine 'sglang', key {key!r}" in str(err.value) and problem in str(err.value)
 
 
 def test_only_a_tensor_parallel_engine_spans_nodes(tmp_path):

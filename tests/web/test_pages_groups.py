@@ -87,3 +87,15 @@ def test_a_resize_preview_across_nodes_names_the_nodes_a_first_replica_takes(ope
         "A replica across 2 nodes of one fabric domain, a rank on each: <strong>gpu-1, gpu-2</strong>" in text
     )
     assert "Apply: 16 cards" in text
+
+
+def test_the_resize_form_may_name_the_nodes(operator):
+    b.profile(b.llama_8b(), "h100", gpus=4, args=["--max-model-len", "32768"])
+    for i in range(1, 5):
+        fabric_node(f"gpu-{i}")
+    body = {"gpus": "16", "nodes": "4", "profile": "h100"}
+    text = operator.post("/models/llama-3.1-8b/resize/preview/", body, **HX).content.decode()
+    assert "4 ranks, one a node, 4 cards each" in text
+    assert "<strong>gpu-1, gpu-2, gpu-3, gpu-4</strong>" in text
+    refused = operator.post("/models/llama-3.1-8b/resize/preview/", {**body, "nodes": "3"}, **HX)
+    assert "do not split evenly over 3 nodes" in refused.content.decode()

@@ -400,6 +400,8 @@ class ChangeKind:
             in_place=data["in_place"],
             dry_run=dry_run,
             **{self.value: data[self.value]},
+            # A resize may name the nodes one replica spans (none: as few as hold the cards).
+            **({"nodes": data.get("nodes")} if self.kind == "gpus" else {}),
         )
 
 

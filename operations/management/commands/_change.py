@@ -12,8 +12,14 @@ def describe(change: Change, *, dry_run: bool) -> str:
         f"{change.gpu_class or 'CPU'}): {change.before if change.before is not None else '?'} → {change.after} {unit}",
         f"  args: {' '.join(change.args) or '(none)'}",
     ]
+    nodes = change.new_profile.nodes if change.new_profile is not None else 1
+    if nodes > 1:
+        lines.append(f"  across {nodes} nodes, a rank on each")
     if change.per_card:
         lines.append(f"  memory: {change.per_card}")
+    for place in change.room.places if change.room is not None else ():
+        if len(place.ranks) > 1:
+            lines.append(f"  place: {place.text}")
     if change.room is not None:
         lines.append(
             "  restart: "

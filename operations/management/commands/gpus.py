@@ -11,7 +11,10 @@ from operations.services.resize import model_resize
 
 
 class Command(ActorCommand):
-    help = "Resize a model to N cards of one node: every rule is checked first; exits 1 when refused."
+    help = (
+        "Resize a model to N cards, of one node or across nodes: every rule is checked first; exits 1 when "
+        "refused."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
@@ -19,6 +22,13 @@ class Command(ActorCommand):
         parser.add_argument("gpus", type=int, help="cards one replica is to use, 1 to 64")
         parser.add_argument(
             "--profile", default=None, help="the profile, when the model has several on cards"
+        )
+        parser.add_argument(
+            "--nodes",
+            type=int,
+            default=None,
+            help="the nodes one replica spans, a rank on each (default: one node when one has the cards, "
+            "else the fewest that divide them evenly)",
         )
         parser.add_argument(
             "--in-place",
@@ -38,6 +48,7 @@ class Command(ActorCommand):
         change = model_resize(
             name=options["model"],
             gpus=options["gpus"],
+            nodes=options["nodes"],
             profile=options["profile"],
             in_place=options["in_place"],
             dry_run=options["dry_run"],
