@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import unittest
 
 from agent_cases import InATemporaryDirectory, WithAnAgent, started_replicas
@@ -125,6 +126,18 @@ class TwoNodes(TwoNodeCase):
         assert any("ncclRemoteError" in line for line in orphan["log_tail"])
         assert process_gone(tail["pid"])
 
+    def test_stopping_rank_0_first_is_a_stop_there_and_ends_the_other_rank(self) -> None:
+        head, tail = self.start_group()
+
+        stopped = self.head_http.delete("/v1/replicas/big").json()
+
+        assert stopped["state"] == "stopped"
+        ended = self.tail.wait_for_state("big", "failed")
+        assert "connection to rank 0 of 2 dropped" in ended["reason"]
+        again = self.tail_http.delete("/v1/replicas/big")  # the control plane's stop of the group
+        assert again.status_code == 200 and again.json()["state"] == "failed"
+        assert process_gone(head["pid"]) and process_gone(tail["pid"])
+
     def test_rank_0_alone_gives_up_at_its_deadline_in_the_engines_words(self) -> None:
         spec = rank_spec(
             0, port=self.port, rendezvous=self.rendezvous, engine="standin", env={"STANDIN_JOIN_SECONDS": "1"}
@@ -172,6 +185,27 @@ class TwoNodesWithCards(TwoNodeCase):
             assert "missing" not in memory, memory
         assert "sequences" in head["memory"] and "sequences" not in tail["memory"]
         assert "(Worker_PP1_TP1 pid=" in (self.tail.log_dir / "big.attempt-1.log").read_text()
+
+
+class AnAgentRestart(InATemporaryDirectory):
+    def test_a_headless_rank_outlives_an_agent_restart_and_is_adopted_with_its_group(self) -> None:
+        port, agent_port = free_port(), free_port()
+        spec = rank_spec(
+            1, port=port, rendezvous=free_port(), engine="standin", env={"STANDIN_JOIN_SECONDS": "120"}
+        )
+        with running_agent(self.tmp_path, port=agent_port, stop_children_on_exit=False) as first:
+            with first.client() as http:
+                assert http.put("/v1/replicas/big", json=spec).status_code == 201
+            rank = first.wait_for_state("big", "ready")
+            assert first.stop() == 0
+            first.known_pids.discard(rank["pid"])  # left to the next agent
+
+        with running_agent(self.tmp_path, port=agent_port) as second, second.client() as http:
+            second.known_pids.add(rank["pid"])
+            adopted = second.replica("big")
+            assert (adopted["state"], adopted["pid"], adopted["adopted"]) == ("ready", rank["pid"], True)
+            assert adopted["group"] == spec["group"] and "known only through rank 0" in adopted["reason"]
+            assert http.put("/v1/replicas/big", json=spec).status_code == 200  # the same rank: nothing new
 
 
 class RankRefusals(WithAnAgent):
@@ -249,13 +283,23 @@ class RankRefusals(WithAnAgent):
 
     def test_rank_0s_rendezvous_port_held_by_another_program_is_refused(self) -> None:
         rendezvous = free_port()
-        import socket
-
         with socket.create_server(("127.0.0.1", rendezvous)):
             body = self.refused(rank_spec(0, port=free_port(), rendezvous=rendezvous), status=409)
 
         assert body["code"] == "port_busy"
         assert f"Rendezvous port {rendezvous} is in use by another program" in body["detail"]
+
+    def test_a_headless_rank_takes_no_port_but_an_sglang_rank_takes_its_serving_port(self) -> None:
+        # vLLM's --headless ranks bind nothing (rank 0 may hold the port on this very host);
+        # SGLang's ranks > 0 serve a dummy health check on --port (the policy's ranks_bind_port).
+        port = free_port()
+        with socket.create_server(("127.0.0.1", port)):
+            sglang = rank_spec(1, port=port, rendezvous=free_port(), engine="sglang")
+            body = self.refused(sglang, status=409)
+            vllm = self.http.put("/v1/replicas/big", json=rank_spec(1, port=port, rendezvous=free_port()))
+
+        assert body["code"] == "port_busy" and f"Port {port} is in use by another program" in body["detail"]
+        assert vllm.status_code == 201, vllm.text
 
     def test_a_one_node_replica_has_no_group_in_its_record(self) -> None:
         response = self.http.put("/v1/replicas/one", json=standin_spec(port=free_port()))

@@ -29,6 +29,7 @@ ERROR_CODES = frozenset(
         "refused_env",
         "refused_source",
         "launch_mismatch",
+        "refused_group",
         "invalid_token",
         "token_not_rotatable",
         "invalid_grace",

@@ -206,7 +206,7 @@ class Supervisor:
                 "unknown_card",
                 f"Card {missing[0]} does not exist on node {self.config.node} (cards: {have}).",
             )
-        if self.config.port in ranks.bound_ports(spec):
+        if self.config.port in ranks.bound_ports(spec, self.policy):
             raise AgentError(409, "port_busy", f"Port {self.config.port} is the agent's own port.")
 
         with self._lock:
@@ -239,7 +239,7 @@ class Supervisor:
                         f"Card {busy[0]} is held by replica {other.id} ({other.state}); pick a free card or stop it first.",
                     )
             taken = ranks.port_refusal(
-                spec, [(o.id, o.state, o.spec) for o in others], self.config.node, port_free
+                spec, [(o.id, o.state, o.spec) for o in others], self.config.node, port_free, self.policy
             )
             if taken is not None:
                 raise taken

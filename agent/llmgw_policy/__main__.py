@@ -51,7 +51,8 @@ def _across_nodes(eng: EnginePolicy) -> str:
     if group.refused:
         return f"Across nodes: refused, {group.refused} ({group.source})."
     headless = f"; on every rank but 0 also `{' '.join(group.headless)}`" if group.headless else ""
-    return f"Across nodes, on every rank: `{' '.join(group.args)}`{headless} ({group.source})."
+    binds = "; ranks > 0 bind the serving port too" if group.ranks_bind_port else ""
+    return f"Across nodes, on every rank: `{' '.join(group.args)}`{headless}{binds} ({group.source})."
 
 
 def markdown(policy: Policy) -> str:

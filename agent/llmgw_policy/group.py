@@ -90,7 +90,7 @@ def check_group_part(
     ``group_args`` makes of ``group``. Where reading goes on, or a refusal."""
     problem = group.problem()
     if problem is not None:
-        return 0, Refusal("invalid_group", "group", f"The spec's group is wrong: {problem}.")
+        return 0, Refusal("invalid_spec", "group", f"The spec's group is wrong: {problem}.")
     try:
         expected = group_args(eng, group.rank, group.size, group.address, group.port)
     except PolicyError as exc:
@@ -113,7 +113,7 @@ def load_group(data: Any, where: str, owned: dict[str, str], sources: dict[str, 
         return None
     if not isinstance(data, dict):
         raise PolicyError(f"{where}: must be a table")
-    unknown = set(data) - {"args", "headless", "refused", "src"}
+    unknown = set(data) - {"args", "headless", "refused", "src", "ranks_bind_port"}
     if unknown:
         raise PolicyError(f"{where}: unknown key {sorted(unknown)[0]!r}")
     src = data.get("src")
@@ -136,4 +136,13 @@ def load_group(data: Any, where: str, owned: dict[str, str], sources: dict[str, 
                 raise PolicyError(f"{where}: unknown placeholder {placeholder}")
         if token.startswith("-") and token not in owned:
             raise PolicyError(f"{where}: {token} must also be in the engine's owned table, with why")
-    return GroupPolicy(args=lists["args"], headless=lists["headless"], refused=refused, source=sources[src])
+    binds = data.get("ranks_bind_port", False)
+    if not isinstance(binds, bool):
+        raise PolicyError(f"{where}, key 'ranks_bind_port': must be true or false")
+    return GroupPolicy(
+        args=lists["args"],
+        headless=lists["headless"],
+        refused=refused,
+        source=sources[src],
+        ranks_bind_port=binds,
+    )

@@ -23,8 +23,10 @@ class PolicyError(ValueError):
 @dataclass(frozen=True)
 class Refusal:
     """Why something may not reach an engine. ``code``: refused_arg,
-    refused_env, refused_source, launch_mismatch or too_large; ``subject``:
-    the argument or variable named."""
+    refused_env, refused_source, launch_mismatch, too_large, or for a rank of
+    a replica across nodes refused_group (the engine cannot span nodes) or
+    invalid_spec (its group is wrong); ``subject``: the argument or variable
+    named."""
 
     code: str
     subject: str
@@ -53,6 +55,8 @@ class GroupPolicy:
     headless: tuple[str, ...] = ()
     refused: str = ""
     source: str = ""
+    # Ranks > 0 bind the serving port too (SGLang's dummy health check); False: they bind nothing.
+    ranks_bind_port: bool = False
 
 
 @dataclass(frozen=True)

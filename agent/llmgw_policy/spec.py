@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from .group import GroupSpec, check_group_part, group_args
-from .model import PLACEHOLDER, EnginePolicy, Policy, Refusal, excerpt
+from .model import PLACEHOLDER, EnginePolicy, Policy, PolicyError, Refusal, excerpt
 from .profile import check_profile
 from .source import source_refusal, split_source
 
@@ -28,7 +28,7 @@ def launch_args(
     engine's launch template filled in, the revision when the source pins
     one, the TP width for a tensor-parallel engine, the rank flags of a
     replica across nodes (``group_args``; ``PolicyError`` for an engine that
-    cannot span nodes), then the profile's own."""
+    cannot span nodes or a group that is wrong), then the profile's own."""
     eng = policy.engines[engine]
     repo, revision = split_source(source)
     values = {"{source}": repo, "{port}": str(port), "{model}": model}
@@ -38,6 +38,9 @@ def launch_args(
     if eng.tp_flag:
         out += [eng.tp_flag, str(tp)]
     if group is not None:
+        problem = group.problem()
+        if problem is not None:  # what the agent would refuse, said before a spec is sent
+            raise PolicyError(f"The replica's group is wrong: {problem}.")
         out += group_args(eng, group.rank, group.size, group.address, group.port)
     return [*out, *args]
 

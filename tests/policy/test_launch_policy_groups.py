@@ -82,6 +82,19 @@ def test_what_the_control_plane_writes_for_a_rank_the_agent_accepts(name, rank):
     assert mismatch.code == "launch_mismatch"
 
 
+def test_a_wrong_group_is_refused_before_a_spec_is_made():
+    with pytest.raises(PolicyError, match="The replica's group is wrong: rank must be from 0 to 1"):
+        engines.launch_args(
+            engines.engine("vllm"),
+            source="org/m",
+            port=8123,
+            model="m",
+            tp=8,
+            args=[],
+            group=GroupSpec(2, 2, "a", 29500),
+        )
+
+
 def test_a_one_node_spec_is_as_before():
     line = engines.launch_args(
         engines.engine("vllm"), source="org/m", port=8123, model="m", tp=2, args=["--seed", "1"]
