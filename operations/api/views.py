@@ -286,6 +286,14 @@ class MovePlanSerializer(serializers.Serializer):
     from_cards = serializers.ListField(child=serializers.IntegerField())
     to_node = serializers.CharField()
     to_cards = serializers.ListField(child=serializers.IntegerField())
+    from_ranks = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="Every rank's place now ([{rank, node, cards}], rank 0 first; one on one node).",
+    )
+    to_ranks = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="Every rank's place after: a replica across nodes moves whole.",
+    )
 
 
 class DrainPlanSerializer(serializers.Serializer):

@@ -22,7 +22,7 @@ from audit.models import AuditEntry
 from catalog.models import Node, Replica, Shard
 from operations.api.views import RestartStepSerializer
 from operations.models import RestartOperation, RestartStep
-from operations.services.drain import node_drain
+from operations.services.drain import node_drain, node_drain_plan
 from operations.services.start import operation_cancel, restart_start
 from tests.support import builders as b
 from tests.support.restart import (
@@ -253,6 +253,12 @@ def test_a_drain_of_a_node_holding_one_rank_moves_the_whole_group(tmp_path, acto
             group = only_step(op).new_replica
             assert_group_serves(fleet, group)
             (_, rank1_node, _) = ranks_of(group)[1]
+
+            # Played through first: the whole group goes, every rank, and none to the drained node.
+            (move,) = node_drain_plan(node_name=rank1_node)
+            assert [(r["rank"], r["node"], r["cards"]) for r in move.from_ranks] == ranks_of(group)
+            assert len(move.to_ranks) == 2 and rank1_node not in {r["node"] for r in move.to_ranks}
+            assert move.text.startswith(f"{group.name} ({MODEL}, ready): rank 0 on "), move.text
 
             (drain,) = node_drain(node_name=rank1_node, ready_timeout=60)
             drain = wait_for_operation(drain.pk, timeout=120)
