@@ -302,3 +302,34 @@ def test_a_cancel_while_the_group_starts_stops_every_rank_it_started(tmp_path, a
         assert old.state == "ready" and answers(old.port)
         in_line(fleet)
         assert_nothing_half_done()
+
+
+def test_a_group_restarted_in_place_that_never_serves_is_stopped_and_the_old_group_started_again(
+    tmp_path, actor, settings
+):
+    with group_fleet(tmp_path) as fleet:
+        fleet.change_profile(**GROUP)
+        with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE) as worker:
+            op = wait_for_operation(restart_start(model_name=MODEL, ready_timeout=60).pk, timeout=120)
+            assert op.state == "succeeded", (op.reason, worker.output())
+            group = only_step(op).new_replica
+            before = ranks_of(group)
+            for i, node in enumerate(sorted(set(NODES) - {n for _, n, _ in before})):
+                fleet.start(f"blocker-{i}", node, [1], port=settings.LLMGW_REPLICA_PORT_BASE - 20 + i)
+            # Rank 0 answers /health but cannot generate: never ready (docs/restarts.md, readiness).
+            fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "0.3", "STANDIN_GENERATION_FAILS": "1"})
+            op = restart_start(model_name=MODEL, replicas=[group.name], ready_timeout=6)
+            op = wait_for_operation(op.pk, timeout=120)
+        assert op.state == "failed", (op.reason, worker.output())
+        step = only_step(op)
+        assert step.in_place
+        assert (
+            f"{group.name} was started again with its previous specs, every rank, and is ready" in step.reason
+        )
+        assert "was not ready within 6 s" in step.reason, step.reason
+        step.new_replica.refresh_from_db()
+        assert step.new_replica.state == "failed" and not running_ranks(fleet, step.new_replica.name)
+        assert ranks_of(group) == before  # on its own cards again, rank for rank
+        assert_group_serves(fleet, group)
+        in_line(fleet)
+        assert_nothing_half_done()
