@@ -15,7 +15,7 @@ from planning.engines import Engine
 from planning.groups import Span, first_group, group_refusal, place_group_restart
 from planning.memory import card_memory, longest_context_that_fits
 from planning.placement import NodeCards
-from planning.rules import MAX_CARDS
+from planning.rules import MAX_CARDS, splits_heads
 from planning.stages import Stage, fullest, longest_pipeline_context, pipeline_memory
 from planning.types import Change, ModelSpec, NodeRoom, ProfileSpec, Room
 from planning.units import gib, gib_short
@@ -42,7 +42,7 @@ def _more_nodes(
             stages = pipeline_memory(eng, shape, span.per_node, nodes, context, budget, args=args, **card)
             if stages is not None and all(s.memory.fits for s in stages):
                 return nodes
-        else:
+        elif splits_heads(shape.kv_heads, shape.attention_heads, span.per_node * nodes):
             memory = card_memory(eng, shape, span.per_node * nodes, context, budget, args=args, **card)
             if memory is not None and memory.fits:
                 return nodes

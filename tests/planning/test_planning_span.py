@@ -9,8 +9,10 @@ from base.errors import DomainError
 from planning.engines import engine
 from planning.groups import Span, group_refusal, nodes_for, place_group_restart, respread_group
 from planning.placement import LiveReplica, NodeCards, RankPlace
+from planning.plan import plan_resize
 from planning.stages import pipeline_memory, stage_layers, stage_shape
-from planning.types import NodeRoom, ProfileSpec, Shape
+from planning.types import GPUClassSpec, ModelSpec, NodeRoom, ProfileSpec, Shape
+from planning.units import GIB
 
 # Llama-3.1-405B's config.json (tests/fixtures/hf-configs): 126 layers, 128 heads, 8 KV heads of 128,
 # hidden 16384, intermediate 53248, vocabulary 128256; 811706777600 bytes of bf16 weights (derived).
@@ -169,3 +171,40 @@ def test_a_node_refused_for_its_release_takes_no_rank_and_is_named():
             gpu_class="h100",
             refused={"n2": "n2 does not have vllm 0.21.0 installed"},
         )
+
+
+def plan_405b(gpus: int, rooms: list[NodeRoom], cls: GPUClassSpec, engine_name: str = "vllm"):
+    context_flag = {"vllm": "--max-model-len", "sglang": "--context-length"}[engine_name]
+    p = ProfileSpec("p", engine_name, cls.name, gpus_per_node=8, tp=8, args=(context_flag, "32768"))
+    model = ModelSpec("llama-405b", 131072, False, None, LLAMA_405B, (p,))
+    return plan_resize(
+        model=model, gpus=gpus, profile=None, in_place=False, classes={cls.name: cls}, nodes=rooms, running=0
+    )
+
+
+def test_a_stage_that_does_not_fit_is_refused_naming_the_rank_and_the_nodes_that_would_hold_it():
+    # L4s of 24 GiB: 16 cards hold 405B's 756 GiB of weights nowhere near.
+    l4 = GPUClassSpec("l4", 22 * GIB, "8.9", total_bytes=24 * GIB)
+    rooms = [NodeRoom(f"n{i}", True, "l4", 8, 8, 0, fabric="ib") for i in range(8)]
+    with pytest.raises(DomainError) as err:
+        plan_405b(16, rooms, l4)
+    assert err.value.code == "memory"
+    assert err.value.message.startswith(
+        "Rank 0 (pipeline stage 0: layers 0-62 with the embedding) would hold"
+    )
+    assert "more nodes (" in err.value.message and "of 8 cards" in err.value.message
+    # The nodes it names do hold it: every stage fits there.
+    more = int(err.value.message.split("more nodes (")[1].split(" of 8")[0])
+    change = plan_405b(
+        8 * more, [*rooms, *(NodeRoom(f"m{i}", True, "l4", 8, 8, 0, fabric="ib") for i in range(8))], l4
+    )
+    assert all(s.memory.fits for s in change.stages) and len(change.stages) == more
+
+
+def test_sglang_across_two_nodes_is_one_memory_at_tp_16():
+    h100 = GPUClassSpec("h100-80g", 73400 * 2**20, "9.0", total_bytes=81559 * 2**20)
+    rooms = [NodeRoom(f"n{i}", True, "h100-80g", 8, 8, 0, fabric="ib") for i in range(2)]
+    change = plan_405b(16, rooms, h100, "sglang")
+    assert change.stages == () and change.memory is not None and change.memory.cards == 16
+    assert change.new_profile is not None and (change.new_profile.tp, change.new_profile.nodes) == (8, 2)
+    assert change.launch[change.launch.index("--tp-size") + 1] == "16"
