@@ -211,7 +211,12 @@ def _ask_ranks(
                     f"rank {rank['rank']} of {replica.name} on {node.name} could not be watched: {exc.message} "
                     "A rank lost takes the whole replica down."
                 ) from None
-    if not any(r["rank"] == 0 for r in ranks) or 0 not in states or time.monotonic() - asked < wait:
+    # As a one-node poll (``AgentConversation.poll_pause``): a change is acted on at once; an answer
+    # that came sooner than the wait without one (an agent older than the long poll), or no rank 0
+    # answer at all, is asked again after LLMGW_OPERATION_POLL_SECONDS.
+    before = next((r.get("state") or "starting" for r in ranks if r["rank"] == 0), None)
+    changed = 0 in states and states[0].get("state") != before
+    if not changed and (0 not in states or wait <= 0 or time.monotonic() - asked < wait):
         time.sleep(max(agents.poll - (time.monotonic() - asked), 0.0))
     return states
 
