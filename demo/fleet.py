@@ -1,4 +1,5 @@
-"""The demo fleet: three kinds of card, four nodes, real model shapes, running replicas.
+"""The demo fleet: three kinds of card, six nodes, real model shapes, running replicas, one of them
+across two nodes (Llama-3.1-405B on gpu-h3 and gpu-h4, one fabric domain).
 
 Model shapes come from real Hugging Face configs shipped beside this file, with
 the weight sizes their safetensors indexes give (or derive, where noted).
@@ -36,7 +37,12 @@ NODES = [
     ("gpu-h2", "h100-80g", 8, 9102),
     ("gpu-a1", "a100-40g", 8, 9103),
     ("gpu-l1", "l40s-48g", 8, 9104),
+    ("gpu-h3", "h100-80g", 8, 9105),
+    ("gpu-h4", "h100-80g", 8, 9106),
 ]
+
+# The H100 nodes share one fabric (Node.fabric_domain): a replica across nodes spans nodes of one domain.
+FABRIC = {"gpu-h1": "ib-demo-1", "gpu-h2": "ib-demo-1", "gpu-h3": "ib-demo-1", "gpu-h4": "ib-demo-1"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,10 @@ MODELS = [
         14496047104,
     ),
     DemoModel("qwen2.5-7b", "Qwen__Qwen2.5-7B-Instruct.json", "Qwen/Qwen2.5-7B-Instruct", 15231233024),
+    # The model that needs two nodes: about 812 GB of bf16 weights, more than a node of eight H100s
+    # holds. Derived (parameters x 2 bytes, /work/shared/fixtures/hf-configs/README.md): its index is
+    # not in the fixtures.
+    DemoModel("llama-3.1-405b", "meta-llama__Llama-3.1-405B.json", "meta-llama/Llama-3.1-405B", 811706777600),
 ]
 
 # The llama.cpp model is planned from a GGUF the demo makes (demo/gguf_file.py):
@@ -132,7 +142,12 @@ PROFILES = [
     ("gpt-oss-20b", "l40s", "freetoken", "l40s-48g", 1, 1, ["--max-seq-len-override", "32768"]),
     ("mistral-7b", "l40s", "llamacpp", "l40s-48g", 2, 1, ["--ctx-size", "16384"]),
     ("qwen2.5-7b", "cpu", "llamacpp", None, 1, 1, ["--ctx-size", "8192"]),
+    ("llama-3.1-405b", "h100", "vllm", "h100-80g", 8, 8, ["--max-model-len", "32768"]),
 ]
+
+# Profiles across nodes: (model, profile) to (nodes, pipeline stages). vLLM's way: TP 8 within a
+# node, a pipeline stage a node (planning/engines.toml, span).
+SPANS = {("llama-3.1-405b", "h100"): (2, 2)}
 
 REPLICAS = [
     # replica, model, node, cards, port. In the demo every "node" is this
@@ -143,6 +158,18 @@ REPLICAS = [
     ("deepseek-v2-lite-1", "deepseek-v2-lite", "gpu-a1", [0, 1], 8004),
     ("gpt-oss-20b-1", "gpt-oss-20b", "gpu-l1", [0], 8005),
     ("mistral-7b-1", "mistral-7b", "gpu-l1", [1, 2], 8006),
+]
+
+# Replicas across nodes: replica, model, each rank's (node, cards) rank 0 first, serving port,
+# rendezvous port (rank 0's, on gpu-h3).
+GROUP_REPLICAS = [
+    (
+        "llama-3.1-405b-1",
+        "llama-3.1-405b",
+        [("gpu-h3", list(range(8))), ("gpu-h4", list(range(8)))],
+        8007,
+        8008,
+    ),
 ]
 
 # One demo user per role (base/roles.py), named after it; admin is a superuser as well.

@@ -215,6 +215,19 @@ class RestartStep(models.Model):
     planned_node = models.CharField(max_length=64, blank=True, default="")
     planned_cards = models.JSONField(default=list, blank=True)
     planned_in_place = models.BooleanField(null=True, blank=True)
+    # A replica across nodes (docs/restarts.md, "A group"): where the plan put each rank
+    # ([{"rank", "node", "cards"}]), where each rank of the replacement runs with the spec its
+    # agent is sent and the state its agent last said ([{"rank", "node", "cards", "spec", "state",
+    # "reason"}]), and the old replica's ranks with their specs, to start again when an in-place
+    # step fails. Empty on a replica that fits one node: ``node``, ``cards`` and the specs say it.
+    # ``node`` and ``cards`` keep rank 0's, ``spec`` and ``old_spec`` rank 0's spec.
+    planned_ranks = models.JSONField(default=list, blank=True)
+    ranks = models.JSONField(
+        default=list, blank=True, help_text="Each rank of the replacement, across nodes."
+    )
+    old_ranks = models.JSONField(
+        default=list, blank=True, help_text="Each rank of the old replica, across nodes."
+    )
     node = models.CharField(max_length=64, blank=True, default="", help_text="Where the replacement runs.")
     cards = models.JSONField(
         default=list, blank=True, help_text="Card indices of the replacement on its node."

@@ -82,6 +82,13 @@ class RestartStepSerializer(serializers.ModelSerializer):
         slug_field="name", read_only=True, allow_null=True
     )
     cards = serializers.ListField(child=serializers.IntegerField(), read_only=True)
+    ranks = serializers.SerializerMethodField(
+        help_text="A replacement across nodes: each rank's node, cards and the state its agent last said "
+        "([{rank, node, cards, state, reason}]); empty on one node. The specs are not shown."
+    )
+
+    def get_ranks(self, step: RestartStep) -> list[dict[str, Any]]:
+        return [{k: r.get(k) for k in ("rank", "node", "cards", "state", "reason")} for r in step.ranks or []]
 
     class Meta:
         model = RestartStep
@@ -91,6 +98,7 @@ class RestartStepSerializer(serializers.ModelSerializer):
             "new_replica",
             "node",
             "cards",
+            "ranks",
             "in_place",
             "state",
             "reason",
@@ -278,6 +286,14 @@ class MovePlanSerializer(serializers.Serializer):
     from_cards = serializers.ListField(child=serializers.IntegerField())
     to_node = serializers.CharField()
     to_cards = serializers.ListField(child=serializers.IntegerField())
+    from_ranks = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="Every rank's place now ([{rank, node, cards}], rank 0 first; one on one node).",
+    )
+    to_ranks = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="Every rank's place after: a replica across nodes moves whole.",
+    )
 
 
 class DrainPlanSerializer(serializers.Serializer):

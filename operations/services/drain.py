@@ -16,7 +16,7 @@ uses ready nodes only); the pages show its state on every card grid and node pag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
@@ -26,6 +26,7 @@ from base.actor import Actor, current_actor
 from base.errors import DomainError, conflict, not_found
 from catalog.models import Node, Replica, restartable_replicas_q
 from operations.models import RestartOperation
+from operations.services.placement import replica_ranks
 from operations.services.start import RestartPlan, restart_plan, restart_start
 
 
@@ -110,6 +111,11 @@ class Move:
     from_cards: list[int]
     to_node: str
     to_cards: list[int]
+    # A replica across nodes: every rank's place, now and after ([{"rank", "node", "cards"}], rank 0
+    # first, whose node and cards are ``from_node``/``from_cards`` and ``to_node``/``to_cards``); one
+    # rank on one node.
+    from_ranks: list[dict[str, Any]] = field(default_factory=list)
+    to_ranks: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -120,30 +126,43 @@ class Move:
             "from_cards": self.from_cards,
             "to_node": self.to_node,
             "to_cards": self.to_cards,
+            "from_ranks": self.from_ranks,
+            "to_ranks": self.to_ranks,
         }
 
     @property
     def text(self) -> str:
-        return (
-            f"{self.replica} ({self.model}, {self.state}): {self.from_node} cards "
-            f"{', '.join(map(str, self.from_cards))} → {self.to_node} cards {', '.join(map(str, self.to_cards))}"
-        )
+        return f"{self.replica} ({self.model}, {self.state}): {_where(self.from_ranks)} → {_where(self.to_ranks)}"
+
+
+def _where(ranks: list[dict[str, Any]]) -> str:
+    """ "gpu-a cards 0, 1", or every rank's place of a replica across nodes."""
+    if len(ranks) == 1:
+        return f"{ranks[0]['node']} cards {', '.join(map(str, ranks[0]['cards']))}"
+    return "; ".join(
+        f"rank {r['rank']} on {r['node']} cards {', '.join(map(str, r['cards']))}" for r in ranks
+    )
 
 
 def _moves(plan: RestartPlan) -> list[Move]:
     out = []
     for replica in plan.chosen:
         place = plan.places.get(replica.name)
-        held = replica.placement
+        ranks = replica_ranks(replica)
+        held: list[dict[str, Any]] = [
+            {"rank": r, "node": node.name, "cards": cards} for r, node, cards in ranks
+        ]
         out.append(
             Move(
                 replica=replica.name,
                 model=plan.model.name,
                 state=replica.state,
-                from_node=held[0][0] if held else "",
-                from_cards=sorted(held[0][1]) if held else [],
+                from_node=ranks[0][1].name if ranks else "",
+                from_cards=sorted(ranks[0][2]) if ranks else [],
                 to_node=place.node if place else "",
                 to_cards=list(place.cards) if place else [],
+                from_ranks=held,
+                to_ranks=[r.as_dict() for r in place.ranks] if place else [],
             )
         )
     return out

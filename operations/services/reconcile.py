@@ -23,7 +23,9 @@ other node), each change audited as the reconciler's:
   (older than these facts, or its node answer failing) leaves what was known as it was;
 - a node whose agent does not answer (down, slow, a refused token) is marked
   unreachable with the reason, keeping when it was last seen; its live
-  replicas become ``unknown``, not ready. Placement passes over it.
+  replicas become ``unknown``, not ready. Placement passes over it;
+- a replica across nodes is one unit: a rank missing or failed on its agent fails the whole
+  replica and every other rank is stopped (``reconcile_groups.py``).
 
 A listing is applied only to what it can speak of: a replica whose state
 changed after its agent was asked (``Replica.state_changed_at`` later than
@@ -60,6 +62,7 @@ from base.actor import Actor
 from base.secrets import profile_secrets
 from catalog.models import Node, Replica, Shard
 from operations.models import AgentContact, RestartOperation, RestartStep
+from operations.services.reconcile_groups import is_group, reconcile_group
 
 log = logging.getLogger("operations.reconcile")
 
@@ -332,6 +335,9 @@ def _reconcile_node(listing: Listing, actor: Actor) -> NodeReport:
     for replica in on_node:
         theirs = running.get(replica.name)
         state = str(theirs.get("state")) if theirs else ""
+        if is_group(replica):  # a replica across nodes: one unit (reconcile_groups.py)
+            out.changed += reconcile_group(replica, node, theirs, actor=actor, fence=fence)
+            continue
         if replica.state == Replica.State.STOPPING:
             if state in Replica.LIVE_STATES:
                 try:

@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
-from llmgw_policy import source_refusal
+from llmgw_policy import GroupSpec, source_refusal
 
 from audit.models import AuditEntry
 from base.errors import DomainError
-from catalog.models import Profile, Replica, ServedModel
+from catalog.models import Node, Profile, Replica, ServedModel, Shard
 from operations.models import RestartStep
 from operations.services.placement import replica_placement
 from planning import engines
@@ -31,23 +31,31 @@ def build_spec(
     port: int,
     cards: list[int],
     ready_timeout: float,
+    group: GroupSpec | None = None,
 ) -> dict[str, Any]:
     """The PUT /v1/replicas/{id} body: the launch policy's arguments, then the
     profile's. A profile the launch policy refuses now (it was saved before a
-    rule changed) is refused here with the reason, and nothing is sent."""
+    rule changed) is refused here with the reason, and nothing is sent.
+
+    With ``group``, the spec of one rank of a replica across nodes: the launch policy adds the
+    rank flags (each engine's own, agent/llmgw_policy) and the spec names the group as the agent
+    checks them (docs/agent-api.md)."""
     eng = engines.engine(engine)
     check_launchable(model=model, engine=engine, args=list(args), env=env)
-    return {
+    spec: dict[str, Any] = {
         "engine": engine,
         "model": model.name,
         "args": engines.launch_args(
-            eng, source=model.source, port=port, model=model.name, tp=tp, args=list(args)
+            eng, source=model.source, port=port, model=model.name, tp=tp, args=list(args), group=group
         ),
         "env": dict(env),
         "cards": list(cards),
         "port": port,
         "ready_timeout": ready_timeout,
     }
+    if group is not None:
+        spec["group"] = {"rank": group.rank, "size": group.size, "address": group.address, "port": group.port}
+    return spec
 
 
 def check_launchable(*, model: ServedModel, engine: str, args: list[str], env: dict[str, str]) -> None:
@@ -68,9 +76,14 @@ def check_launchable(*, model: ServedModel, engine: str, args: list[str], env: d
 
 
 def replica_spec(
-    profile: Profile, *, port: int, cards: list[int], ready_timeout: float = 600
+    profile: Profile,
+    *,
+    port: int,
+    cards: list[int],
+    ready_timeout: float = 600,
+    group: GroupSpec | None = None,
 ) -> dict[str, Any]:
-    """The spec of a replica of ``profile`` as it is now."""
+    """The spec of a replica of ``profile`` as it is now (of one of its ranks, with ``group``)."""
     return build_spec(
         engine=profile.engine,
         tp=profile.tp,
@@ -80,7 +93,69 @@ def replica_spec(
         port=port,
         cards=cards,
         ready_timeout=ready_timeout,
+        group=group,
     )
+
+
+def rank_specs(
+    profile: Profile,
+    ranks: list[tuple[int, Node, list[int]]],
+    *,
+    port: int,
+    rendezvous_port: int,
+    ready_timeout: float = 600,
+) -> dict[int, dict[str, Any]]:
+    """The spec of each rank of a replica of ``profile`` across nodes, by rank: each names rank 0's
+    node's agent host and the rendezvous port, and the serving port (which only rank 0 binds; the
+    others are headless). ``ranks``: (rank, node, card indices), rank 0 among them."""
+    address = next(node.agent_host for rank, node, _ in ranks if rank == 0)
+    return {
+        rank: replica_spec(
+            profile,
+            port=port,
+            cards=cards,
+            ready_timeout=ready_timeout,
+            group=GroupSpec(rank=rank, size=len(ranks), address=address, port=rendezvous_port),
+        )
+        for rank, _, cards in ranks
+    }
+
+
+def running_ranks(replica: Replica, *, ready_timeout: float = 600) -> list[dict[str, Any]]:
+    """Each rank of a replica across nodes with the spec it runs, rank 0 first:
+    ``[{"rank", "node", "cards", "spec"}]``. The specs are those the restart that started it sent
+    (exact), else its profile's when it runs the current revision; a rank whose spec is not known
+    has None."""
+    by_rank: dict[int, tuple[str, list[int]]] = {}
+    for rank, node, index in (
+        Shard.objects.filter(replica=replica)
+        .order_by("rank", "card__index")
+        .values_list("rank", "card__node__name", "card__index")
+    ):
+        by_rank.setdefault(rank, (node, []))[1].append(index)
+    ranks = [(rank, node, cards) for rank, (node, cards) in sorted(by_rank.items())]
+    started = (
+        RestartStep.objects.filter(new_replica=replica)
+        .exclude(ranks=[])
+        .order_by("-id")
+        .values_list("ranks", flat=True)
+        .first()
+    )
+    specs: dict[int, Any] = {int(r["rank"]): r.get("spec") for r in started or []}
+    if not specs and replica.rendezvous_port and ranks:
+        profile = Profile.objects.select_related("model").get(pk=replica.profile_id)
+        if replica.revision == profile.revision:
+            nodes = {n.name: n for n in Node.objects.filter(name__in=[node for _, node, _ in ranks])}
+            specs = rank_specs(
+                profile,
+                [(rank, nodes[node], cards) for rank, node, cards in ranks],
+                port=replica.port,
+                rendezvous_port=replica.rendezvous_port,
+                ready_timeout=ready_timeout,
+            )
+    return [
+        {"rank": rank, "node": node, "cards": cards, "spec": specs.get(rank)} for rank, node, cards in ranks
+    ]
 
 
 def started_spec(replica: Replica) -> dict[str, Any] | None:

@@ -28,7 +28,9 @@ from operations.services.placement import release_refusal
 from operations.services.specs import check_launchable
 from operations.tasks import enqueue_restart
 from planning import engines
-from planning.placement import Placement, place_restart
+from planning.groups import Span, place_group_restart
+from planning.placement import LiveReplica, NodeCards, Placement, place_restart
+from planning.types import NodeRoom
 
 MAX_PARALLEL = 32
 MAX_READY_TIMEOUT = 24 * 3600.0
@@ -105,11 +107,21 @@ def _check_restartable(model: ServedModel, profile: Profile) -> None:
             f"{model.name}'s {profile.name} profile runs on CPUs: restarts go through a "
             "node's agent and need cards; give the profile a GPU class first.",
         )
-    if max(profile.nodes, 1) > 1 or max(profile.pp, 1) > 1:
+    nodes = max(profile.nodes, 1)
+    if nodes > 1:
+        # A replica across nodes runs as a group of ranks (runner/groups.py), where its engine can.
+        refusal = engines.span_refusal(engines.engine(profile.engine))
+        if refusal is not None:
+            raise DomainError(
+                "multi_node",
+                f"{model.name}'s {profile.name} profile spreads a replica over {nodes} nodes, and "
+                f"{profile.engine} cannot: {refusal}. Give it one node's cards (nodes 1), or another engine.",
+            )
+    elif max(profile.pp, 1) > 1:
         raise DomainError(
             "multi_node",
-            f"{model.name}'s {profile.name} profile spreads a replica over several "
-            "nodes or pipeline stages, which restarts do not handle yet.",
+            f"{model.name}'s {profile.name} profile runs {profile.pp} pipeline stages on one node, which "
+            "restarts do not handle: pipeline stages run one a node (set nodes to the stages), or set pp to 1.",
         )
 
 
@@ -127,7 +139,7 @@ def _plan(
     cannot finish does not start. No replacement goes on ``avoid_nodes`` (a
     move's or a drain's own node), nor, when ``only_nodes`` names some, on any other (a move's
     chosen target)."""
-    _, fleet = rooms_and_fleet(profile, parallel=max_parallel)
+    rooms, fleet = rooms_and_fleet(profile, parallel=max_parallel)
     if fleet is None:
         return {}
     if avoid_nodes or only_nodes:
@@ -153,22 +165,78 @@ def _plan(
         )
     names = {r.name for r in chosen}
     replicas = tuple(replace(r, restarted=r.name in names) for r in fleet.replicas)
+    gpu_class = profile.gpu_class.name if profile.gpu_class else ""
     try:
-        places = place_restart(
-            fleet.cards,
-            replicas,
-            profile.cards,
-            in_place=in_place is not False,
-            always_in_place=in_place is True,
-            parallel=max_parallel,
-            gpu_class=profile.gpu_class.name if profile.gpu_class else "",
-        )
+        if max(profile.nodes, 1) > 1:
+            places = _plan_groups(
+                profile,
+                rooms,
+                fleet.cards,
+                replicas,
+                in_place=in_place,
+                parallel=max_parallel,
+                refused=refused,
+            )
+        else:
+            places = place_restart(
+                fleet.cards,
+                replicas,
+                profile.cards,
+                in_place=in_place is not False,
+                always_in_place=in_place is True,
+                parallel=max_parallel,
+                gpu_class=gpu_class,
+            )
     except DomainError as err:
         if not refused:
             raise
         first = refused[min(refused)]
         raise DomainError(first.code, f"{err.message} {first.message}", status=first.status) from None
     return {p.replica: p for p in places}
+
+
+def _plan_groups(
+    profile: Profile,
+    rooms: list[NodeRoom],
+    cards: tuple[NodeCards, ...],
+    replicas: tuple[LiveReplica, ...],
+    *,
+    in_place: bool | None,
+    parallel: int,
+    refused: dict[str, DomainError],
+) -> tuple[Placement, ...]:
+    """Every rank of every replacement across nodes, in restart order (``place_group_restart``: whole
+    nodes of one fabric domain, class and release, room beside first). A restart asked to be in place
+    takes each old replica's own cards rank for rank, as the runner does (runner/group_steps.py),
+    where its shape is the profile's; refused (409, ``no_room``) naming the replica otherwise."""
+    nodes = max(profile.nodes, 1)
+    span = Span(nodes=nodes, per_node=profile.cards // nodes)
+    gpu_class = profile.gpu_class.name if profile.gpu_class else ""
+    if in_place is not True:
+        return place_group_restart(
+            cards,
+            replicas,
+            span,
+            in_place=in_place is None,
+            rooms=rooms,
+            gpu_class=gpu_class,
+            parallel=parallel,
+            refused={node: err.message for node, err in refused.items()},
+        )
+    places = []
+    for old in sorted((r for r in replicas if r.restarted), key=lambda r: r.name):
+        own = old.places
+        if len(own) != nodes or any(len(p.cards) != span.per_node for p in own) or old.cordoned:
+            raise DomainError(
+                "no_room",
+                f"{old.name} has no place in place: in place takes its own cards rank for rank, and it holds "
+                f"{'; '.join(p.text for p in own)}"
+                + (f" (cards {', '.join(map(str, old.cordoned))} cordoned)" if old.cordoned else "")
+                + f", not {nodes} node(s) of {span.per_node} card(s) each. Restart it rolling on free whole nodes.",
+                status=409,
+            )
+        places.append(Placement.group(old.name, own, in_place=True))
+    return tuple(places)
 
 
 def _default_cause(chosen: list[Replica], *, named: bool) -> str:
@@ -272,9 +340,18 @@ def _record_steps(op: RestartOperation, chosen: list[Replica], places: dict[str,
             planned_node=places[r.name].node if r.name in places else "",
             planned_cards=list(places[r.name].cards) if r.name in places else [],
             planned_in_place=places[r.name].in_place if r.name in places else None,
+            planned_ranks=_planned_ranks(places[r.name]) if r.name in places else [],
         )
         for r in chosen
     )
+
+
+def _planned_ranks(place: Placement) -> list[dict[str, Any]]:
+    """Where the plan puts each rank of a replacement across nodes; [] for one on one node (its
+    ``node`` and ``cards`` say it)."""
+    if len(place.ranks) < 2:
+        return []
+    return [{"rank": r.rank, "node": r.node, "cards": list(r.cards)} for r in place.ranks]
 
 
 def _audit_start(op: RestartOperation, names: list[str], *, actor: Actor) -> None:
@@ -359,7 +436,7 @@ def restart_start(
     The whole restart is played through first (planning/placement.py)
     and each step records where the plan puts its replica; the runner follows
     it. Refusals: not_found, other_model, not_live, nothing_to_restart, busy,
-    cpu_only, multi_node, several_profiles, unknown_engine, invalid, memory
+    cpu_only, multi_node (an engine that cannot span the profile's nodes), several_profiles, unknown_engine, invalid, memory
     (the profile does not fit its cards), no_room, no_room_beside (a replica
     has no place).
 

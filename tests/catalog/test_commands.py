@@ -139,7 +139,7 @@ def test_seed_demo_loads_the_fleet_once_and_is_idempotent():
     out = run("seed_demo", "--as", "demo")
     assert "created" in out
     assert GPUClass.objects.count() == 3
-    assert Node.objects.count() == 4 and Card.objects.count() == 32
+    assert Node.objects.count() == 6 and Card.objects.count() == 48  # gpu-h3 and gpu-h4 for the 405B
     engines = set(Profile.objects.values_list("engine", flat=True))
     assert {"vllm", "sglang", "llamacpp", "freetoken"} <= engines
     attention = set(ServedModel.objects.values_list("attention", flat=True))

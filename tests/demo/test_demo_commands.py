@@ -49,10 +49,19 @@ def _seed_demo(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_seed_demo_works_outside_make_and_keeps_the_passwords_it_printed_once(tmp_path):
     first = _seed_demo(tmp_path, "--users")
     assert first.returncode == 0, first.stderr
-    assert "demo fleet: 57 object(s) created" in first.stdout
+    # 57, and the model that needs two nodes: gpu-h3 and gpu-h4 (8 cards each), its model, profile and replica.
+    assert "demo fleet: 78 object(s) created" in first.stdout
     gguf = ServedModel.objects.get(name="mistral-7b").source
     assert gguf == str(tmp_path / "llmgw-demo" / "Mistral-7B-Instruct-v0.3-Q4_K_M.gguf")
-    assert Replica.objects.filter(state=Replica.State.READY).count() == len(fleet.REPLICAS)
+    assert Replica.objects.filter(state=Replica.State.READY).count() == len(fleet.REPLICAS) + len(
+        fleet.GROUP_REPLICAS
+    )
+    group = Replica.objects.get(name="llama-3.1-405b-1")
+    assert group.rendezvous_port == 8008 and group.profile.nodes == 2
+    assert sorted(group.shards.order_by().values_list("rank", "card__node__name").distinct()) == [
+        (0, "gpu-h3"),
+        (1, "gpu-h4"),
+    ]
 
     passwords = tmp_path / "var" / "demo-passwords.txt"
     assert stat.S_IMODE(passwords.stat().st_mode) == 0o600

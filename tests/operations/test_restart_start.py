@@ -128,11 +128,20 @@ def test_cpu_only_and_multi_node_profiles_are_refused(actor):
     with pytest.raises(DomainError) as err:
         restart_start(model_name=MODEL, replicas=["llama-cpu"])
     assert err.value.code == "cpu_only"
-    wide = b.profile(b.llama_8b("wide"), "h100", nodes=2)
+    # Across nodes where the engine cannot span them (TensorRT-LLM: one MPI world mpirun starts),
+    # refused naming why; vLLM's spans (tests/operations/test_restart_groups.py).
+    wide = b.profile(b.llama_8b("wide"), "h100", engine="trtllm", nodes=2)
     b.replica(wide, b.node("gpu-2", cards=1), [0], name="wide-1")
     with pytest.raises(DomainError) as err:
         restart_start(model_name="wide", replicas=["wide-1"])
     assert err.value.code == "multi_node"
+    assert "trtllm cannot: a TensorRT-LLM replica across nodes is one MPI world" in err.value.message
+    # Pipeline stages on one node: not a restart's to lay out.
+    staged = b.profile(b.llama_8b("staged"), "h100", pp=2)
+    b.replica(staged, b.node("gpu-3", cards=2), [0, 1], name="staged-1")
+    with pytest.raises(DomainError) as err:
+        restart_start(model_name="staged", replicas=["staged-1"])
+    assert err.value.code == "multi_node" and "2 pipeline stages on one node" in err.value.message
 
 
 def test_a_declared_model_may_be_restarted(actor):

@@ -66,6 +66,12 @@ def tables_as_of(state: ProjectState) -> Iterator[dict[str, str]]:
     Yields each model's label with its table there."""
     old = {model: state.apps.get_model(model._meta.label)._meta.db_table for model in RENAMED}
     new = {model: model._meta.db_table for model in RENAMED}
+    # The code of then wrote only the columns of then: a field added since (a step's ranks,
+    # operations/0008) is left out of what it reads and writes.
+    then = {
+        model: {f.column for f in state.apps.get_model(model._meta.label)._meta.concrete_fields}
+        for model in RENAMED
+    }
 
     def name(tables: dict[Any, str]) -> None:
         for model, table in tables.items():
@@ -73,10 +79,20 @@ def tables_as_of(state: ProjectState) -> Iterator[dict[str, str]]:
             for field in model._meta.concrete_fields:
                 field.__dict__.pop("cached_col", None)  # a column said with its table's name, kept
 
+    def columns_of_then(on: bool) -> None:
+        for model, columns in then.items():
+            for attr in ("concrete_fields", "local_concrete_fields"):
+                model._meta.__dict__.pop(attr, None)  # cached: worked out again from the fields
+                if on:
+                    kept = tuple(f for f in getattr(model._meta, attr) if f.column in columns)
+                    model._meta.__dict__[attr] = kept
+
     try:
         name(old)
+        columns_of_then(True)
         yield {model._meta.label: table for model, table in old.items()}
     finally:
+        columns_of_then(False)
         name(new)
 
 

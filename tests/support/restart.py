@@ -294,7 +294,10 @@ def catalog_differences(fleet: Fleet) -> list[str]:
         for rid in sorted(set(held) - set(running)):
             found.append(f"{name}: the catalog holds {rid} ({held[rid].state}) but the agent does not run it")
         for rid in sorted(set(held) & set(running)):
-            cards = sorted(s.card.index for s in held[rid].shards.all())
+            # A replica across nodes holds cards on each of its ranks' nodes: this node's are compared.
+            cards = sorted(
+                s.card.index for s in held[rid].shards.all() if s.card.node_id == fleet.nodes[name].pk
+            )
             if cards != sorted(running[rid]["cards"]):
                 found.append(f"{name}: {rid} runs on cards {running[rid]['cards']}, the catalog says {cards}")
             if (held[rid].state == "ready") != (running[rid]["state"] == "ready"):

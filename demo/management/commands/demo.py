@@ -39,7 +39,7 @@ from catalog.services.fit import planned_with_release, profile_memory
 from demo import fleet
 from demo.management.commands.demo_foreign_process import stop_foreign_processes
 from operations.services.placement import replica_placement
-from operations.services.specs import running_spec
+from operations.services.specs import running_ranks, running_spec
 from operations.tasks import operations_sweep
 from planning import engines
 
@@ -321,9 +321,15 @@ class Command(ActorCommand):
     def _start_replicas(self, nodes: list[Node]) -> None:
         """PUT every replica the catalog says runs on these nodes; wait until they are ready."""
         started: list[tuple[Replica, Node]] = []
+        groups: list[tuple[Replica, list[tuple[Node, dict[str, Any]]]]] = []
         for replica in Replica.objects.filter(state__in=Replica.LIVE_STATES).order_by("name"):
             node, cards = replica_placement(replica)
             if node is None or node.pk not in {n.pk for n in nodes}:
+                continue
+            if Shard.objects.filter(replica=replica, rank__gt=0).exists():
+                ranks = self._start_group(replica, nodes)
+                if ranks:
+                    groups.append((replica, ranks))
                 continue
             spec = running_spec(replica, node_cards=cards, ready_timeout=READY_WAIT_SECONDS)
             if spec is None:
@@ -337,8 +343,11 @@ class Command(ActorCommand):
             started.append((replica, node))
         deadline = time.monotonic() + READY_WAIT_SECONDS
         waiting = list(started)
-        while waiting and time.monotonic() < deadline:
+        while (waiting or groups) and time.monotonic() < deadline:
             time.sleep(0.5)
+            for group in list(groups):
+                if self._group_settled(*group):
+                    groups.remove(group)
             for replica, node in list(waiting):
                 try:
                     state = AgentClient.for_node(node).get(replica.name)
@@ -354,7 +363,52 @@ class Command(ActorCommand):
         self.stdout.write(
             f"replicas: {ready} of {len(started)} started and ready"
             + (f"; still loading: {', '.join(r.name for r, _ in waiting)}" if waiting else "")
+            + (f"; groups not ready yet: {', '.join(r.name for r, _ in groups)}" if groups else "")
         )
+
+    def _start_group(self, replica: Replica, nodes: list[Node]) -> list[tuple[Node, dict[str, Any]]]:
+        """PUT every rank of a replica across nodes to its node's agent, rank 0 first (the specs name
+        rank 0's address and the rendezvous port); the ranks started, [] when one could not be."""
+        local = {n.name: n for n in nodes}
+        ranks = running_ranks(replica, ready_timeout=READY_WAIT_SECONDS)
+        if any(r["node"] not in local for r in ranks):
+            self._failed(replica, "one of its ranks' nodes has no agent on this machine")
+            return []
+        if any(r["spec"] is None for r in ranks):
+            self._failed(replica, "the specs its ranks run are not known")
+            return []
+        started = []
+        for rank in ranks:
+            node = local[rank["node"]]
+            try:
+                started.append((node, AgentClient.for_node(node).start(replica.name, rank["spec"])))
+            except AgentCallFailed as exc:
+                for other, _ in started:
+                    AgentClient.for_node(other).stop(replica.name, drain=0)
+                self._failed(replica, f"rank {rank['rank']} on {node.name}: {exc.message}")
+                return []
+        return started
+
+    def _group_settled(self, replica: Replica, ranks: list[tuple[Node, dict[str, Any]]]) -> bool:
+        """Whether the group is ready (rank 0 serving, every rank alive: its memory recorded) or
+        failed (a rank lost takes it down: every rank stopped); False while it starts."""
+        states = []
+        for node, _ in ranks:
+            try:
+                states.append((node, AgentClient.for_node(node).get(replica.name)))
+            except AgentCallFailed:
+                return False
+        lost = [(node, s) for node, s in states if s["state"] in ("failed", "stopped")]
+        if lost:
+            for node, _ in ranks:
+                AgentClient.for_node(node).stop(replica.name, drain=0)
+            node, state = lost[0]
+            self._failed(replica, f"its rank on {node.name}: {state.get('reason') or state['state']}")
+            return True
+        if all(s["state"] == "ready" for _, s in states):
+            record_memory(replica, states[0][1].get("memory") or {})
+            return True
+        return False
 
     def _failed(self, replica: Replica, reason: str) -> None:
         """Record what is true: the replica is not running (audited, as the demo's user)."""

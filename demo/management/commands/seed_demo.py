@@ -60,6 +60,7 @@ class Command(ActorCommand):
                             name=name,
                             agent_url=f"http://127.0.0.1:{port}",
                             agent_token=f"demo-agent-token-for-{name}-not-secret",
+                            fabric_domain=fleet.FABRIC.get(name, ""),
                         )
                     )
                     created += 1
@@ -104,6 +105,8 @@ class Command(ActorCommand):
                         gpu_class=classes.get(profile_class) if profile_class else None,
                         gpus_per_node=gpn,
                         tp=tp,
+                        nodes=fleet.SPANS.get((model_name, name), (1, 0))[0],
+                        pp=fleet.SPANS.get((model_name, name), (1, 0))[1],
                         args=profile_args,
                     ),
                     # The demo's contexts are set as the context operation would set them.
@@ -132,11 +135,42 @@ class Command(ActorCommand):
                         )
                     )
                 created += 1
+            created += self._group_replicas(nodes)
         self.stdout.write(
             f"demo fleet: {created} object(s) created" if created else "demo fleet: already loaded"
         )
         if options["users"]:
             self._users(new_passwords=options["new_passwords"])
+
+    def _group_replicas(self, nodes: dict[str, Node]) -> int:
+        """The replicas across nodes: each rank's cards held as that rank, rank 0's rendezvous port."""
+        created = 0
+        for name, model_name, ranks, port, rendezvous_port in fleet.GROUP_REPLICAS:
+            if Replica.objects.filter(name=name).exists():
+                continue
+            profile = Profile.objects.get(model__name=model_name, gpu_class__isnull=False)
+            replica = services.replica_save(
+                instance=Replica(
+                    name=name,
+                    profile=profile,
+                    port=port,
+                    rendezvous_port=rendezvous_port,
+                    state=Replica.State.READY,
+                    revision=profile.revision,
+                    engine_version=fleet.RELEASES.get(profile.engine, ""),
+                )
+            )
+            for rank, (node_name, cards) in enumerate(ranks):
+                for index in cards:
+                    services.shard_save(
+                        instance=Shard(
+                            replica=replica,
+                            card=Card.objects.get(node=nodes[node_name], index=index),
+                            rank=rank,
+                        )
+                    )
+            created += 1
+        return created
 
     def _users(self, *, new_passwords: bool) -> None:
         """One account per role. A password is made only for an account without one (or for all with

@@ -324,6 +324,11 @@ class AgentConversation:
                 self._stop_notes[name] = note
             return None
 
+    def keep_stop_note(self, name: str, note: str) -> None:
+        """Keep what a stop's agent said of its drain for ``stop_said`` (a group's: rank 0's)."""
+        with self._absence:
+            self._stop_notes[name] = note
+
     def stop_said(self, name: str) -> str:
         """What the agent said of the confirmed stop of ``name`` beyond its own "stopped": how its
         drain went ("drained: 2 request(s) in flight finished in 1.4s", ...), "" when nothing."""

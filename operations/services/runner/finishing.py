@@ -62,14 +62,17 @@ def finish(records: Records, *, cancelled: bool, reason: str = "") -> str:
         steps = list(RestartStep.objects.filter(operation=op).select_related("old_replica").order_by("id"))
         ok = [s for s in steps if s.state == RestartStep.State.SUCCEEDED]
         bad = [s for s in steps if s.state == RestartStep.State.FAILED]
+        # A cancel that stopped a step under way (a group's ranks, runner/groups.py) cancels the
+        # operation even with no step left to start.
+        stopped = current.cancel_requested and any(s.state == RestartStep.State.CANCELLED for s in steps)
         if bad:
             state = RestartOperation.State.PARTLY_FAILED if ok else RestartOperation.State.FAILED
-        elif cancelled:
+        elif cancelled or stopped:
             state = RestartOperation.State.CANCELLED
         else:
             state = RestartOperation.State.SUCCEEDED
         serving = Replica.objects.filter(profile__model_id=op.model_id, state=Replica.State.READY).count()
-        summary = _summary(op, steps, ok=ok, bad=bad, serving=serving, cancelled=cancelled)
+        summary = _summary(op, steps, ok=ok, bad=bad, serving=serving, cancelled=cancelled or stopped)
         text = f"{reason} {summary}" if reason else summary
         before = {"state": current.state}
         current.state, current.finished_at, current.reason, current.heartbeat_at = state, now, text, now

@@ -14,9 +14,10 @@ from django.utils import timezone
 from catalog.models import Card, Node, Profile, Replica, Shard
 from operations.models import RestartStep
 from operations.services.runner.conversation import certainly_not_reached
+from operations.services.runner.group_steps import swap_group
+from operations.services.runner.groups import launch_and_settle, launch_group, said_ranks, stop_every_rank
 from operations.services.runner.parts import RunParts
 from operations.services.runner.records import StepFailed, replaced, replacement
-from operations.services.runner.settling import settle
 from operations.services.runner.stops import drain_first, stop_confirmed, stop_replacement, with_stop_note
 
 IN_PLACE_WHY = "stopped to restart it in place"
@@ -74,10 +75,19 @@ def _stop_first(run: RunParts, step: RestartStep, old: Replica, node: Node) -> s
     if drained:
         # As a rolling step's stop does: no new work for it, its requests in flight let finish.
         drain_first(run.agents, old, IN_PLACE_WHY)
-    failure = run.agents.confirm_stop(node, old.name)
+    if step.old_ranks:  # every rank stopped first, rank 0 first
+        confirmed, failures, note = stop_every_rank(run.agents, old)
+        failure = failures[0] if failures else None
+        if failure is not None:
+            failure.message = " ".join(f.message for f in failures)
+        untouched = not confirmed and all(certainly_not_reached(f) for f in failures)
+        run.agents.keep_stop_note(old.name, note)
+    else:
+        failure = run.agents.confirm_stop(node, old.name)
+        untouched = failure is not None and certainly_not_reached(failure)
     if failure is None:
         return None
-    if certainly_not_reached(failure) and old.state != Replica.State.STOPPING:
+    if untouched and old.state != Replica.State.STOPPING:
         if drained:
             records.replica_change(
                 old.pk,
@@ -119,6 +129,9 @@ def _swap(run: RunParts, step: RestartStep, old: Replica, node: Node) -> Replica
     records.hold()
     profile = Profile.objects.select_related("model").get(pk=records.op.profile_id)
     current = Replica.objects.select_for_update().get(pk=old.pk)
+    if max(profile.nodes, 1) > 1:  # a new group: the plan's places, or the old group's cards rank for rank
+        why = with_stop_note(IN_PLACE_WHY, run.agents.stop_said(current.name))
+        return swap_group(run, step, current, why)
     if Shard.objects.filter(card__node=node, card__index__in=step.cards).exclude(replica=current).exists():
         return None  # another replica took a free card meanwhile
     if current.state in Replica.HOLDING_STATES:
@@ -144,14 +157,16 @@ def wait_in_place(run: RunParts, step: RestartStep) -> str:
     again when it fails."""
     new, spec = replacement(step)
     try:
-        run.agents.launch_and_wait(step, new, spec)
-        settle(run.agents, step, new)
+        launch_and_settle(run.agents, step, new, spec)
     except StepFailed as exc:
         return restore(run, step, stop_replacement(run.agents, step, exc))
+    where = (
+        f"across {len(step.ranks)} nodes ({said_ranks(step.ranks)})"
+        if step.ranks
+        else f"on {step.node} cards {step.cards}"
+    )
     return run.records.finish_step(
-        step,
-        RestartStep.State.SUCCEEDED,
-        f"{replaced(step).name} replaced in place by {new.name} on {step.node} cards {step.cards}.",
+        step, RestartStep.State.SUCCEEDED, f"{replaced(step).name} replaced in place by {new.name} {where}."
     )
 
 
@@ -159,6 +174,8 @@ def restore(run: RunParts, step: RestartStep, reason: str) -> str:
     """Start the old replica again, with the spec it ran, on its cards."""
     records = run.records
     old = Replica.objects.get(pk=replaced(step).pk)
+    if step.old_ranks:
+        return _restore_group(run, step, old, reason)
     if not step.old_spec:
         return records.finish_step(
             step,
@@ -218,4 +235,51 @@ def _not_restored(
         step,
         RestartStep.State.FAILED,
         f"{reason} {old.name} could not be started again either: {exc.reason}{held}",
+    )
+
+
+def _restore_group(run: RunParts, step: RestartStep, old: Replica, reason: str) -> str:
+    """Start every rank of the old replica again with the spec it ran, on its cards, rank for rank."""
+    records = run.records
+    if any(not r.get("spec") for r in step.old_ranks):
+        return records.finish_step(
+            step,
+            RestartStep.State.FAILED,
+            f"{reason} The specs {old.name}'s ranks ran before are not known, so it was not started again: "
+            "start it by hand.",
+        )
+    records.set_step(step, state=RestartStep.State.STARTING, reason=f"{reason} Starting {old.name} again.")
+    if not old.is_live:
+        nodes = {n.name: n for n in Node.objects.filter(name__in=[r["node"] for r in step.old_ranks])}
+        try:
+            old = records.replica_change(
+                old.pk,
+                state=Replica.State.STARTING,
+                action="start",
+                hold_ranks=[(int(r["rank"]), nodes[r["node"]], list(r["cards"])) for r in step.old_ranks],
+                message=f"started {old.name} again with its previous specs, every rank "
+                f"({said_ranks(step.old_ranks)}): its replacement did not come up",
+            )
+        except IntegrityError:
+            return records.finish_step(
+                step,
+                RestartStep.State.FAILED,
+                f"{reason} {old.name} was not started again: its cards were taken meanwhile.",
+            )
+    try:
+        launch_group(run.agents, step, old, field="old_ranks")
+    except StepFailed as exc:
+        left = stop_confirmed(
+            run.agents, old, None, end=Replica.State.FAILED, why=f"it did not come back: {exc.reason}"
+        )
+        held = f" It could not be stopped either: {left}" if left else ""
+        return records.finish_step(
+            step,
+            RestartStep.State.FAILED,
+            f"{reason} {old.name} could not be started again either: {exc.reason}{held}",
+        )
+    return records.finish_step(
+        step,
+        RestartStep.State.FAILED,
+        f"{reason} {old.name} was started again with its previous specs, every rank, and is ready.",
     )

@@ -41,11 +41,14 @@ AGENT_DEADLINE_MARGIN = 30.0
 class StepFailed(Exception):
     """A step failed, for ``reason``."""
 
-    def __init__(self, reason: str, *, started: bool = True, node_down: bool = False):
+    def __init__(
+        self, reason: str, *, started: bool = True, node_down: bool = False, cancelled: bool = False
+    ):
         super().__init__(reason)
         self.reason = reason
         self.started = started  # False: the agent certainly did not start the replacement
         self.node_down = node_down  # its node's agent refused the connection: another node may do
+        self.cancelled = cancelled  # the restart was cancelled while a group started (groups.py)
 
 
 def replaced(step: RestartStep) -> Replica:
@@ -139,11 +142,12 @@ class Records:
         message: str,
         release: bool = False,
         hold: tuple[Node, list[int]] | None = None,
+        hold_ranks: list[tuple[int, Node, list[int]]] | None = None,
         memory: dict[str, Any] | None = None,
         reason: str | None = None,
     ) -> Replica:
-        """Set a replica's state, release or take its cards, and audit it, in one
-        transaction; with ``memory`` (the agent's report, once ready), keep what
+        """Set a replica's state, release or take its cards (``hold``: on one node; ``hold_ranks``:
+        each rank's on its node), and audit it, in one transaction; with ``memory`` (the agent's report, once ready), keep what
         its cards were planned to hold beside what the engine and card reported."""
 
         @transaction.atomic
@@ -175,6 +179,10 @@ class Records:
                 cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
                 Shard.objects.bulk_create(Shard(replica=replica, card=c) for c in cards)
                 held = [str(c) for c in cards]
+            for rank, node, indices in hold_ranks or []:
+                cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
+                Shard.objects.bulk_create(Shard(replica=replica, card=c, rank=rank) for c in cards)
+                held += [str(c) for c in cards]
             self.audit(
                 action=action,
                 object_type="replica",

@@ -22,9 +22,9 @@ from operations.services.placement import (
     replica_placement,
 )
 from operations.services.reconcile import node_unreachable
+from operations.services.runner.groups import launch_and_settle, said_ranks
 from operations.services.runner.parts import RunParts
 from operations.services.runner.records import StepFailed, replaced, replacement
-from operations.services.runner.settling import settle
 from operations.services.runner.stops import stop_confirmed, stop_replacement
 
 # Nodes a replacement is placed on in turn when each one's agent turns out to be down.
@@ -119,15 +119,13 @@ def roll(run: RunParts, step: RestartStep, *, tries: int = 1) -> str:
     """Start the recorded replacement, wait until it is ready and settled, then stop the old replica."""
     new, spec = replacement(step)
     try:
-        run.agents.launch_and_wait(step, new, spec)
-        settle(run.agents, step, new)
+        launch_and_settle(run.agents, step, new, spec)
     except StepFailed as exc:
         if exc.node_down and tries < PLACE_TRIES and _place_elsewhere(run, step, exc):
             return roll(run, step, tries=tries + 1)
         reason = stop_replacement(run.agents, step, exc)
-        return run.records.finish_step(
-            step, RestartStep.State.FAILED, f"{reason} {replaced(step).name} keeps serving."
-        )
+        ended = RestartStep.State.CANCELLED if exc.cancelled else RestartStep.State.FAILED
+        return run.records.finish_step(step, ended, f"{reason} {replaced(step).name} keeps serving.")
     return stop_old(run, step)
 
 
@@ -169,12 +167,21 @@ def stop_old(run: RunParts, step: RestartStep) -> str:
             return records.finish_step(
                 step,
                 RestartStep.State.SUCCEEDED,
-                f"{old.name} replaced by {new.name} on {step.node} cards {step.cards}, but {old.name}'s stop "
+                f"{old.name} replaced by {new.name} {_where(step)}, but {old.name}'s stop "
                 f"is not confirmed: {left} It is recorded as stopping and keeps its cards until its agent "
                 "confirms the stop (the reconciler asks again).",
             )
     return records.finish_step(
         step,
         RestartStep.State.SUCCEEDED,
-        f"{old.name} replaced by {new.name} on {step.node} cards {step.cards}.",
+        f"{old.name} replaced by {new.name} {_where(step)}.",
+    )
+
+
+def _where(step: RestartStep) -> str:
+    """Where the step's replacement runs: "on gpu-a cards [0]", or each rank's place across nodes."""
+    return (
+        f"across {len(step.ranks)} nodes ({said_ranks(step.ranks)})"
+        if step.ranks
+        else f"on {step.node} cards {step.cards}"
     )

@@ -219,11 +219,17 @@ class Scheduler:
         steps = {
             r["pk"]: r
             for r in RestartStep.objects.filter(pk__in=[*running, *pending]).values(
-                "pk", "planned_node", "planned_cards", "old_replica_id"
+                "pk", "planned_node", "planned_cards", "planned_ranks", "old_replica_id"
             )
         }
         freeing = {r["old_replica_id"] for r in steps.values()} - {None}
-        nodes = {steps[pk]["planned_node"] for pk in pending if pk in steps and steps[pk]["planned_node"]}
+        # Every rank's place of a replacement across nodes; the one place of one on one node.
+        places = {
+            pk: [(p["node"], list(p["cards"])) for p in step["planned_ranks"]]
+            or ([(step["planned_node"], list(step["planned_cards"]))] if step["planned_node"] else [])
+            for pk, step in steps.items()
+        }
+        nodes = {node for pk in pending for node, _ in places.get(pk, [])}
         held = {
             (node, index): replica
             for node, index, replica in Shard.objects.filter(
@@ -233,10 +239,10 @@ class Scheduler:
         startable = []
         for pk in pending:
             step = steps.get(pk)
-            if step is None or not step["planned_node"]:
+            if step is None or not places[pk]:
                 startable.append(pk)
                 continue
-            holders = {held.get((step["planned_node"], i)) for i in step["planned_cards"]}
+            holders = {held.get((node, i)) for node, cards in places[pk] for i in cards}
             if not holders - {None, step["old_replica_id"]}:  # in place, its own cards are its to free
                 startable.append(pk)
         return startable

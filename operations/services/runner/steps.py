@@ -12,6 +12,8 @@ from catalog.models import Card, Node, Profile, Replica
 from operations.models import RestartStep
 from operations.services.lease import OperationLost
 from operations.services.placement import in_place_cards, release_refusals, replica_placement
+from operations.services.runner.group_steps import in_place_refusal, is_group_step, old_ranks, place_group
+from operations.services.runner.groups import replica_ranks, said_ranks, spans
 from operations.services.runner.in_place import begin_in_place, restore, stop_then_start, wait_in_place
 from operations.services.runner.parts import RunParts
 from operations.services.runner.records import StepFailed
@@ -66,6 +68,9 @@ def _begin(run: RunParts, step: RestartStep) -> str:
             RestartStep.State.FAILED,
             f"{old.name} holds no cards, so there is no node to restart it on.",
         )
+    profile = Profile.objects.select_related("model", "gpu_class").get(pk=op.profile_id)
+    if is_group_step(profile, old):
+        return _begin_group(run, step, old, profile)
     old_spec = running_spec(old, node_cards=cards, ready_timeout=records.agent_timeout())
     if step.planned_node:
         return _follow_plan(run, step, old, node, old_spec)
@@ -85,6 +90,76 @@ def _begin(run: RunParts, step: RestartStep) -> str:
     if isinstance(planned, str):
         return records.finish_step(step, RestartStep.State.FAILED, f"{planned} {old.name} keeps serving.")
     return begin_in_place(run, step, old, node, planned, old_spec)
+
+
+def _begin_group(run: RunParts, step: RestartStep, old: Replica, profile: Profile) -> str:
+    """A step whose replacement spans nodes, or whose old replica does (groups.py, group_steps.py):
+    the plan's places for every rank followed where they are still free, else the group's best fit,
+    else in place on the old replica's own cards rank for rank (where the shapes match)."""
+    records, op = run.records, run.records.op
+    olds = old_ranks(run, old) if spans(old) else []
+    ranks = replica_ranks(old)
+    head = Node.objects.get(name=ranks[0][1])
+    old_spec = (
+        olds[0]["spec"]
+        if olds
+        else running_spec(old, node_cards=ranks[0][2], ready_timeout=records.agent_timeout())
+    )
+    records.set_step(step, old_ranks=olds, old_spec=old_spec)
+    group = max(profile.nodes, 1) > 1
+
+    def place(planned: list[dict[str, Any]] | None = None) -> bool:
+        if group:
+            return place_group(run, step, planned=planned)
+        at = (planned[0]["node"], list(planned[0]["cards"])) if planned else None
+        return place_beside(run, step, old_spec, planned=at)
+
+    if step.planned_node or step.planned_ranks:
+        planned = step.planned_ranks or [
+            {"rank": 0, "node": step.planned_node, "cards": list(step.planned_cards)}
+        ]
+        if not step.planned_in_place:
+            if place(planned) or place():
+                return roll(run, step)
+            return records.finish_step(
+                step,
+                RestartStep.State.FAILED,
+                f"The fleet changed since the restart was planned: {old.name}'s replacement was to start on "
+                f"{said_ranks(planned)}, and those cards are no longer free on ready nodes. {old.name} keeps "
+                "serving; restart again to plan anew.",
+            )
+    elif not op.in_place:
+        if place():
+            return roll(run, step)
+        if op.in_place is False:
+            return records.finish_step(
+                step,
+                RestartStep.State.FAILED,
+                f"No whole group of {max(profile.nodes, 1)} ready node(s) of one fabric domain has "
+                f"{profile.cards // max(profile.nodes, 1)} free card(s) of class {profile.gpu_class} each beside "
+                f"the running replicas, and the restart was asked to be rolling only: free whole nodes, or "
+                f"restart in place.{_refused_nodes(profile)} {old.name} keeps serving.",
+            )
+    if group:
+        # In place, a group takes the plan's places (every rank of the old replica stopped first), else
+        # the old replica's own cards rank for rank; the step's node is the old replica's own until
+        # the new group is recorded (its stop is asked there).
+        if not (step.planned_in_place and step.planned_ranks):
+            refusal = in_place_refusal(profile, old)
+            if refusal:
+                return records.finish_step(
+                    step, RestartStep.State.FAILED, f"{refusal} {old.name} keeps serving."
+                )
+        return begin_in_place(run, step, old, head, list(ranks[0][2]), old_spec)
+    # One node in place of a group: on rank 0's node, its own cards and free ones there.
+    if step.planned_in_place and step.planned_node:
+        return begin_in_place(
+            run, step, old, Node.objects.get(name=step.planned_node), list(step.planned_cards), old_spec
+        )
+    cards = _in_place_cards(run, old, head)
+    if isinstance(cards, str):
+        return records.finish_step(step, RestartStep.State.FAILED, f"{cards} {old.name} keeps serving.")
+    return begin_in_place(run, step, old, head, cards, old_spec)
 
 
 def _refused_nodes(profile: Profile) -> str:

@@ -9,6 +9,7 @@ from django.conf import settings
 from catalog.models import Node, Replica
 from operations.models import RestartStep
 from operations.services.runner.conversation import AgentConversation
+from operations.services.runner.groups import replica_ranks, said_ranks, spans, stop_every_rank
 from operations.services.runner.records import StepFailed, replacement
 
 
@@ -18,7 +19,9 @@ def stop_confirmed(
     """Stop ``replica`` and, once its agent confirmed it, record it ``end`` with its cards freed;
     a stop not confirmed leaves it stopping, holding its cards (the reconciler asks again).
     '' when confirmed, else why not. A ready replica stopped for good is recorded stopping first
-    (``drain_first``)."""
+    (``drain_first``). A replica across nodes is stopped on every rank's agent (``_stop_group``)."""
+    if spans(replica):
+        return _stop_group(agents, replica, end=end, why=why)
     if node is not None and end == Replica.State.STOPPED and replica.state == Replica.State.READY:
         drain_first(agents, replica, why)
     failure = agents.confirm_stop(node, replica.name) if node is not None else None
@@ -40,6 +43,40 @@ def stop_confirmed(
         release=True,
         reason=said,
         message=f"stopped {replica.name}: {said}",
+    )
+    return ""
+
+
+def _stop_group(agents: AgentConversation, replica: Replica, *, end: str, why: str) -> str:
+    """Stop every rank of a replica across nodes and, once every agent confirmed its rank's stop,
+    record it ``end`` with all its cards freed; otherwise it is left stopping holding them all (the
+    reconciler asks each agent again, freeing each node's cards as its agent confirms). '' when
+    confirmed, else why not."""
+    replica = Replica.objects.get(pk=replica.pk)
+    ranks = said_ranks(replica_ranks(replica))
+    if end == Replica.State.STOPPED and replica.state == Replica.State.READY:
+        drain_first(agents, replica, why)
+    confirmed, failures, note = stop_every_rank(agents, replica)
+    if failures:
+        said = " ".join(f.message for f in failures)
+        agents.records.replica_change(
+            replica.pk,
+            state=Replica.State.STOPPING,
+            action="stop_unconfirmed",
+            reason=said,
+            message=f"{replica.name} was asked to stop every rank ({why}); "
+            + (f"{', '.join(confirmed)} confirmed, " if confirmed else "")
+            + f"not: {said} It keeps its cards ({ranks}) until every agent confirms.",
+        )
+        return said
+    said = with_stop_note(why, note)
+    agents.records.replica_change(
+        replica.pk,
+        state=end,
+        action="stop" if end == Replica.State.STOPPED else "fail",
+        release=True,
+        reason=said,
+        message=f"stopped {replica.name}, every rank ({ranks}): {said}",
     )
     return ""
 
@@ -78,8 +115,9 @@ def stop_replacement(agents: AgentConversation, step: RestartStep, failure: Step
             agents,
             new,
             Node.objects.get(name=step.node),
-            end=Replica.State.FAILED,
-            why=f"failed: {failure.reason}",
+            # A replacement stopped because the restart was cancelled did not fail: it was stopped.
+            end=Replica.State.STOPPED if failure.cancelled else Replica.State.FAILED,
+            why=failure.reason if failure.cancelled else f"failed: {failure.reason}",
         )
         if left:
             reason += (
