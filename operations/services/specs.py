@@ -83,10 +83,15 @@ def replica_spec(
     ready_timeout: float = 600,
     group: GroupSpec | None = None,
 ) -> dict[str, Any]:
-    """The spec of a replica of ``profile`` as it is now (of one of its ranks, with ``group``)."""
+    """The spec of a replica of ``profile`` as it is now (of one of its ranks, with ``group``).
+    The engine is told its own TP width: a profile keeps the width within a node, which SGLang
+    across nodes multiplies by the nodes (``engines.group_widths``)."""
+    tp = profile.tp
+    if group is not None:
+        tp = engines.group_widths(engines.engine(profile.engine), profile.tp, group.size)[0]
     return build_spec(
         engine=profile.engine,
-        tp=profile.tp,
+        tp=tp,
         args=profile.args,
         env=profile.env,
         model=profile.model,

@@ -232,3 +232,27 @@ def test_the_gpus_command_plans_across_the_nodes_it_is_given():
     out = StringIO()
     call_command("gpus", "llama-405b", "32", "--nodes", "4", "--dry-run", stdout=out)
     assert "8 → 32 card(s)" in out.getvalue() and "across 4 nodes, a rank on each" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("engine", "told"),
+    [
+        # vLLM: TP within a node, the nodes as pipeline stages (the policy's rank flags carry the PP).
+        ("vllm", ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--nnodes", "2"]),
+        # SGLang: one TP group over every card of every node.
+        ("sglang", ["--tp-size", "16", "--nnodes", "2"]),
+    ],
+)
+def test_each_ranks_spec_tells_the_engine_its_own_widths(engine, told):
+    from operations.services.specs import rank_specs
+
+    profile = llama_405b(engine=engine, gpus=8, nodes=2)
+    a, c = node("gpu-a", "ib-1"), node("gpu-c", "ib-1")
+    specs = rank_specs(
+        profile, [(0, a, list(range(8))), (1, c, list(range(8)))], port=8100, rendezvous_port=8101
+    )
+    for rank, spec in specs.items():
+        args = spec["args"]
+        for flag, value in zip(told[::2], told[1::2], strict=True):
+            assert args[args.index(flag) + 1] == value, (engine, rank, flag, args)
+        assert spec["group"] == {"rank": rank, "size": 2, "address": a.agent_host, "port": 8101}
