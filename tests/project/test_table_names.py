@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.core.management.sql import emit_post_migrate_signal
 from django.db import DatabaseError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.state import ProjectState
@@ -51,9 +52,14 @@ def migrate(as_owner: Any, audit_flushable: None) -> Iterator[Any]:
         """Returns the state at ``targets`` (what the migrations there say of the models)."""
         with as_owner():
             executor = MigrationExecutor(connection)
+            latest = not targets
             targets = targets or executor.loader.graph.leaf_nodes()
             executor.migrate(targets)
             executor.loader.build_graph()
+            if latest:
+                # As `manage.py migrate` ends: post_migrate, whose handlers put the version triggers
+                # back on any table SQLite made anew (versions.triggers.repair_sqlite).
+                emit_post_migrate_signal(verbosity=0, interactive=False, db=connection.alias)
         return executor.loader.project_state(targets)
 
     yield run
