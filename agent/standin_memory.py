@@ -148,7 +148,9 @@ def _vllm(
 ) -> Startup:
     key = release_key(release)
     total = cards[0][1]
-    large = total >= 70 and "a100" not in cards[0][2].lower()
+    # vLLM's large-card defaults (8192 batched tokens, 1024 sequences) on cards of 70 GiB or more; up
+    # to 0.20 not on an A100, from 0.21 on every such card (planning/engines.toml, [vllm.memory]).
+    large = total >= 70 and (key >= (0, 21) or "a100" not in cards[0][2].lower())
     tp = int(_number(args, "--tensor-parallel-size", "-tp") or len(cards))
     # One rank of a replica across nodes (the launch policy's rank flags): this node holds pipeline
     # stage ``stage`` of ``pp``, an even share of the layers (the stand-in's split: a real one puts
