@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 from django.conf import settings
 
-from agentclient import answers
-from agentclient.transport import PinnedTransport, tls_context
+from agentclient import answers, transport
 from base.errors import DomainError
 from base.secrets import redact
 from catalog.agent_address import checked_address
@@ -222,7 +220,7 @@ class AgentClient:
         params: dict[str, str] | None,
         timeout: float | None,
         secrets: tuple[str, ...],
-    ) -> httpx.Response:
+    ) -> transport.Answer:
         """The agent's response, from the address its URL was checked to resolve to."""
         timeout = self.timeout if timeout is None else timeout
         who = f"The agent of node {self.node} ({self.url})"
@@ -242,50 +240,54 @@ class AgentClient:
             raise AgentCallFailed(
                 "agent_address", f"{who} was not called while {what}: {exc.message}"
             ) from None
+        connect = min(timeout, 5.0)
         try:
-            # trust_env=False: an agent is reached directly, never through a proxy from the environment.
-            # https agents are checked against LLMGW_AGENT_CA_BUNDLE when it is set.
-            context = tls_context()
-            with httpx.Client(
-                timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-                trust_env=False,
-                verify=context,
-                transport=PinnedTransport(target, ssl_context=context),
-            ) as http:
-                return http.request(
-                    method,
-                    self.url + path,
-                    json=json,
-                    params=params,
-                    headers={"Authorization": f"Bearer {self.token}"},
-                )
-        except httpx.ConnectTimeout:
-            raise AgentCallFailed(
-                "agent_down",
-                f"{who} could not be reached within {min(timeout, 5.0):g} s while {what}: is the node up?",
-            ) from None
-        except httpx.TimeoutException:
-            raise AgentCallFailed(
-                "agent_slow", f"{who} did not answer within {timeout:g} s while {what}."
-            ) from None
-        except httpx.ConnectError as exc:
-            if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "certificate verify failed" in str(exc):
-                raise AgentCallFailed(
-                    "agent_untrusted",
-                    f"{who} presented a certificate that is not trusted while {what}: set "
-                    "LLMGW_AGENT_CA_BUNDLE to the CA bundle that signed the agents' certificates.",
-                ) from None
-            refused = "refused" in str(exc).lower()
-            raise AgentCallFailed(
-                "agent_down",
-                f"{who} refused the connection while {what}: is the agent running?"
-                if refused
-                else f"{who} could not be reached while {what}: {_said(exc, secrets)}.",
-            ) from None
-        except httpx.TransportError as exc:
-            raise AgentCallFailed(
-                "agent_down", f"{who} broke off the connection while {what}: {_said(exc, secrets)}."
-            ) from None
+            return transport.request(
+                target,
+                method,
+                self.url + path,
+                headers={"Authorization": f"Bearer {self.token}"},
+                json=json,
+                params=params,
+                timeout=timeout,
+                connect=connect,
+            )
+        except transport.Unreachable as exc:
+            raise _unreached(exc, who, what, timeout=timeout, connect=connect, secrets=secrets) from None
+
+
+def _unreached(
+    exc: transport.Unreachable,
+    who: str,
+    what: str,
+    *,
+    timeout: float,
+    connect: float,
+    secrets: tuple[str, ...],
+) -> AgentCallFailed:
+    """A call that got no answer, in the project's words."""
+    if exc.stage == "connect":
+        if exc.timed_out:
+            return AgentCallFailed(
+                "agent_down", f"{who} could not be reached within {connect:g} s while {what}: is the node up?"
+            )
+        if exc.untrusted:
+            return AgentCallFailed(
+                "agent_untrusted",
+                f"{who} presented a certificate that is not trusted while {what}: set "
+                "LLMGW_AGENT_CA_BUNDLE to the CA bundle that signed the agents' certificates.",
+            )
+        return AgentCallFailed(
+            "agent_down",
+            f"{who} refused the connection while {what}: is the agent running?"
+            if exc.refused
+            else f"{who} could not be reached while {what}: {_said(exc, secrets)}.",
+        )
+    if exc.timed_out:
+        return AgentCallFailed("agent_slow", f"{who} did not answer within {timeout:g} s while {what}.")
+    return AgentCallFailed(
+        "agent_down", f"{who} broke off the connection while {what}: {_said(exc, secrets)}."
+    )
 
 
 def _said(exc: Exception, secrets: Iterable[str]) -> str:

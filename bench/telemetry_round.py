@@ -1,7 +1,7 @@
 """A telemetry sampling round at fleet scale: 1,000 nodes of 8 cards against the interval.
 
 Run: `.venv/bin/python bench/telemetry_round.py [--database-url URL] [--nodes 1000] [--agents 16]
-[--rounds 3]`.
+[--rounds 3] [--ways per-node,batched,agents] [--smi kept,python]`.
 
 The generated fleet (demo/scale.py: ``--nodes`` nodes of 8 cards, 500 models, their replicas)
 in the benchmark's own database (created anew: BENCH_TELEMETRY_DATABASE_URL), each card's
@@ -15,11 +15,18 @@ Three ways, each ``--rounds`` times, the load average beside each:
   ``readings_write`` LLMGW_TELEMETRY_BATCH nodes at a time, then ``readings_prune``;
 - *with stand-in agents*: ``fleet_sample()`` as the worker runs it, against ``--agents`` real
   ``python -m llmgw_agent`` processes on 127.0.0.1 reading the stand-in nvidia-smi, every node's
-  address pointing at one of them (a thousand agent processes would not fit two cores).
+  address pointing at one of them (a thousand agent processes would not fit two cores); once for
+  each ``--smi``: the stand-in program at every run (``python``), or its answer printed by ``sh``
+  (``kept``): an agent standing in for 62 nodes samples its cards every 2 s while asked, each
+  sample two Python starts on the control plane's own cores, which a node's agent does on its node.
 
-Printed per way: the seconds (median, and each), the share of LLMGW_TELEMETRY_SECONDS, the CPU
-time of the benchmark's own process (the control plane's side: its threads, not the database's
-nor the agents'), and how many times the readings' version was raised in a round. JSON in var/bench/telemetry_round.json.
+Printed per way: the round's seconds from its start to its last write's commit (median, and
+each; with the agents, on the same two cores as they are), its share of LLMGW_TELEMETRY_SECONDS,
+the control plane's CPU (the benchmark's own process: the sampling threads and the writer, not
+the database's), and apart from it the stand-in agents' CPU (theirs and their nvidia-smi runs',
+read from /proc: on a fleet each node's agent does this on its own node, none of it the control
+plane's), and how many times the readings' version was raised in a round. JSON in
+var/bench/telemetry_round.json.
 """
 
 from __future__ import annotations
@@ -54,6 +61,15 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--agents", type=int, default=16, help="stand-in agent processes (0: none)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--smi",
+        default="kept,python",
+        help="the stand-in agents' nvidia-smi, comma-separated, each a way of its own: 'python' (the "
+        "stand-in program, a Python start a run) and 'kept' (its answer written once, then printed by sh)",
+    )
+    parser.add_argument(
+        "--ways", default="per-node,batched,agents", help="which ways to run, comma-separated"
+    )
     parser.add_argument("--out", default=str(ROOT / "var" / "bench" / "telemetry_round.json"))
     args = parser.parse_args()
 
@@ -96,27 +112,33 @@ def main() -> None:
         "ways": {},
     }
     bodies = _bodies()
-    results["ways"]["per node"] = _rounds(args.rounds, lambda: _per_node(bodies))
-    _report("per node (telemetry_record, one transaction a node)", results["ways"]["per node"])
-    results["ways"]["batched"] = _rounds(args.rounds, lambda: _batched(bodies))
-    _report("batched, no agents (readings_write, then readings_prune)", results["ways"]["batched"])
-    if args.agents:
-        with _agents(args.agents) as count:
+    ways = args.ways.split(",")
+    if "per-node" in ways:
+        results["ways"]["per node"] = _rounds(args.rounds, lambda: _per_node(bodies))
+        _report("per node (telemetry_record, one transaction a node)", results["ways"]["per node"])
+    if "batched" in ways:
+        results["ways"]["batched"] = _rounds(args.rounds, lambda: _batched(bodies))
+        _report("batched, no agents (readings_write, then readings_prune)", results["ways"]["batched"])
+    for smi in args.smi.split(",") if args.agents and "agents" in ways else []:
+        with _agents(args.agents, smi=smi) as count:
             from telemetry.services import fleet_sample, sampling_parallel
 
             def sampled() -> dict[str, float]:
-                t = time.monotonic()
+                t, children = time.monotonic(), _children_cpu()
                 answered = fleet_sample()
                 assert all(answered.values()), [n for n, ok in answered.items() if not ok][:5]
-                return {"seconds": time.monotonic() - t}
+                return {"seconds": time.monotonic() - t, "agents cpu": _children_cpu() - children}
 
-            results["ways"]["agents"] = _rounds(args.rounds, sampled) | {
+            fleet_sample()  # a first round, untimed: the agents' first answers and this process's imports
+            key = f"agents, nvidia-smi {smi}"
+            results["ways"][key] = _rounds(args.rounds, sampled) | {
                 "agents": count,
                 "parallel": sampling_parallel(args.nodes),
             }
             _report(
-                f"with {count} stand-in agents (fleet_sample, {sampling_parallel(args.nodes)} at a time)",
-                results["ways"]["agents"],
+                f"with {count} stand-in agents, their nvidia-smi {smi} "
+                f"(fleet_sample, {sampling_parallel(args.nodes)} at a time)",
+                results["ways"][key],
             )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +197,8 @@ def _bodies() -> list[tuple[Any, dict[str, Any]]]:
 def _version() -> int:
     from versions.models import Version
 
-    return Version.objects.get(area="telemetry").n
+    # No row before the readings' first write (a run that skips the per-node way starts there).
+    return Version.objects.filter(area="readings").values_list("n", flat=True).first() or 0
 
 
 def _per_node(bodies) -> dict[str, float]:
@@ -222,9 +245,14 @@ def _report(what: str, result: dict[str, Any]) -> None:
     print(
         f"{what}: median {result['median']} s ({result['median'] / interval:.0%} of {interval:g} s); "
         + "; ".join(
-            f"{r['seconds']} s"
+            f"round {r['seconds']} s"
             + (f" (write {r['write']} s)" if "write" in r else "")
-            + f", this process's CPU {r['cpu']} s"
+            + f", the control plane's CPU {r['cpu']} s"
+            + (
+                f" [the stand-in agents' own CPU, not the control plane's: {r['agents cpu']} s]"
+                if "agents cpu" in r
+                else ""
+            )
             + f", {r['raises']} version raises, load {r['load']}"
             for r in result["runs"]
         ),
@@ -232,11 +260,65 @@ def _report(what: str, result: dict[str, Any]) -> None:
     )
 
 
-class _agents:
-    """``count`` real agents reading the stand-in nvidia-smi, every node pointed at one of them."""
+def _children_cpu() -> float:
+    """The CPU seconds (user and system) of this process's children and theirs: the agents, and
+    the nvidia-smi runs they waited for."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seen: set[str] = set()
+    frontier = [str(os.getpid())]
+    total = 0.0
+    while frontier:
+        pid = frontier.pop()
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    frontier += [c for c in f.read().split() if c not in seen]
+                    seen.update(frontier)
+        except OSError:
+            continue
+        if pid != str(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
+    return total
 
-    def __init__(self, count: int) -> None:
+
+def _kept_smi(gpus: Path) -> None:
+    """The stand-in nvidia-smi of ``gpus`` answering the agent's two queries with what it printed
+    once (no process holds a card here, so its answer does not change), through sh, and anything
+    else (``--version``) through the stand-in program: a run costs a shell's start, not a Python's
+    (about 50 ms of CPU on these cores, twice a sample, a node's nvidia-smi's work on its own node)."""
+    import shlex
+    import subprocess
+
+    from llmgw_agent.telemetry import APP_FIELDS, GPU_FIELDS
+
+    program = gpus / "bin" / "nvidia-smi"
+    env = {**os.environ, "STANDIN_GPU_DIR": str(gpus)}
+    cases = []
+    for i, (query, fields) in enumerate((("--query-gpu", GPU_FIELDS), ("--query-compute-apps", APP_FIELDS))):
+        argv = [f"{query}={','.join(fields)}", "--format=csv,noheader,nounits"]
+        out = subprocess.run(
+            [str(program), *argv], env=env, capture_output=True, text=True, check=True
+        ).stdout
+        (gpus / f"kept-{i}.csv").write_text(out)
+        cases.append(
+            f"  {shlex.quote(' '.join(argv))}) exec cat {shlex.quote(str(gpus / f'kept-{i}.csv'))} ;;"
+        )
+    python = program.read_text().split("\n", 1)[1]  # the stand-in's own exec line
+    program.write_text('#!/bin/sh\ncase "$*" in\n' + "\n".join(cases) + f"\n  *) {python.strip()} ;;\nesac\n")
+
+
+class _agents:
+    """``count`` real agents reading the stand-in nvidia-smi, every node pointed at one of them;
+    ``smi``: ``python`` (the stand-in program at every run) or ``kept`` (``_kept_smi``)."""
+
+    def __init__(self, count: int, *, smi: str = "python") -> None:
         self.count = count
+        self.smi = smi
 
     def __enter__(self) -> int:
         import contextlib
@@ -261,6 +343,9 @@ class _agents:
             )
             for i in range(self.count)
         ]
+        if self.smi == "kept":
+            for i in range(self.count):
+                _kept_smi(tmp / f"agent-{i}-gpus")
         for k, pk in enumerate(Node.objects.order_by("name").values_list("pk", flat=True)):
             agent = agents[k % len(agents)]
             Node.objects.filter(pk=pk).update(agent_url=agent.base_url, agent_token=agent.token)

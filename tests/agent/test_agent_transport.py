@@ -195,3 +195,56 @@ def test_a_rotation_answers_only_to_a_valid_token(tls_agent):
         short = http.post("/v1/token", json={"token": "short"})
         assert (short.status_code, short.json()["code"]) == (400, "invalid_token")
         assert http.get("/v1/node").status_code == 200
+
+
+def test_a_call_reaches_the_agent_as_its_url_names_it_with_the_token_and_a_compact_json_body(settings):
+    """What the agent receives (a server of the test's own on 127.0.0.1, recording each request):
+    the Host header the URL's, the node's token, the query encoded, a body as compact UTF-8 JSON with its length."""
+    import http.server
+    import json
+    import threading
+
+    seen: list[tuple[str, str, str | None, str | None, str | None, bytes]] = []
+
+    class Agent(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self) -> None:
+            length = self.headers.get("Content-Length")
+            body = self.rfile.read(int(length or 0))
+            seen.append(
+                (self.command, self.path, self.headers["Host"], self.headers["Authorization"], length, body)
+            )
+            out = json.dumps({"id": "r/1", "state": "ready"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_GET = do_PUT = do_POST = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Agent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        node = Node(name="gpu-seen", agent_url=f"http://127.0.0.1:{port}/", agent_token="s" * 32)
+        client = AgentClient.for_node(node)
+        assert client.get("r/1", wait=1.5, unless="loading")["state"] == "ready"
+        client.start("r/1", {"model": "é", "card_indexes": [0]})
+        with pytest.raises(AgentCallFailed):  # the answer is not a token's: refused as not the API's
+            client.rotate_token("n" * 32, grace_seconds=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+    host, token = f"127.0.0.1:{port}", "Bearer " + "s" * 32
+    spec = '{"model":"é","card_indexes":[0]}'.encode()
+    rotation = b'{"token":"' + b"n" * 32 + b'","grace_seconds":5}'
+    assert seen == [
+        ("GET", "/v1/replicas/r%2F1?wait=1.500&state=loading", host, token, None, b""),
+        ("PUT", "/v1/replicas/r%2F1", host, token, str(len(spec)), spec),
+        ("POST", "/v1/token", host, token, str(len(rotation)), rotation),
+    ]
