@@ -41,7 +41,10 @@ LOST = "a rank was lost: "
 
 
 def is_group(replica: Replica) -> bool:
-    return Shard.objects.filter(replica=replica, rank__gt=0).exists()
+    """A replica across nodes: it has rank 0's rendezvous port (null on one node), or holds cards as
+    a rank > 0. The port too, as a lost group whose other ranks' cards were freed before rank 0's
+    stop was confirmed holds rank 0's alone and must still end ``failed``, not as one node would."""
+    return replica.rendezvous_port is not None or Shard.objects.filter(replica=replica, rank__gt=0).exists()
 
 
 def reconcile_group(

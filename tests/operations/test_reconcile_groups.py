@@ -123,3 +123,27 @@ def test_a_group_whose_node_did_not_answer_is_ready_again_only_once_every_node_a
         assert group.state == "ready", group.reason
         assert Shard.objects.filter(replica=group).count() == 2
         assert_catalog_is_what_agents_run(fleet)
+
+
+def test_a_lost_group_left_holding_rank_0_alone_still_ends_failed_when_rank_0_stops(
+    tmp_path, actor, settings
+):
+    # A pass that lost rank 1 freed gpu-b's card but could not stop rank 0 (its agent did not
+    # confirm): the group is left stopping with rank 0's card alone. It is still a group, not a
+    # one-node replica: the pass that stops rank 0 ends it failed, with why it was lost kept.
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b")) as fleet:
+        group = recorded_group(fleet, "llama-9", port=settings.LLMGW_REPLICA_PORT_BASE)
+        with fleet.agents["gpu-b"].client() as http:
+            assert http.delete("/v1/replicas/llama-9").status_code in (200, 202, 204)
+        lost = f"{LOST}rank 1 on gpu-b: the agent does not run it"
+        Shard.objects.filter(replica=group, rank=1).delete()
+        Replica.objects.filter(pk=group.pk).update(state="stopping", reason=lost)
+
+        reconcile()
+
+        group.refresh_from_db()
+        assert group.state == "failed", (group.state, group.reason)
+        assert group.reason == lost
+        assert not Shard.objects.filter(replica=group).exists()
+        assert "llama-9" not in engines_on(fleet.agents["gpu-a"])
+        assert_catalog_is_what_agents_run(fleet)
