@@ -180,6 +180,9 @@ def test_a_two_node_profile_is_planned_started_ready_then_restarted_rolling_and_
                 i for i, e in enumerate(entries) if e.object_key == in_place.name and e.action == "start"
             )
             assert stopped_at < started_at
+            # Its stop entry frees every rank's cards, not rank 0's alone.
+            held = sorted(f"{node}#{i}" for _, node, cards in rolled_ranks for i in cards)
+            assert sorted(entries[stopped_at].before["cards"]) == held, entries[stopped_at].before
             in_line(fleet)
         assert_nothing_half_done()
 

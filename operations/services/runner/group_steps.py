@@ -250,7 +250,8 @@ def swap_group(run: RunParts, step: RestartStep, current: Replica, reason: str) 
     if current.state in Replica.HOLDING_STATES:
         held_node, held_cards = replica_placement(current)
         if held_node is not None:
-            records.stop_for_in_place(current, held_node, held_cards, reason=reason)
+            every = [str(s.card) for s in Shard.objects.filter(replica=current).select_related("card__node")]
+            records.stop_for_in_place(current, held_node, held_cards, reason=reason, held=every)
     same = places == old and current.rendezvous_port is not None
     port, rendezvous = (
         (current.port, current.rendezvous_port or 0) if same else group_ports(list(nodes.values()))

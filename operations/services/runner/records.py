@@ -250,11 +250,14 @@ class Records:
             setattr(step, name, value)
         return new
 
-    def stop_for_in_place(self, replica: Replica, node: Node, cards: list[int], *, reason: str) -> None:
+    def stop_for_in_place(
+        self, replica: Replica, node: Node, cards: list[int], *, reason: str, held: list[str] | None = None
+    ) -> None:
         """In the caller's transaction, with ``replica`` locked: record it stopped, its cards freed
         for its replacement in place (its agent confirmed the stop), and why (with how its drain
-        went, as its agent said)."""
-        before = replica_after(replica, [f"{node.name}#{i}" for i in cards])
+        went, as its agent said). ``held``: every card it holds ("node#index"), a group's on each
+        of its nodes; ``cards`` of ``node`` otherwise."""
+        before = replica_after(replica, held if held is not None else [f"{node.name}#{i}" for i in cards])
         replica.state, replica.state_changed_at = Replica.State.STOPPED, timezone.now()
         replica.reason = redact(reason, self.secrets)
         replica.save(update_fields=["state", "state_changed_at", "reason"])
