@@ -17,7 +17,8 @@ catalog only while every rank is live on its agent:
 
 A node that does not answer makes the group ``unknown`` through the reconciler's own rule (every
 live replica holding cards there). Every change is audited as the reconciler's, under the
-replica's row lock, and only where the row did not change since the listing was asked.
+replica's row lock, and only where the row did not change since the listing was asked and no
+restart's step in flight works on it (the runner records it then).
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from agentclient.client import AgentCallFailed, AgentClient, describe_failure
 from audit.services import audit_record, snapshot
 from base.actor import Actor
 from catalog.models import Node, Replica, Shard
+from operations.models import RestartOperation, RestartStep
 
 log = logging.getLogger("operations.reconcile")
 
@@ -81,6 +84,18 @@ def _stopped(node: Node, name: str, *, drain: float | None = None) -> bool:
     return True
 
 
+def _owned(pk: int) -> bool:
+    """A step in flight of an active operation works on the replica: the runner records it (as the
+    one-node ``reconcile._set_state`` checks under the row lock)."""
+    return (
+        RestartStep.objects.filter(
+            operation__state__in=RestartOperation.ACTIVE_STATES, state__in=RestartStep.IN_FLIGHT_STATES
+        )
+        .filter(Q(old_replica_id=pk) | Q(new_replica_id=pk))
+        .exists()
+    )
+
+
 def _every_node_answers(replica: Replica) -> bool:
     nodes = Node.objects.filter(cards__shard__replica=replica).distinct()
     return all(n.reachable for n in nodes)
@@ -124,7 +139,7 @@ def _set(replica: Replica, state: str, reason: str, *, actor: Actor, fence: date
             .filter(pk=replica.pk, state=replica.state, state_changed_at__lt=fence)
             .first()
         )
-        if row is None:
+        if row is None or _owned(row.pk):
             return []
         before = snapshot(row)
         row.state, row.reason, row.state_changed_at = state, reason, timezone.now()
@@ -153,7 +168,7 @@ def _free_rank(
         if fence is not None:
             rows = rows.filter(state_changed_at__lt=fence)
         row = rows.first()
-        if row is None:
+        if row is None or (fence is not None and _owned(row.pk)):
             return []
         shards = Shard.objects.filter(replica=row, card__node=node).select_related("card__node")
         held = [str(s.card) for s in shards]

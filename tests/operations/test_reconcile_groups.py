@@ -21,8 +21,9 @@ from django.utils import timezone
 
 from audit.models import AuditEntry
 from catalog.models import Card, Node, Profile, Replica, Shard
+from operations.models import RestartOperation, RestartStep
 from operations.services.reconcile import reconcile
-from operations.services.reconcile_groups import LOST
+from operations.services.reconcile_groups import LOST, reconcile_group
 from operations.services.specs import replica_spec
 from tests.support.restart import Fleet, assert_catalog_is_what_agents_run, engines_on, fleet_of
 
@@ -147,3 +148,27 @@ def test_a_lost_group_left_holding_rank_0_alone_still_ends_failed_when_rank_0_st
         assert not Shard.objects.filter(replica=group).exists()
         assert "llama-9" not in engines_on(fleet.agents["gpu-a"])
         assert_catalog_is_what_agents_run(fleet)
+
+
+def test_a_group_a_restart_took_after_the_pass_began_is_left_to_the_restart(tmp_path, actor, settings):
+    # The pass read which replicas operations own before a step took this one (as _set_state
+    # guards a one-node replica under its row lock): the runner now records it, not the reconciler.
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b")) as fleet:
+        group = recorded_group(fleet, "llama-9", port=settings.LLMGW_REPLICA_PORT_BASE)
+        pid = fleet.agents["gpu-b"].replica("llama-9")["pid"]
+        os.killpg(pid, signal.SIGKILL)
+        theirs = fleet.agents["gpu-b"].wait_for_state("llama-9", "failed")
+        fence = timezone.now()
+        op = RestartOperation.objects.create(
+            model=group.profile.model, profile=group.profile, state="running"
+        )
+        RestartStep.objects.create(operation=op, old_replica=group, state="starting")
+
+        said = reconcile_group(group, Node.objects.get(name="gpu-b"), theirs, actor=actor, fence=fence)
+
+        assert said == []
+        group.refresh_from_db()
+        assert group.state == "ready"
+        assert Shard.objects.filter(replica=group).count() == 2
+        assert "llama-9" in engines_on(fleet.agents["gpu-a"])  # rank 0 not stopped behind the runner's back
+        assert not AuditEntry.objects.filter(action="reconcile", object_key="llama-9").exists()
