@@ -23,9 +23,11 @@ from django.utils import timezone
 from catalog.models import Card, Node, Profile, Replica, Shard
 from operations.models import RestartStep
 from operations.services.placement import (
+    foreign_held_card_ids,
     group_best_fit,
     group_ports,
     node_hosts,
+    orphan_cards,
     release_refusal,
     replica_name,
     replica_placement,
@@ -94,10 +96,12 @@ def _best_fit(profile: Profile, old: Replica) -> Fit | None:
 
 
 def _planned_fit(profile: Profile, planned: list[dict[str, Any]]) -> Fit | None:
-    """The cards the restart's plan gave each rank, when every one is still free (not cordoned) on a
-    ready node whose agent answers and whose release floors pass; None otherwise."""
+    """The cards the restart's plan gave each rank, when every one is still free (not cordoned, held
+    by no foreign process or orphan engine, as ``rolling._planned_cards`` asks) on a ready node whose
+    agent answers and whose release floors pass; None otherwise."""
     fit: Fit = []
     per_rank = profile.cards // max(profile.nodes, 1)
+    foreign = foreign_held_card_ids()
     for place in sorted(planned, key=lambda p: int(p["rank"])):
         cards = list(
             Card.objects.filter(
@@ -109,6 +113,7 @@ def _planned_fit(profile: Profile, planned: list[dict[str, Any]]) -> Fit | None:
                 cordoned=False,
                 index__in=list(place["cards"]),
             )
+            .exclude(pk__in=foreign)  # a foreign process took one since the plan
             .select_related("node")
             .order_by("index")
         )
@@ -116,6 +121,8 @@ def _planned_fit(profile: Profile, planned: list[dict[str, Any]]) -> Fit | None:
             return None
         if release_refusal(profile, cards[0].node) is not None:
             return None
+        if orphan_cards(cards[0].node) & set(place["cards"]):
+            return None  # an orphan engine runs there: the best fit stands in
         fit.append((int(place["rank"]), cards[0].node, cards))
     return fit if len(fit) == max(profile.nodes, 1) else None
 
