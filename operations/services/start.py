@@ -117,6 +117,15 @@ def _check_restartable(model: ServedModel, profile: Profile) -> None:
                 f"{model.name}'s {profile.name} profile spreads a replica over {nodes} nodes, and "
                 f"{profile.engine} cannot: {refusal}. Give it one node's cards (nodes 1), or another engine.",
             )
+        if max(profile.pp, 1) > 1 and profile.pp != nodes:
+            # Each rank is told the group's size as its stages (engines.group_widths): the cards held
+            # (× pp) would not be the cards the engine uses (× nodes).
+            raise DomainError(
+                "multi_node",
+                f"{model.name}'s {profile.name} profile runs {profile.pp} pipeline stages over {nodes} nodes, "
+                "which restarts do not handle: across nodes a stage runs a node. Set pp to the nodes "
+                f"({nodes}), or resize it (the model page's resize form plans the stages).",
+            )
     elif max(profile.pp, 1) > 1:
         raise DomainError(
             "multi_node",

@@ -15,7 +15,7 @@ from django_tasks_db.models import DBTaskResult
 
 from audit.models import AuditEntry
 from base.errors import DomainError
-from catalog.models import Profile, Replica, restartable_replicas_q
+from catalog.models import Node, Profile, Replica, restartable_replicas_q
 from operations.models import RestartOperation
 from operations.services.start import restart_start
 from tests.support import builders as b
@@ -142,6 +142,22 @@ def test_cpu_only_and_multi_node_profiles_are_refused(actor):
     with pytest.raises(DomainError) as err:
         restart_start(model_name="staged", replicas=["staged-1"])
     assert err.value.code == "multi_node" and "2 pipeline stages on one node" in err.value.message
+
+
+def test_a_group_whose_pipeline_stages_are_not_its_nodes_is_refused_and_nothing_changes(actor):
+    # Across nodes a pipeline stage runs a node (vLLM is told --pipeline-parallel-size = the ranks):
+    # pp 4 over 2 nodes would hold 8 cards (2 x 4) for an engine told TP 2 x PP 2, using 4 of them.
+    staged = b.profile(b.llama_8b(MODEL), "h100", gpus=2, nodes=2, pp=4)
+    for name in ("gpu-1", "gpu-2"):
+        b.node(name, cards=4)
+    Node.objects.filter(name__in=("gpu-1", "gpu-2")).update(fabric_domain="ib-1")  # room for the group
+    b.replica(staged, b.node("gpu-3", cards=8), list(range(8)), name="llama-1")
+    audited = AuditEntry.objects.count()
+    with pytest.raises(DomainError) as err:
+        restart_start(model_name=MODEL, replicas=["llama-1"])
+    assert err.value.code == "multi_node", err.value.message
+    assert "4 pipeline stages over 2 nodes" in err.value.message
+    assert not RestartOperation.objects.exists() and AuditEntry.objects.count() == audited
 
 
 def test_a_declared_model_may_be_restarted(actor):
