@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
+from llmgw_policy import GroupSpec
 
 from audit.models import AuditEntry
 from audit.summary import label
@@ -54,6 +55,7 @@ from catalog.services.catalog import SERVING_FIELDS, profile_save, replica_save
 from operations.models import RestartStep
 from operations.services.specs import build_spec, started_spec
 from operations.services.start import restart_start
+from planning import engines
 
 # What the agent compares to call two specs the same (docs/agent-api.md, PUT /v1/replicas/{id}).
 SAME_SPEC_FIELDS = ("engine", "model", "args", "env", "cards", "port")
@@ -190,16 +192,23 @@ def _why_restart(
                 "now: a restart launches the new one"
             )
         return None
+    # A group's spec on record is rank 0's: the restored settings' is built as that rank's, its rank
+    # flags and the group's TP width (engines.group_widths) included.
+    group = GroupSpec(**started["group"]) if isinstance(started.get("group"), dict) else None
     try:
+        tp = (
+            engines.group_widths(engines.engine(saved.engine), saved.tp, group.size)[0] if group else saved.tp
+        )
         now = build_spec(
             engine=saved.engine,
-            tp=saved.tp,
+            tp=tp,
             args=saved.args,
             env=saved.env,
             model=model,
             port=int(started.get("port") or replica.port),
             cards=list(started.get("cards") or []),
             ready_timeout=float(started.get("ready_timeout") or 600),
+            group=group,
         )
     except DomainError as err:
         return f"the restored settings cannot be launched as it was: {err.message}"

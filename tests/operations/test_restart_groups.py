@@ -336,3 +336,19 @@ def test_a_group_restarted_in_place_that_never_serves_is_stopped_and_the_old_gro
         assert_group_serves(fleet, group)
         in_line(fleet)
         assert_nothing_half_done()
+
+
+def test_a_rollback_adopts_a_group_that_runs_the_restored_settings(tmp_path, actor, settings):
+    # The spec on record for a group is rank 0's, rank flags and the group's TP width included: the
+    # restored settings' spec must be built as the same rank's to be compared with it.
+    from operations.services.rollback import profile_rollback
+
+    with group_fleet(tmp_path) as fleet:
+        fleet.change_profile(**GROUP)
+        with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE) as worker:
+            op = wait_for_operation(restart_start(model_name=MODEL, ready_timeout=60).pk, timeout=120)
+            assert op.state == "succeeded", (op.reason, worker.output())
+        group = only_step(op).new_replica
+        at = fleet.change_profile(args=["--max-num-seqs", "4"]).revision - 1
+        done = profile_rollback(model=MODEL, profile=fleet.profile.name, revision=at, dry_run=True)
+        assert [a.replica for a in done.adopted] == [group.name], done.restarted
