@@ -352,3 +352,42 @@ def test_a_rollback_adopts_a_group_that_runs_the_restored_settings(tmp_path, act
         at = fleet.change_profile(args=["--max-num-seqs", "4"]).revision - 1
         done = profile_rollback(model=MODEL, profile=fleet.profile.name, revision=at, dry_run=True)
         assert [a.replica for a in done.adopted] == [group.name], done.restarted
+
+
+def test_a_cancel_while_a_group_starts_in_place_starts_the_old_group_again(tmp_path, actor, settings):
+    # In place, the old group was stopped for the new one: a cancel stops the new group's ranks and
+    # the old group is started again, its own start not taken for the cancelled one.
+    with group_fleet(tmp_path) as fleet:
+        fleet.change_profile(**GROUP)
+        with db_worker(tmp_path, "worker-a", port_base=settings.LLMGW_REPLICA_PORT_BASE) as worker:
+            op = wait_for_operation(restart_start(model_name=MODEL, ready_timeout=60).pk, timeout=120)
+            assert op.state == "succeeded", (op.reason, worker.output())
+            group = only_step(op).new_replica
+            before = ranks_of(group)
+            for i, node in enumerate(sorted(set(NODES) - {n for _, n, _ in before})):
+                fleet.start(f"blocker-{i}", node, [1], port=settings.LLMGW_REPLICA_PORT_BASE - 20 + i)
+            fleet.change_profile(env={"STANDIN_LOAD_SECONDS": "8"})
+            op = restart_start(model_name=MODEL, replicas=[group.name], ready_timeout=60)
+            step = wait_until(
+                lambda: RestartStep.objects.filter(operation=op, state="waiting", in_place=True).first(),
+                timeout=60,
+                interval=0.1,
+                what="the new group loading in place",
+            )
+            new = Replica.objects.get(pk=step.new_replica_id)
+            wait_until(
+                lambda: len(running_ranks(fleet, new.name)) == 2, timeout=20, what="both ranks running"
+            )
+            operation_cancel(operation_id=op.pk)
+            op = wait_for_operation(op.pk, timeout=90)
+        step = only_step(op)
+        assert f"{group.name} was started again with its previous specs" in step.reason, (
+            step.reason,
+            worker.output(),
+        )
+        new.refresh_from_db()
+        assert new.state == "stopped" and not running_ranks(fleet, new.name)
+        assert ranks_of(group) == before
+        assert_group_serves(fleet, group)
+        in_line(fleet)
+        assert_nothing_half_done()

@@ -167,7 +167,9 @@ def _until_ready(
                 + "; ".join(_rank_said(r) for r in ranks)
                 + ". Every rank must join and rank 0 pass readiness by then."
             )
-        if _cancel_requested(agents.op):
+        # A cancel stops the replacement; the old group started again (``old_ranks``, in place) is
+        # what the cancel leaves serving, so its start is not cut short by it.
+        if field == "ranks" and _cancel_requested(agents.op):
             raise StepFailed(
                 f"The restart was cancelled while {replica.name}'s ranks started: every rank started is "
                 "stopped.",
