@@ -12,8 +12,9 @@ catalog only while every rank is live on its agent:
   still runs its rank, and that node's cards freed once its agent confirms; the replica ends
   (``stopped``, or ``failed`` when a rank was lost) when its last card is freed;
 - a replica ``unknown`` (a node of the group did not answer) takes rank 0's state again only once
-  rank 0's agent runs it and every node of the group answers again; a node that answers without its
-  rank fails the group as above.
+  rank 0's agent runs it, every node of the group answers again and each other node's agent runs
+  its rank live (asked by rank 0's node's pass); a node that answers without its rank fails the
+  group as above.
 
 A node that does not answer makes the group ``unknown`` through the reconciler's own rule (every
 live replica holding cards there). Every change is audited as the reconciler's, under the
@@ -64,7 +65,12 @@ def reconcile_group(
             replica, node, rank, actor=actor, fence=fence, why=f"its agent confirmed rank {rank}'s stop"
         )
     if state in Replica.LIVE_STATES:
-        if replica.state == Replica.State.UNKNOWN and rank == 0 and _every_node_answers(replica):
+        if (
+            replica.state == Replica.State.UNKNOWN
+            and rank == 0
+            and _every_node_answers(replica)
+            and _other_ranks_live(replica, node)
+        ):
             return _set(
                 replica, state, f"every rank's agent answers again ({state})", actor=actor, fence=fence
             )
@@ -81,6 +87,20 @@ def _stopped(node: Node, name: str, *, drain: float | None = None) -> bool:
     except AgentCallFailed as exc:
         log.info("%s is still not stopped on %s: %s", name, node.name, exc.message)
         return False
+    return True
+
+
+def _other_ranks_live(replica: Replica, node: Node) -> bool:
+    """Every other node's agent runs its rank of ``replica`` live now: asked, as this pass holds only
+    ``node``'s listing (a node that answers again may have lost its rank meanwhile; its own pass
+    fails the group then)."""
+    for other in Node.objects.filter(cards__shard__replica=replica).exclude(pk=node.pk).distinct():
+        try:
+            theirs = AgentClient.for_node(other).get(replica.name)
+        except AgentCallFailed:
+            return False
+        if theirs.get("state") not in Replica.LIVE_STATES:
+            return False
     return True
 
 

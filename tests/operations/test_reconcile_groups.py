@@ -172,3 +172,33 @@ def test_a_group_a_restart_took_after_the_pass_began_is_left_to_the_restart(tmp_
         assert Shard.objects.filter(replica=group).count() == 2
         assert "llama-9" in engines_on(fleet.agents["gpu-a"])  # rank 0 not stopped behind the runner's back
         assert not AuditEntry.objects.filter(action="reconcile", object_key="llama-9").exists()
+
+
+def test_a_group_unknown_is_not_live_again_while_another_rank_is_not_running(tmp_path, actor, settings):
+    # gpu-b answers again but no longer runs rank 1 (its node rebooted, say): rank 0's node's pass
+    # must not record the group ready, as every node answers, while rank 1 does not run.
+    with fleet_of(tmp_path, nodes=("gpu-a", "gpu-b")) as fleet:
+        group = recorded_group(fleet, "llama-9", port=settings.LLMGW_REPLICA_PORT_BASE)
+        with fleet.agents["gpu-b"].client() as http:
+            assert http.delete("/v1/replicas/llama-9").status_code in (200, 202, 204)
+        Replica.objects.filter(pk=group.pk).update(
+            state="unknown",
+            reason="its node's agent does not answer",
+            state_changed_at=timezone.now() - timedelta(seconds=5),
+        )
+        group.refresh_from_db()
+        theirs = engines_on(fleet.agents["gpu-a"])["llama-9"]
+
+        said = reconcile_group(
+            group, Node.objects.get(name="gpu-a"), theirs, actor=actor, fence=timezone.now()
+        )
+
+        group.refresh_from_db()
+        assert group.state == "unknown" and said == [], (said, group.reason)
+
+        reconcile()  # gpu-b's pass: its rank is gone, so the whole group fails
+
+        group.refresh_from_db()
+        assert group.state == "failed" and group.reason.startswith(f"{LOST}rank 1 on gpu-b"), group.reason
+        assert "llama-9" not in engines_on(fleet.agents["gpu-a"])
+        assert_catalog_is_what_agents_run(fleet)
