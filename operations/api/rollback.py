@@ -15,6 +15,7 @@ from base.errors import not_found
 from base.rules import Rule
 from catalog.api.serializers import ErrorSerializer
 from catalog.models import Profile
+from operations.api.resize import RankPlaceSerializer
 from operations.services.rollback import profile_rollback, revisions
 
 
@@ -43,6 +44,11 @@ class RestartedSerializer(serializers.Serializer):
     cards = serializers.ListField(child=serializers.IntegerField())
     in_place = serializers.BooleanField(
         allow_null=True, help_text="Stopped before its replacement starts (true), or beside it (false)."
+    )
+    ranks = RankPlaceSerializer(
+        many=True,
+        help_text="A replica across nodes: where the plan puts each rank; empty on one node (node and "
+        "cards say it, rank 0's of a group).",
     )
 
 
@@ -104,7 +110,13 @@ class RollbackView(APIView):
                     "new_revision": done.new_revision,
                     "operation": done.operation,
                     "adopted": [asdict(a) for a in done.adopted],
-                    "restarted": [asdict(r) for r in done.restarted],
+                    "restarted": [
+                        {
+                            **asdict(r),
+                            "ranks": [{"rank": k, "node": n, "cards": list(c)} for k, n, c in r.ranks],
+                        }
+                        for r in done.restarted
+                    ],
                 }
             ).data
         )

@@ -133,6 +133,9 @@ class Restarted:
     node: str = ""
     cards: tuple[int, ...] = ()
     in_place: bool | None = None
+    # A replica across nodes: where the plan puts each rank, (rank, node, cards); () on one node
+    # (``node`` and ``cards`` say it, and are rank 0's of a group).
+    ranks: tuple[tuple[int, str, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -306,9 +309,17 @@ def profile_rollback(
                 f"{saved.revision})",
             ).pk
             planned = RestartStep.objects.filter(operation_id=operation).values_list(
-                "old_replica__name", "planned_node", "planned_cards", "planned_in_place"
+                "old_replica__name", "planned_node", "planned_cards", "planned_in_place", "planned_ranks"
             )
-            places = {name: (node, tuple(cards), in_place) for name, node, cards, in_place in planned}
+            places = {
+                name: (
+                    node,
+                    tuple(cards),
+                    in_place,
+                    tuple((int(r["rank"]), str(r["node"]), tuple(r["cards"])) for r in ranks or []),
+                )
+                for name, node, cards, in_place, ranks in planned
+            }
             to_restart = [Restarted(r.replica, r.runs, r.why, *places[r.replica]) for r in to_restart]
         if dry_run:
             transaction.set_rollback(True)
@@ -324,11 +335,14 @@ def plan_lines(done: Rollback) -> list[str]:
         for a in done.adopted
     ]
     for r in done.restarted:
-        where = (
-            f" on {r.node} card(s) {', '.join(str(c) for c in r.cards)}"
-            + (" in place" if r.in_place else " beside it" if r.in_place is False else "")
-            if r.node
-            else ""
-        )
+        how = " in place" if r.in_place else " beside it" if r.in_place is False else ""
+        if r.ranks:
+            places = "; ".join(
+                f"rank {rank} on {node} card(s) {', '.join(str(c) for c in cards)}"
+                for rank, node, cards in r.ranks
+            )
+            where = f" across nodes ({places}){how}"
+        else:
+            where = f" on {r.node} card(s) {', '.join(str(c) for c in r.cards)}{how}" if r.node else ""
         lines.append(f"{r.replica}: restarted{where}: {r.why}")
     return lines

@@ -341,7 +341,10 @@ def test_a_group_restarted_in_place_that_never_serves_is_stopped_and_the_old_gro
 def test_a_rollback_adopts_a_group_that_runs_the_restored_settings(tmp_path, actor, settings):
     # The spec on record for a group is rank 0's, rank flags and the group's TP width included: the
     # restored settings' spec must be built as the same rank's to be compared with it.
-    from operations.services.rollback import profile_rollback
+    from rest_framework.test import APIClient
+
+    from operations.services.rollback import plan_lines, profile_rollback
+    from tests.support import builders as b
 
     with group_fleet(tmp_path) as fleet:
         fleet.change_profile(**GROUP)
@@ -352,6 +355,21 @@ def test_a_rollback_adopts_a_group_that_runs_the_restored_settings(tmp_path, act
         at = fleet.change_profile(args=["--max-num-seqs", "4"]).revision - 1
         done = profile_rollback(model=MODEL, profile=fleet.profile.name, revision=at, dry_run=True)
         assert [a.replica for a in done.adopted] == [group.name], done.restarted
+        # Settings the group does not run: it is restarted, and the plan says where every rank goes.
+        other = fleet.change_profile(args=["--max-num-seqs", "8"]).revision - 1
+        done = profile_rollback(model=MODEL, profile=fleet.profile.name, revision=other, dry_run=True)
+        (restarted,) = done.restarted
+        assert restarted.replica == group.name and [r[0] for r in restarted.ranks] == [0, 1], restarted
+        assert len({node for _, node, _ in restarted.ranks}) == 2
+        assert (restarted.node, restarted.cards) == restarted.ranks[0][1:]
+        (line,) = plan_lines(done)
+        for rank, node, cards in restarted.ranks:
+            assert f"rank {rank} on {node} card(s) {', '.join(map(str, cards))}" in line, line
+        api = APIClient()
+        api.force_authenticate(b.user("operator", "catalog.resize_model"))
+        body = {"profile": fleet.profile.name, "revision": other, "dry_run": True}
+        (said,) = api.post(f"/api/models/{MODEL}/rollback/", body, format="json").json()["restarted"]
+        assert said["ranks"] == [{"rank": k, "node": n, "cards": list(c)} for k, n, c in restarted.ranks]
 
 
 def test_a_cancel_while_a_group_starts_in_place_starts_the_old_group_again(tmp_path, actor, settings):

@@ -238,6 +238,7 @@ def test_the_api_rolls_back_for_an_operator_and_refuses_a_viewer(split):
     assert planned["operation"] is None and planned["adopted"] == [{"replica": "llama-1", "runs": 1}]
     (restarted,) = planned["restarted"]
     assert (restarted["replica"], restarted["runs"], restarted["node"]) == ("llama-2", 2, "gpu-a")
+    assert restarted["ranks"] == []  # on one node: node and cards say where
     assert "differ in arguments" in restarted["why"] and not RestartOperation.objects.exists()
     response = api.post(f"/api/models/{MODEL}/rollback/", {"profile": "h100", "revision": 1}, format="json")
     assert response.status_code == 200, response.content
