@@ -403,6 +403,8 @@ def test_a_cancel_while_a_group_starts_in_place_starts_the_old_group_again(tmp_p
             step.reason,
             worker.output(),
         )
+        # Nothing failed: the cancel stopped the new group and the old one serves again.
+        assert (step.state, op.state) == ("cancelled", "cancelled"), (step.state, op.state, op.reason)
         new.refresh_from_db()
         assert new.state == "stopped" and not running_ranks(fleet, new.name)
         assert ranks_of(group) == before

@@ -159,7 +159,7 @@ def wait_in_place(run: RunParts, step: RestartStep) -> str:
     try:
         launch_and_settle(run.agents, step, new, spec)
     except StepFailed as exc:
-        return restore(run, step, stop_replacement(run.agents, step, exc))
+        return restore(run, step, stop_replacement(run.agents, step, exc), cancelled=exc.cancelled)
     where = (
         f"across {len(step.ranks)} nodes ({said_ranks(step.ranks)})"
         if step.ranks
@@ -170,12 +170,13 @@ def wait_in_place(run: RunParts, step: RestartStep) -> str:
     )
 
 
-def restore(run: RunParts, step: RestartStep, reason: str) -> str:
-    """Start the old replica again, with the spec it ran, on its cards."""
+def restore(run: RunParts, step: RestartStep, reason: str, *, cancelled: bool = False) -> str:
+    """Start the old replica again, with the spec it ran, on its cards. ``cancelled``: the
+    replacement was stopped by a cancel (a group's, runner/groups.py), not by a failure."""
     records = run.records
     old = Replica.objects.get(pk=replaced(step).pk)
     if step.old_ranks:
-        return _restore_group(run, step, old, reason)
+        return _restore_group(run, step, old, reason, cancelled=cancelled)
     if not step.old_spec:
         return records.finish_step(
             step,
@@ -238,8 +239,9 @@ def _not_restored(
     )
 
 
-def _restore_group(run: RunParts, step: RestartStep, old: Replica, reason: str) -> str:
-    """Start every rank of the old replica again with the spec it ran, on its cards, rank for rank."""
+def _restore_group(run: RunParts, step: RestartStep, old: Replica, reason: str, *, cancelled: bool) -> str:
+    """Start every rank of the old replica again with the spec it ran, on its cards, rank for rank.
+    Back and ready after a cancel, the step ends cancelled (as a rolling one does): nothing failed."""
     records = run.records
     if any(not r.get("spec") for r in step.old_ranks):
         return records.finish_step(
@@ -280,6 +282,6 @@ def _restore_group(run: RunParts, step: RestartStep, old: Replica, reason: str) 
         )
     return records.finish_step(
         step,
-        RestartStep.State.FAILED,
+        RestartStep.State.CANCELLED if cancelled else RestartStep.State.FAILED,
         f"{reason} {old.name} was started again with its previous specs, every rank, and is ready.",
     )
