@@ -14,6 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 BUDGET_RULES = ("fraction", "free_fraction", "sglang", "none")
+# The compute buffer's coefficients (llama.cpp): the larger of the output phase, logits_outputs x
+# vocabulary + hidden_out x hidden + ffn_out x intermediate (fp32 a ubatch token), and the layer phase,
+# ffn_layer x intermediate + hidden_layer x hidden (fp32) + mask_bytes a KV cell, plus kq_bytes a KV
+# cell and attention head with flash attention off. The ubatch: ubatch_flags, else batch_tokens_default.
+COMPUTE_KEYS = (
+    "logits_outputs",
+    "hidden_out",
+    "ffn_out",
+    "ffn_layer",
+    "hidden_layer",
+    "mask_bytes",
+    "kq_bytes",
+)
 SLIDING_RULES = ("batch", "window", "full")
 
 # Every term the planner can show; an engine's sources must name each it uses.
@@ -78,6 +91,14 @@ class EngineMemory:
     fit_flags: tuple[str, ...] = ()
     fit_target_flag: str | None = None
     fit_target_default_mib: float = 0.0
+    # llama.cpp's compute buffer (the graph it reserves for one ubatch), in place of the activation
+    # formula above: bytes of fp32 a ubatch token per model size, keyed as COMPUTE_KEYS says; empty:
+    # the engine has none. The ubatch is batch_tokens (its flag and default).
+    compute_buffer: Mapping[str, float] = field(default_factory=dict)
+    # The flag that turns flash attention off ("off", "0", "false", "disabled"); on otherwise.
+    flash_attn_flags: tuple[str, ...] = ()
+    # The flags of the ubatch the compute buffer is reserved for (default: batch_tokens_default).
+    ubatch_flags: tuple[str, ...] = ()
 
     def covers(self, release: tuple[int, ...]) -> bool:
         """Whether ``release`` (as ``release_key`` reads it) is in this table's range."""
@@ -130,7 +151,7 @@ _FLAGS = {
     "kv_pool_flag",
     "fit_target_flag",
 }
-_FLAG_LISTS = {"eager_flags", "kv_dtype_flags", "fit_flags"}
+_FLAG_LISTS = {"eager_flags", "kv_dtype_flags", "fit_flags", "flash_attn_flags", "ubatch_flags"}
 _STRINGS = {"version", "budget_rule", "sliding"}
 _OTHER = {
     "large_card_except",
@@ -140,6 +161,7 @@ _OTHER = {
     "since",
     "below",
     "cuda_graph_inside",
+    "compute_buffer",
 }
 
 
@@ -241,6 +263,17 @@ def parse_memory(table: Any, fail: Callable[[str, str], Exception]) -> EngineMem
         )
     values["expert_padding"] = {str(k): (v[0], v[1]) for k, v in padding.items()}
 
+    compute = table.get("compute_buffer", {})
+    if not isinstance(compute, dict) or not all(
+        k in COMPUTE_KEYS and isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1000
+        for k, v in compute.items()
+    ):
+        raise fail(
+            "memory.compute_buffer",
+            f"must map some of {', '.join(COMPUTE_KEYS)} to a number from 0 to 1000",
+        )
+    values["compute_buffer"] = {str(k): float(v) for k, v in compute.items()}
+
     sources = table.get("sources", {})
     if not isinstance(sources, dict) or not all(isinstance(v, str) and v.strip() for v in sources.values()):
         raise fail("memory.sources", "must map each term to where it comes from")
@@ -262,7 +295,12 @@ def _terms_used(values: dict[str, Any]) -> list[str]:
     used = ["weights", "kv"]
     if values["budget_rule"] != "none":
         used.append("budget")
-    if values.get("activation_ffn") or values.get("activation_hidden") or values.get("sampler_copies"):
+    if (
+        values.get("activation_ffn")
+        or values.get("activation_hidden")
+        or values.get("sampler_copies")
+        or values.get("compute_buffer")
+    ):
         used.append("activation")
     for key, term in (
         ("non_torch_gib", "non_torch"),

@@ -337,13 +337,17 @@ def overhead_terms(
     args: Sequence[str] = (),
     total: int | None = None,
     class_name: str = "",
+    context: int | None = None,
 ) -> list[Term]:
     """Each term the engine holds beside weights and KV cache on each of ``n``
-    cards, in the registry's order, the terms it does not use left out."""
+    cards, in the registry's order, the terms it does not use left out.
+    ``context`` is the KV cache's length (llama.cpp's compute buffer grows with it)."""
     mem = eng.memory
     terms: list[Term] = []
     tp = n if eng.spread == "tensor" else 1
-    if mem.activation_ffn or mem.activation_hidden or mem.sampler_copies:
+    if mem.compute_buffer:
+        terms.append(compute_buffer_term(eng, shape, args=args, context=context))
+    elif mem.activation_ffn or mem.activation_hidden or mem.sampler_copies:
         batch = batch_tokens(eng, args, total, class_name)
         seqs = min(max_seqs(eng, args, total, class_name), batch)
         hidden = shape.hidden_size or 0
@@ -404,11 +408,58 @@ def overhead_terms(
                     inside=mem.cuda_graph_inside,
                 )
             )
-    if mem.runtime_gib:
+    if mem.runtime_gib and not mem.compute_buffer:
         terms.append(
             Term("runtime", round(mem.runtime_gib * GIB), "flat planning figure", mem.sources["runtime"])
         )
     return terms
+
+
+FLASH_ATTN_OFF = ("off", "0", "false", "disabled")
+
+
+def compute_buffer_term(
+    eng: Engine, shape: Shape, *, args: Sequence[str] = (), context: int | None = None
+) -> Term:
+    """llama.cpp's compute buffer on a card: the graph it reserves for one ubatch of ``batch_tokens``
+    tokens (at most the context; ubatch_flags, else batch_tokens_default), every token an output, as the larger of its output phase (the fp32
+    logits of the vocabulary beside the last layer's live tensors) and its layer phase (the FFN's
+    intermediate tensors and the attention mask over the KV cells; with flash attention off, the
+    KQ scores of every head). Coefficients: engines.toml [llamacpp.memory] compute_buffer. With the
+    vocabulary or hidden size unknown, the flat runtime figure."""
+    mem = eng.memory
+    c = mem.compute_buffer
+    source = mem.sources.get("activation", "")
+    vocab, hidden, ffn = shape.vocab_size or 0, shape.hidden_size or 0, shape.intermediate_size or 0
+    if not (vocab and hidden):
+        return Term(
+            "activation",
+            round(mem.runtime_gib * GIB),
+            f"compute buffer: model size unknown (vocabulary, hidden size), the flat {mem.runtime_gib:g} GiB",
+            source,
+        )
+    cells = ceil_div(context, mem.kv_block) * mem.kv_block if context else 0
+    given = next((v for v in (_int_value(eng, args, f) for f in mem.ubatch_flags) if v), None)
+    ubatch = given or mem.batch_tokens_default
+    ubatch = min(ubatch, cells) if cells else ubatch
+    outputs = ubatch * c.get("logits_outputs", 1.0)
+    out = FP32 * (
+        outputs * vocab + ubatch * (c.get("hidden_out", 0.0) * hidden + c.get("ffn_out", 0.0) * ffn)
+    )
+    layer = FP32 * ubatch * (c.get("ffn_layer", 0.0) * ffn + c.get("hidden_layer", 0.0) * hidden)
+    layer += ubatch * cells * c.get("mask_bytes", 0.0)
+    flash = next((v for v in (_value(eng, args, f) for f in mem.flash_attn_flags) if v is not None), None)
+    flash_off = flash is not None and flash.lower() in FLASH_ATTN_OFF
+    heads = shape.attention_heads or 0
+    if flash_off:
+        layer += ubatch * cells * heads * c.get("kq_bytes", 0.0)
+    if out >= layer:
+        how = f"compute buffer, output phase: {outputs:g} outputs x {vocab} vocabulary fp32 logits beside the last layer's tensors ({ubatch}-token ubatch)"
+    else:
+        how = f"compute buffer, layer phase: {ubatch}-token ubatch over {cells} KV cells" + (
+            f", {heads} heads' attention scores (flash attention off)" if flash_off else ""
+        )
+    return Term("activation", math.ceil(max(out, layer)), how, source)
 
 
 def _flag_given(eng: Engine, args: Sequence[str], flag: str) -> bool:
@@ -442,7 +493,7 @@ def card_memory(
     if weights_each is None or kv is None:
         return None
     kv_each, _ = kv
-    terms = overhead_terms(engine, shape, n, args=args, total=total, class_name=class_name)
+    terms = overhead_terms(engine, shape, n, args=args, total=total, class_name=class_name, context=context)
     inside = sum(t.bytes for t in terms if t.inside)
     own, how, outside = engine_budget(
         engine, total=total, usable=budget, n=n, args=args, held=weights_each + inside, before_weights=inside

@@ -10,18 +10,24 @@ no concurrency line was logged) is left out of both, and the table says so.
 The KV term logged is what one full-context sequence takes: the KV cache
 memory over vLLM's "Maximum concurrency" for that context.
 
-The points live in calibration_older.py (vLLM 0.6.4 to 0.10) and
-calibration_current.py (0.11 and later, and the logs seen and not held); their
+The points live in calibration_older.py (vLLM 0.6.4 to 0.10),
+calibration_current.py (0.11 and later, and the logs seen and not held) and
+calibration_llamacpp.py (llama.cpp; TensorRT-LLM's search, none held, in
+calibration_trtllm.py); their
 shapes in calibration_shapes.py; ``Logged`` and ``plan`` in calibration_logged.py.
 """
 
 from __future__ import annotations
 
 from planning.engines import terms_for
-from tests.planning.calibration_current import CURRENT, NOT_HELD, STORED, UNCALIBRATED
+from tests.planning.calibration_current import CURRENT, STORED
+from tests.planning.calibration_current import NOT_HELD as NOT_HELD_VLLM_SGLANG
+from tests.planning.calibration_current import UNCALIBRATED as UNCALIBRATED_CURRENT
+from tests.planning.calibration_llamacpp import LLAMACPP, NOT_HELD_LLAMACPP
 from tests.planning.calibration_logged import GIB, Logged, plan, terms_of
 from tests.planning.calibration_older import EXCLUDED, OLDER
 from tests.planning.calibration_shapes import GPT_OSS_120B, LLAMA_3_8B, QWEN3_235B_A22B
+from tests.planning.calibration_trtllm import NOT_HELD_TRTLLM, UNCALIBRATED_TRTLLM
 
 __all__ = [
     "GIB",
@@ -36,7 +42,14 @@ __all__ = [
     "table",
 ]
 
-POINTS: tuple[Logged, ...] = (*OLDER, *CURRENT, *EXCLUDED)
+POINTS: tuple[Logged, ...] = (*OLDER, *CURRENT, *EXCLUDED, *LLAMACPP)
+NOT_HELD = (*NOT_HELD_VLLM_SGLANG, *NOT_HELD_TRTLLM, *NOT_HELD_LLAMACPP)
+# The engines no start-up holds, with why: llama.cpp is held by calibration_llamacpp.py, TensorRT-LLM's why is
+# calibration_trtllm.py's.
+UNCALIBRATED = {
+    **{k: v for k, v in UNCALIBRATED_CURRENT.items() if k != "llamacpp"},
+    "trtllm": UNCALIBRATED_TRTLLM,
+}
 
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp"}
@@ -87,6 +100,8 @@ def _rows(points: list[tuple[int, Logged]]) -> list[str]:
                 f"activation and non-torch {point.non_torch:.2f}/{beside + c.terms.get('activation', 0):.2f}"
                 " (budget - weights - KV cache)"
             )
+        elif point.engine == "llamacpp":
+            terms.append(f"compute buffer {point.activation:.2f}/{c.terms.get('activation', 0):.2f}")
         else:
             terms.append(f"activation {point.activation:.2f}/{c.terms.get('activation', 0):.2f}")
             terms.append(f"non-torch {point.non_torch:.2f}/{beside:.2f}")
@@ -96,13 +111,16 @@ def _rows(points: list[tuple[int, Logged]]) -> list[str]:
             terms.append("KV not logged")
         if point.cuda_graph is not None:
             terms.append(f"graphs {point.cuda_graph:.2f}/{c.terms.get('cuda_graph', 0):.2f}")
+        elif point.engine == "llamacpp":
+            pass  # llama.cpp captures no graphs of its own at start-up
         else:
             terms.append("graphs not in the profile")
         error = f"{c.error:+.1%}" + (
             " (not held)" if point.excluded else " (held out)" if point.held_out else ""
         )
+        card = f"{point.card_gib} GiB" if point.card_gib else point.card
         rows.append(
-            f"| {i} | {point.model} | {point.kind} | {ENGINE_NAMES[point.engine]} {point.version} | {point.tp} | {point.card_gib} GiB | "
+            f"| {i} | {point.model} | {point.kind} | {ENGINE_NAMES[point.engine]} {point.version} | {point.tp} | {card} | "
             f"{point.context} | {point.need:.2f} | {c.planned:.2f} | {error} | {c.rule:.2f} | "
             f"{'; '.join(terms)} | {point.source} |"
         )

@@ -28,7 +28,9 @@ LLAMA_SAMPLER = 4 * 256 * 128256 * 4
 assert LLAMA_SAMPLER == 525336576
 VLLM_TP1 = LLAMA_SAMPLER + NON_TORCH + GRAPHS
 VLLM_OVERHEAD = LLAMA_SAMPLER + NON_TORCH + COMM + GRAPHS  # TP > 1
-LLAMACPP_OVERHEAD = GIB // 2
+# llama.cpp's compute buffer for a 512-token ubatch (engines.toml [llamacpp.memory] compute_buffer): the
+# output phase, 512 x 128256 fp32 logits beside two hidden (4096) rows and one FFN (14336) row a token.
+LLAMACPP_OVERHEAD = 4 * 512 * 128256 + 4 * 512 * (2 * 4096 + 14336)
 FREETOKEN_OVERHEAD = GIB
 
 # meta-llama/Llama-3.1-8B: 32 layers, 32 attention heads, 8 KV heads, head_dim
@@ -126,7 +128,7 @@ def test_an_mla_cache_is_whole_on_every_card(n):
 def test_llamacpp_splits_layers_so_the_cache_splits_by_card():
     # A llama.cpp profile of the same 8B model: say a 4920739232-byte GGUF.
     # 16384 tokens × 131072 = 2 GiB of cache; each of 2 cards keeps half the
-    # layers, so half the cache and half the weights, and llama.cpp's 0.5 GiB.
+    # layers, so half the cache and half the weights, and llama.cpp's compute buffer on each (0.29 GiB).
     gguf = replace(LLAMA, weight_bytes=4920739232)
     memory = card_memory(engine("llamacpp"), gguf, 2, 16384, 24 * GIB)
     assert memory.weights == 4920739232 // 2  # 2460369616
