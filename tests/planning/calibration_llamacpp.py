@@ -72,6 +72,12 @@ QWEN3_4B = _shape(
     layers=36, heads=32, kv_heads=8, head_dim=128, hidden=2560, ffn=9728, vocab=151936, weights_mib=2375.91
 )
 
+# meta-llama/Llama-3.2-3B config.json: 28 layers, 24 heads, 8 KV heads of 128, hidden 3072, intermediate 8192,
+# vocab 128256 (embeddings tied: llama.cpp copies the output matrix onto the card)
+LLAMA_3_2_3B = _shape(
+    layers=28, heads=24, kv_heads=8, head_dim=128, hidden=3072, ffn=8192, vocab=128256, weights_mib=1918.36
+)
+
 GLM_SOURCE = (
     STORED + "17356702205 (an archived copy of https://github.com/ikawrakow/ik_llama.cpp/pull/370, "
     "ubergarm's comment of 2025-05-03, the llama.cpp/master@36667c8e run)"
@@ -187,17 +193,35 @@ LLAMACPP: tuple[Logged, ...] = (
         "2.32 MiB' (4 outputs of 151936 fp32 logits: the server's slots, ggml-org/llama.cpp#23861); held out: the "
         "planner reserves the whole ubatch's logits for every build",
     ),
+    Logged(
+        source=STORED
+        + "54573746480 (a C# log parser's comment: 'verbatim from the spike's captured output, real "
+        "Llama-3.2-3B-Q4_K_M load')",
+        engine="llamacpp",
+        version="built in 2026 or before (sched_reserve lines, logits for the whole ubatch; no build printed)",
+        model="meta-llama/Llama-3.2-3B-Instruct (Q4_K_M GGUF)",
+        kind="GQA, quantized",
+        shape=LLAMA_3_2_3B,
+        tp=1,
+        card_gib=0.0,
+        card="not named",
+        context=2048,
+        args=(),
+        weights=_gib(1918.36),
+        non_torch=0.0,
+        activation=_gib(284.90),
+        kv=_gib(224.00),
+        weights_from_log=True,
+        held_out=True,
+        notes="'CUDA0 model buffer size = 1918.36 MiB', 'CUDA0 KV buffer size = 224.00 MiB', 'sched_reserve: "
+        "CUDA0 compute buffer size = 284.90 MiB'; the context is not in the excerpt: 224 MiB is 2048 cells of "
+        "28 layers x 8 KV heads x 128 in f16 (no quantized cache type gives a whole number of 256-cell blocks); "
+        "held out: its output phase holds 34.4 MiB beside the 250.5 MiB of logits, more than the planned 28 MiB",
+    ),
 )
 
 # Seen and not held, with why (shown in docs/memory-model.md).
 NOT_HELD_LLAMACPP = (
-    (
-        STORED + "54573746480 (a C# log parser's comment: 'real Llama-3.2-3B-Q4_K_M load')",
-        "llama.cpp: 'CUDA0 model buffer size = 1918.36 MiB', 'CUDA0 KV buffer size = 224.00 MiB', 'sched_reserve: "
-        "CUDA0 compute buffer size = 284.90 MiB'. No build, card or context in the excerpt (2048 cells if the cache "
-        "is f16); the planner's compute buffer for it, 278.5 MiB at 2048 cells, would be 0.3% under its whole need: "
-        "the only log read whose output phase holds more than logits + 2 hidden + 1 FFN rows (250.5 + 34.4 MiB)",
-    ),
     (
         STORED + "42478301544 (jina-embeddings-v4 GGUF's README)",
         "llama.cpp serving an embedding model (--embedding --pooling mean, -ub 4096) on a compute capability 8.9 "
@@ -219,7 +243,9 @@ NOT_HELD_LLAMACPP = (
     (
         STORED + "227877646 (a fit-params tool's notes, RTX 4090)",
         "Qwen3-30B-A3B in f16 with '--fit' ('projected to use 19187 MiB of device memory vs. 24077 MiB', "
-        "'self 19187 = model 17904 + context 384 + compute 898'): a mixture of experts whose experts --fit put partly "
-        "in host memory (a 57 GiB f16 model with 17.5 GiB on the card); the planner does not plan a fitted split",
+        "'self 19187 = model 17904 + context 384 + compute 898'): a mixture of experts, its experts either partly "
+        "in host memory or its file not f16 (17.5 GiB on the card); its arguments are elided ('[...]'), so its "
+        "ubatch is not known (its 384 MiB cache is 4096 cells), and its 898 MiB compute buffer is a mixture of "
+        "experts' the planner does not model apart; left out",
     ),
 )

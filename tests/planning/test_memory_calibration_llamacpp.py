@@ -10,7 +10,7 @@ from planning.engines import engine, terms_for
 from planning.memory import card_memory, compute_buffer_term
 from planning.types import Shape
 from tests.planning.calibration import NOT_HELD, POINTS, table
-from tests.planning.calibration_llamacpp import GLM_Z1_32B, LLAMACPP, PHI_3_MINI, QWEN3_4B
+from tests.planning.calibration_llamacpp import GLM_Z1_32B, LLAMA_3_2_3B, LLAMACPP, PHI_3_MINI, QWEN3_4B
 from tests.planning.calibration_logged import GIB, plan, terms_of
 
 MIB = 2**20
@@ -34,7 +34,7 @@ def test_a_held_out_llamacpp_start_up_is_within_ten_percent_and_not_five_under(p
 
 
 @pytest.mark.parametrize("point", LLAMACPP, ids=[p.model.split(" ")[0] for p in LLAMACPP])
-def test_the_kv_cache_is_the_buffer_llamacpp_logs_to_the_mib(point):
+def test_the_kv_cache_is_the_buffer_llamacpp_logs_to_the_mib(point):  # held-out ones too
     # n_ctx cells (padded to 256) x a key and a value a KV head a layer, in f16: the log's KV buffer exactly
     compared = plan(point)
     assert point.kv is not None
@@ -75,8 +75,7 @@ def test_a_model_of_unknown_size_keeps_the_flat_figure():
 def test_a_later_builds_server_reserving_logits_for_its_slots_is_planned_over_not_under():
     # ggml-org/llama.cpp#23861: llama-server reserves logits for its n_seq outputs; the planner keeps the whole
     # ubatch's (the build that first shipped it is not pinned), so it plans the Qwen3-4B start-up over.
-    (point,) = HELD_OUT
-    assert point.shape is QWEN3_4B
+    (point,) = [p for p in HELD_OUT if p.shape is QWEN3_4B]
     compared = plan(point)
     # 325.75 MiB planned (297 of them logits) against the 85.01 logged
     assert compared.terms["activation"] > 3 * point.activation
@@ -96,7 +95,7 @@ def test_the_points_are_planned_by_the_current_llamacpp_terms_and_shown_in_the_d
     current = terms_for("llamacpp", None).memory.version
     assert {terms_of(p) for p in LLAMACPP} == {current}
     assert set(LLAMACPP) <= set(POINTS)
-    assert len(FIT) >= 4 and len(HELD_OUT) >= 1
+    assert len(FIT) >= 4 and len(HELD_OUT) >= 2
     text = table()
     assert f"#### {current}" in text
     for point in LLAMACPP:
@@ -104,3 +103,12 @@ def test_the_points_are_planned_by_the_current_llamacpp_terms_and_shown_in_the_d
     assert any("llama.cpp" in why for _, why in NOT_HELD) and any(
         "TensorRT-LLM" in why for _, why in NOT_HELD
     )
+
+
+def test_the_one_start_up_whose_compute_buffer_is_above_the_plan_is_held_out_and_a_fraction_under():
+    # Llama-3.2-3B: 284.90 MiB logged against 278.5 planned (250.5 of logits): the whole need 0.3% under, inside
+    # the held-out bound and recorded as such rather than fitted
+    (point,) = [p for p in HELD_OUT if p.shape is LLAMA_3_2_3B]
+    compared = plan(point)
+    assert compared.terms["activation"] < point.activation
+    assert -0.01 < compared.error < 0
