@@ -14,6 +14,21 @@ STORED = "stored public file, search-index id "
 # Seen and not held, with why (shown in docs/memory-model.md).
 NOT_HELD_TRTLLM = (
     (
+        "https://forums.developer.nvidia.com/t/tensorrt-llm-pytorch-memory-fraction-automatically-limited-to-0-14-"
+        "despite-kv-cache-configuration/354807",
+        "TensorRT-LLM 1.1.0rc3 (nvcr.io/nvidia/tensorrt-llm/release:spark-single-gpu-dev) serving openai/gpt-oss-20b "
+        "with trtllm-serve on a DGX Spark (GB10, unified memory shared with the host): 'max_tokens is set by "
+        "kv_cache_config.max_tokens: 4128', 'Allocated 0.19 GiB for max tokens in paged KV cache (4128)'. A "
+        "unified-memory device, and a pool pinned by max_tokens rather than the free-memory fraction; left out",
+    ),
+    (
+        "https://github.com/triton-inference-server/tutorials/pull/150",
+        "TensorRT-LLM's PyTorch backend under Triton (the speculative decoding guide's log): 'Max KV cache blocks per "
+        "sequence: 65 [window size=2051], tokens per block=32, primary blocks=116617', '[MemUsageChange] Allocated "
+        "78.30 GiB for max tokens in paged KV cache (3731744)'. The excerpt has no release, card total, weights or "
+        "profiling lines, and a drafter model beside the target; left out",
+    ),
+    (
         "https://github.com/NVIDIA/TensorRT-LLM/pull/15734",
         "TensorRT-LLM's PyTorch backend (a 1.x development build, the multimodal encoder cache PR): 'Allocated "
         "81.90 GiB for max tokens in paged KV cache (536768)', 'Peak memory during memory usage profiling (torch + "
