@@ -12,15 +12,20 @@ memory over vLLM's "Maximum concurrency" for that context.
 
 The points live in calibration_older.py (vLLM 0.6.4 to 0.10) and
 calibration_current.py (0.11 and later, and the logs seen and not held); their
-shapes in calibration_shapes.py; ``Logged`` and ``plan`` in calibration_logged.py.
+shapes in calibration_shapes.py; ``Logged`` and ``plan`` in calibration_logged.py. SGLang's start-ups,
+whose logged need is the static pool's, and the SGLang logs seen are in calibration_sglang.py.
 """
 
 from __future__ import annotations
 
 from planning.engines import terms_for
-from tests.planning.calibration_current import CURRENT, NOT_HELD, STORED, UNCALIBRATED
+from tests.planning.calibration_current import CURRENT, STORED, UNCALIBRATED
+from tests.planning.calibration_current import NOT_HELD as CURRENT_NOT_HELD
 from tests.planning.calibration_logged import GIB, Logged, plan, terms_of
 from tests.planning.calibration_older import EXCLUDED, OLDER
+from tests.planning.calibration_sglang import NOT_HELD as SGLANG_NOT_HELD
+from tests.planning.calibration_sglang import UNCALIBRATED as SGLANG_UNCALIBRATED
+from tests.planning.calibration_sglang import table as sglang_table
 from tests.planning.calibration_shapes import GPT_OSS_120B, LLAMA_3_8B, QWEN3_235B_A22B
 
 __all__ = [
@@ -37,6 +42,11 @@ __all__ = [
 ]
 
 POINTS: tuple[Logged, ...] = (*OLDER, *CURRENT, *EXCLUDED)
+# SGLang's start-ups and logs seen live in calibration_sglang.py (its need is the static pool's, not vLLM's
+# profile): its table is shown beside its terms, its logs seen among the others.
+NOT_HELD: tuple[tuple[str, str], ...] = (*CURRENT_NOT_HELD, *SGLANG_NOT_HELD)
+UNCALIBRATED = {**UNCALIBRATED, "sglang": SGLANG_UNCALIBRATED}
+ENGINE_TABLES = {"sglang": sglang_table}
 
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp"}
@@ -70,6 +80,8 @@ def table() -> str:
         tables.append("\n".join([f"#### {described}", "", *header, *_rows(held)]))
     for name, why in UNCALIBRATED.items():
         tables.append(f"#### {terms_for(name, None).memory.version}\n\n{why}")
+        if name in ENGINE_TABLES:
+            tables.append(ENGINE_TABLES[name]())
     return "\n\n".join(tables)
 
 
