@@ -14,7 +14,8 @@ The points live in calibration_older.py (vLLM 0.6.4 to 0.10),
 calibration_current.py (0.11 and later, and the logs seen and not held) and
 calibration_llamacpp.py (llama.cpp; TensorRT-LLM's search, none held, in
 calibration_trtllm.py); their
-shapes in calibration_shapes.py; ``Logged`` and ``plan`` in calibration_logged.py.
+shapes in calibration_shapes.py; ``Logged`` and ``plan`` in calibration_logged.py. SGLang's start-ups,
+whose logged need is the static pool's, and the SGLang logs seen are in calibration_sglang.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from tests.planning.calibration_current import UNCALIBRATED as UNCALIBRATED_CURR
 from tests.planning.calibration_llamacpp import LLAMACPP, NOT_HELD_LLAMACPP
 from tests.planning.calibration_logged import GIB, Logged, plan, terms_of
 from tests.planning.calibration_older import EXCLUDED, OLDER
+from tests.planning.calibration_sglang import NOT_HELD as SGLANG_NOT_HELD
+from tests.planning.calibration_sglang import UNCALIBRATED as SGLANG_UNCALIBRATED
+from tests.planning.calibration_sglang import table as sglang_table
 from tests.planning.calibration_shapes import GPT_OSS_120B, LLAMA_3_8B, QWEN3_235B_A22B
 from tests.planning.calibration_trtllm import NOT_HELD_TRTLLM, UNCALIBRATED_TRTLLM
 
@@ -43,13 +47,16 @@ __all__ = [
 ]
 
 POINTS: tuple[Logged, ...] = (*OLDER, *CURRENT, *EXCLUDED, *LLAMACPP)
-NOT_HELD = (*NOT_HELD_VLLM_SGLANG, *NOT_HELD_TRTLLM, *NOT_HELD_LLAMACPP)
+NOT_HELD = (*NOT_HELD_VLLM_SGLANG, *SGLANG_NOT_HELD, *NOT_HELD_TRTLLM, *NOT_HELD_LLAMACPP)
 # The engines no start-up holds, with why: llama.cpp is held by calibration_llamacpp.py, TensorRT-LLM's why is
-# calibration_trtllm.py's.
+# calibration_trtllm.py's, SGLang's calibration_sglang.py's (its need is the static pool's, not vLLM's profile:
+# its table is shown beside its terms).
 UNCALIBRATED = {
     **{k: v for k, v in UNCALIBRATED_CURRENT.items() if k != "llamacpp"},
     "trtllm": UNCALIBRATED_TRTLLM,
+    "sglang": SGLANG_UNCALIBRATED,
 }
+ENGINE_TABLES = {"sglang": sglang_table}
 
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp"}
@@ -83,6 +90,8 @@ def table() -> str:
         tables.append("\n".join([f"#### {described}", "", *header, *_rows(held)]))
     for name, why in UNCALIBRATED.items():
         tables.append(f"#### {terms_for(name, None).memory.version}\n\n{why}")
+        if name in ENGINE_TABLES:
+            tables.append(ENGINE_TABLES[name]())
     return "\n\n".join(tables)
 
 
