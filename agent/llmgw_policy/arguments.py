@@ -168,30 +168,42 @@ def _flag(
     target = eng.aliases.get(canon)
     if target is None:
         return _not_listed(eng, written, canon, refused_for), skip_value(args, i, joined_value)
-    return _listed(eng.args[target], args, i, written, joined_value, refused_for)
+    return _listed(eng.args[target], args, i, written, joined_value, refused_for, equals=eng.equals)
 
 
 def _listed(
-    rule: ValueRule, args: Sequence[str], i: int, written: str, joined_value: str | None, refused_for: str
+    rule: ValueRule,
+    args: Sequence[str],
+    i: int,
+    written: str,
+    joined_value: str | None,
+    refused_for: str,
+    *,
+    equals: bool,
 ) -> tuple[Refusal | None, int]:
     """A listed flag: a switch takes no value; any other takes one (joined, or
-    the next token when that is not a flag) of its rule's kind."""
+    the next token when that is not a flag) of its rule's kind. A missing
+    value's refusal names a choice's values, and offers ``--flag=VALUE`` only
+    to an engine whose parser splits it."""
     if rule.kind == "switch":
         if joined_value is not None:
             return Refusal("refused_arg", written, f"{refused_for}: it takes no value, but was given one."), i
         return None, i
+    which = f" (one of {', '.join(rule.choices)})" if rule.kind == "choice" else ""
     value = joined_value
     if value is None:
         if i >= len(args):
-            return Refusal("refused_arg", written, f"{refused_for}: it needs a value, and none follows."), i
+            return Refusal(
+                "refused_arg", written, f"{refused_for}: it needs a value{which}, and none follows."
+            ), i
         value = args[i]
         i += 1
         if is_flag(value):
+            fix = f"write {written}=VALUE or give it a value" if equals else "give it a value"
             return Refusal(
                 "refused_arg",
                 written,
-                f"{refused_for}: its value {excerpt(value)!r} looks like a flag; "
-                f"write {written}=VALUE or give it a value.",
+                f"{refused_for}: its value {excerpt(value)!r} looks like a flag; {fix}{which}.",
             ), i
     problem = value_problem(rule, value)
     if problem:

@@ -191,7 +191,7 @@ def test_a_context_change_writes_the_engine_flag_drops_its_env_spelling_and_is_a
         engine="llamacpp",
         cls=l40s,
         gpus=2,
-        args=["-c", "4096", "--flash-attn"],
+        args=["-c", "4096", "--flash-attn", "on"],
         env={"LLAMA_ARG_CTX_SIZE": "4096", "HF_HUB_OFFLINE": "1"},
     )
 
@@ -200,11 +200,11 @@ def test_a_context_change_writes_the_engine_flag_drops_its_env_spelling_and_is_a
     assert (change.before, change.after) == (4096, 16384)
     gpn, tp, _, _, args, env, revision = serving(p)
     assert (gpn, tp, revision) == (2, 1, 2)
-    assert args == ["--flash-attn", "--ctx-size", "16384"]
+    assert args == ["--flash-attn", "on", "--ctx-size", "16384"]
     assert env == {"HF_HUB_OFFLINE": "1"}
     (entry,) = AuditEntry.objects.all()
     assert entry.action == "set_context"
-    assert (entry.before["args"], entry.after["args"]) == (["-c", "4096", "--flash-attn"], args)
+    assert (entry.before["args"], entry.after["args"]) == (["-c", "4096", "--flash-attn", "on"], args)
 
 
 def test_a_llamacpp_resize_drops_the_old_split_from_args_and_env_and_keeps_tp_1(actor):

@@ -251,7 +251,7 @@ def test_the_policy_has_a_source_for_every_allowed_entry():
             "trtllm",
             ["--backend", "pytorch", "--max_batch_size", "64", "--kv_cache_free_gpu_memory_fraction", "0.9"],
         ),
-        ("llamacpp", ["-ngl", "99", "-fa", "-ctk", "q8_0", "--parallel", "4", "--jinja", "--metrics"]),
+        ("llamacpp", ["-ngl", "99", "-fa", "on", "-ctk", "q8_0", "--parallel", "4", "--jinja", "--metrics"]),
         ("llamacpp", ["--n_gpu_layers", "99", "--cont-batching", "--cache_type_v", "q8_0"]),
         ("freetoken", ["--max-seq-len-override", "8192"]),
     ],
@@ -269,6 +269,38 @@ def test_the_context_flag_is_allowed_once_up_to_the_models_length():
     assert "twice" in twice[0].sentence
     assert "above the model's context length, 131072" in above[0].sentence
     assert "context operation" in launcher_only[0].sentence
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["-fa", "on"], ["-fa", "off"], ["-fa", "auto"], ["--flash-attn", "off"], ["--flash_attn", "auto"]],
+)
+def test_llamacpp_flash_attention_takes_on_off_or_auto(args):
+    # common/arg.cpp at ggml-org/llama.cpp 145b6280: -fa, --flash-attn [on|off|auto] (sources.flash_attn).
+    assert check_profile(POLICY, "llamacpp", args, {}) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "sentence"),
+    [
+        (["-fa"], "-fa is refused for llamacpp: it needs a value (one of on, off, auto), and none follows."),
+        (
+            ["-fa", "--jinja"],
+            "-fa is refused for llamacpp: its value '--jinja' looks like a flag; "
+            "give it a value (one of on, off, auto).",
+        ),
+        (["-fa", "maybe"], "-fa is refused for llamacpp: its value 'maybe' must be one of on, off, auto."),
+        (
+            ["--flash-attn=off"],
+            "--flash-attn=off is refused for llamacpp: its parser does not split --flag=value "
+            "(it would read the whole token as a flag); write --flash-attn and its value as two arguments.",
+        ),
+    ],
+)
+def test_llamacpp_flash_attention_without_one_of_its_values_is_refused(args, sentence):
+    # A bare -fa would take the next argument as its value on a current build, and
+    # common_params_parse_ex looks "--flash-attn=off" up whole ("invalid argument").
+    assert [r.sentence for r in check_profile(POLICY, "llamacpp", args, {})] == [sentence]
 
 
 def test_a_secret_value_is_never_echoed_in_a_refusal():

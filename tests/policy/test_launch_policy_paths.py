@@ -102,6 +102,8 @@ CASES: list[tuple[str, list[str], dict[str, str], str, str]] = [
     ("llamacpp", ["--rpc", "10.0.0.9:50052"], {}, "--rpc", "hosts"),
     ("llamacpp", ["-ts", "1,1"], {}, "-ts", "cards"),
     ("llamacpp", ["--alias", "other"], {}, "--alias", "launcher"),
+    # a bare -fa takes the next argument as its value (common/arg.cpp at 145b6280)
+    ("llamacpp", ["-fa", "--jinja"], {}, "-fa", "one of on, off, auto"),
     ("llamacpp", [], {"LLAMA_ARG_MODEL_URL": "http://evil.example/x"}, "LLAMA_ARG_MODEL_URL", "URL"),
     ("llamacpp", [], {"LLAMA_ARG_CTX_SIZE": "4096"}, "LLAMA_ARG_CTX_SIZE", "context"),
     # SGLang
