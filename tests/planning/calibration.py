@@ -10,18 +10,21 @@ no concurrency line was logged) is left out of both, and the table says so.
 The KV term logged is what one full-context sequence takes: the KV cache
 memory over vLLM's "Maximum concurrency" for that context.
 
-The points live in calibration_older.py (vLLM 0.6.4 to 0.10) and
-calibration_current.py (0.11 and later, and the logs seen and not held); their
+The points live in calibration_older.py (vLLM 0.6.4 to 0.10),
+calibration_current.py (0.11 and later, and the logs seen and not held) and
+calibration_vllm_current.py (0.17 to 0.20: a vLLM 0.19.0 sweep on an H100 and more); their
 shapes in calibration_shapes.py; ``Logged`` and ``plan`` in calibration_logged.py.
 """
 
 from __future__ import annotations
 
 from planning.engines import terms_for
-from tests.planning.calibration_current import CURRENT, NOT_HELD, STORED, UNCALIBRATED
+from tests.planning.calibration_current import CURRENT, STORED, UNCALIBRATED
+from tests.planning.calibration_current import NOT_HELD as NOT_HELD_OLDER
 from tests.planning.calibration_logged import GIB, Logged, plan, terms_of
 from tests.planning.calibration_older import EXCLUDED, OLDER
 from tests.planning.calibration_shapes import GPT_OSS_120B, LLAMA_3_8B, QWEN3_235B_A22B
+from tests.planning.calibration_vllm_current import NOT_HELD_CURRENT, VLLM_CURRENT
 
 __all__ = [
     "GIB",
@@ -36,7 +39,8 @@ __all__ = [
     "table",
 ]
 
-POINTS: tuple[Logged, ...] = (*OLDER, *CURRENT, *EXCLUDED)
+POINTS: tuple[Logged, ...] = (*OLDER, *CURRENT, *VLLM_CURRENT, *EXCLUDED)
+NOT_HELD = (*NOT_HELD_OLDER, *NOT_HELD_CURRENT)
 
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp"}
