@@ -53,12 +53,20 @@ class EngineMemory:
     activation_hidden: float = 0.0
     activation_hidden_tp: float = 0.0
     sampler_copies: float = 0.0
+    # The fused-MoE kernel's buffers, in copies of its own sizes (0: a MoE model is planned as a
+    # dense one): per batch token, experts_per_token rows of max(2 x expert width / TP, hidden)
+    # (cache13) and expert width / TP (cache2), in the model dtype, over at most
+    # activation_moe_chunk tokens at once (memory.py moe_forward).
+    activation_moe: float = 0.0
+    activation_moe_chunk: int = 32768
     non_torch_gib: float = 0.0
     comm_buffers_gib: float = 0.0
     comm_buffers_min_card_gib: float = 0.0
     cuda_graph_gib: float = 0.0
     # Captured graphs grow with the model: this fraction of one card's weights beside cuda_graph_gib.
     cuda_graph_per_weight: float = 0.0
+    # ... and this many GiB a layer (graphs are captured piecewise, between the attention layers).
+    cuda_graph_per_layer: float = 0.0
     eager_flags: tuple[str, ...] = ()
     runtime_gib: float = 0.0
     kv_block: int = 1
@@ -127,11 +135,13 @@ _FLOATS = {
     "activation_hidden": (0.0, 1_000.0),
     "activation_hidden_tp": (0.0, 1_000.0),
     "sampler_copies": (0.0, 1_000.0),
+    "activation_moe": (0.0, 1_000.0),
     "non_torch_gib": (0.0, 1024.0),
     "comm_buffers_gib": (0.0, 1024.0),
     "comm_buffers_min_card_gib": (0.0, 10_000.0),
     "cuda_graph_gib": (0.0, 1024.0),
     "cuda_graph_per_weight": (0.0, 1.0),
+    "cuda_graph_per_layer": (0.0, 1.0),
     "fit_target_default_mib": (0.0, 1_048_576.0),
     "runtime_gib": (0.0, 1024.0),
     "kv_group_ratio": (0.0, 100.0),
@@ -142,6 +152,7 @@ _INTS = {
     "max_seqs_default": 1,
     "max_seqs_default_large": 1,
     "kv_block": 1,
+    "activation_moe_chunk": 1,
 }
 _FLAGS = {
     "budget_flag",
@@ -307,6 +318,7 @@ def _terms_used(values: dict[str, Any]) -> list[str]:
         ("comm_buffers_gib", "comm_buffers"),
         ("cuda_graph_gib", "cuda_graph"),
         ("cuda_graph_per_weight", "cuda_graph"),
+        ("cuda_graph_per_layer", "cuda_graph"),
         ("runtime_gib", "runtime"),
     ):
         if values.get(key):

@@ -329,6 +329,31 @@ def sglang_fraction(total: int, tp: int, pp: int = 1) -> float:
     return round((mb - reserved) / mb, 3)
 
 
+def moe_forward(mem: EngineMemory, shape: Shape, tp: int, batch: int) -> tuple[float, str] | None:
+    """The fused-MoE kernel's workspaces a batch token, in model-dtype elements (averaged over the
+    batch when the kernel works in chunks of ``activation_moe_chunk`` tokens), and how; None for a
+    dense model, an engine without the term, or a shape that does not say its experts' width and
+    how many a token goes through. vLLM's TritonExperts.workspace_shapes: workspace1 (tokens,
+    experts a token, max(N / 2, K)), workspace2 (tokens, experts a token, max(N, K)) and the output
+    (tokens, K), N the gate and up projections' 2 x expert width / TP, K the hidden size; the
+    engine's workspace manager keeps them after the forward pass, so they sit beside the sampler's
+    peak too (engines.toml sources.activation)."""
+    width, active, hidden = shape.expert_intermediate_size, shape.experts_per_token, shape.hidden_size
+    if not mem.activation_moe or not width or not active or not hidden or batch < 1:
+        return None
+    per_card = width / tp
+    rows = min(batch, mem.activation_moe_chunk) / batch
+    elements = (
+        mem.activation_moe * rows * (active * (max(per_card, hidden) + max(2 * per_card, hidden)) + hidden)
+    )
+    how = (
+        f"{mem.activation_moe:g} x ({active} experts a token x (max({width}/{tp}, {hidden}) + "
+        f"max(2 x {width}/{tp}, {hidden})) + {hidden})"
+        + (f" over chunks of {mem.activation_moe_chunk}" if rows < 1 else "")
+    )
+    return elements, how
+
+
 def overhead_terms(
     eng: Engine,
     shape: Shape,
@@ -355,15 +380,28 @@ def overhead_terms(
         # At TP > 1 each row-parallel layer's all-reduce writes a new
         # hidden-sized tensor beside its input (activation_hidden_tp).
         hidden_copies = mem.activation_hidden + (mem.activation_hidden_tp if tp > 1 else 0.0)
-        forward = batch * MODEL_DTYPE * (mem.activation_ffn * ffn / tp + hidden_copies * hidden)
-        sampler = mem.sampler_copies * seqs * (shape.vocab_size or 0) * FP32
+        dense = mem.activation_ffn * ffn / tp
+        moe = moe_forward(mem, shape, tp, batch)
+        widest = max(dense, moe[0] if moe else 0.0)
+        forward = batch * MODEL_DTYPE * (widest + hidden_copies * hidden)
+        # The MoE workspaces outlive the forward pass: the sampler's run peaks on top of them.
+        kept = batch * MODEL_DTYPE * moe[0] if moe else 0.0
+        sampler = mem.sampler_copies * seqs * (shape.vocab_size or 0) * FP32 + kept
         if forward >= sampler:
+            ffn_how = moe[1] if moe and moe[0] > dense else f"{mem.activation_ffn:g} x {ffn}/{tp}"
             how = (
                 f"forward pass of {batch} batch tokens: {batch} x 2 bytes x "
-                f"({mem.activation_ffn:g} x {ffn}/{tp} + {hidden_copies:g} x {hidden})"
+                f"({ffn_how} + {hidden_copies:g} x {hidden})"
             )
         else:
-            how = f"sampler: {mem.sampler_copies:g} x {seqs} sequences x {shape.vocab_size} vocabulary x 4 bytes"
+            how = (
+                f"sampler: {mem.sampler_copies:g} x {seqs} sequences x {shape.vocab_size} vocabulary x 4 bytes"
+                + (
+                    f", beside the MoE workspaces kept from the forward pass ({batch} x 2 bytes x {moe[1]})"
+                    if moe
+                    else ""
+                )
+            )
         if not (hidden or ffn or shape.vocab_size):
             how = "model size unknown (hidden, intermediate and vocabulary sizes): counted as 0"
         terms.append(
@@ -389,25 +427,9 @@ def overhead_terms(
                 mem.sources["comm_buffers"],
             )
         )
-    if mem.cuda_graph_gib or mem.cuda_graph_per_weight:
-        eager = next((f for f in mem.eager_flags if _flag_given(eng, args, f)), None)
-        if eager is None:
-            weights = weights_per_card(eng, shape, n) or 0
-            terms.append(
-                Term(
-                    "cuda_graph",
-                    round(mem.cuda_graph_gib * GIB + mem.cuda_graph_per_weight * weights),
-                    "captured graphs"
-                    + (
-                        f": {mem.cuda_graph_gib:g} GiB + {mem.cuda_graph_per_weight:g} x the card's weights"
-                        if mem.cuda_graph_per_weight
-                        else ""
-                    )
-                    + ("" if mem.cuda_graph_inside else ", after the KV cache is sized: outside the budget"),
-                    mem.sources["cuda_graph"],
-                    inside=mem.cuda_graph_inside,
-                )
-            )
+    graphs = _graph_term(eng, shape, n, args)
+    if graphs is not None:
+        terms.append(graphs)
     if mem.runtime_gib and not mem.compute_buffer:
         terms.append(
             Term("runtime", round(mem.runtime_gib * GIB), "flat planning figure", mem.sources["runtime"])
@@ -460,6 +482,37 @@ def compute_buffer_term(
             f", {heads} heads' attention scores (flash attention off)" if flash_off else ""
         )
     return Term("activation", math.ceil(max(out, layer)), how, source)
+
+
+def _graph_term(eng: Engine, shape: Shape, n: int, args: Sequence[str]) -> Term | None:
+    """The captured CUDA graphs: a flat figure, a share of the card's weights and a figure a layer
+    (engines.toml cuda_graph_*); None when the engine has no such term or an eager flag is given."""
+    mem = eng.memory
+    if not (mem.cuda_graph_gib or mem.cuda_graph_per_weight or mem.cuda_graph_per_layer):
+        return None
+    if any(_flag_given(eng, args, f) for f in mem.eager_flags):
+        return None
+    weights = weights_per_card(eng, shape, n) or 0
+    layers = shape.layers or 0
+    parts = [f"{mem.cuda_graph_gib:g} GiB"]
+    if mem.cuda_graph_per_weight:
+        parts.append(f"{mem.cuda_graph_per_weight:g} x the card's weights")
+    if mem.cuda_graph_per_layer:
+        parts.append(f"{mem.cuda_graph_per_layer:g} GiB x {layers} layers")
+    size = (
+        mem.cuda_graph_gib * GIB
+        + mem.cuda_graph_per_weight * weights
+        + mem.cuda_graph_per_layer * layers * GIB
+    )
+    return Term(
+        "cuda_graph",
+        round(size),
+        "captured graphs"
+        + (": " + " + ".join(parts) if len(parts) > 1 else "")
+        + ("" if mem.cuda_graph_inside else ", after the KV cache is sized: outside the budget"),
+        mem.sources["cuda_graph"],
+        inside=mem.cuda_graph_inside,
+    )
 
 
 def _flag_given(eng: Engine, args: Sequence[str], flag: str) -> bool:

@@ -39,6 +39,7 @@ SHAPE_FIELDS = (
     "replicated_bytes",
     "expert_intermediate_size",
     "expert_format",
+    "experts_per_token",
 )
 # The shape's text fields: the catalog's model keeps an unknown one as "", the planner as None.
 TEXT_SHAPE_FIELDS = ("dtype", "attention", "expert_format")
@@ -73,6 +74,9 @@ class Shape:
     # some formats' expert tensors (engines.toml expert_padding).
     expert_intermediate_size: int | None = None
     expert_format: str | None = None
+    # How many routed experts a token goes through (num_experts_per_tok): the engine's fused-MoE
+    # buffers hold that many rows a batch token (engines.toml activation_moe).
+    experts_per_token: int | None = None
     context_length: int | None = None
 
 

@@ -16,7 +16,12 @@ from catalog.modelfiles.attention import (
     mla_dims,
     sliding_window_layers,
 )
-from catalog.modelfiles.experts import activation_sizes, derived_expert_bytes, expert_storage
+from catalog.modelfiles.experts import (
+    activation_sizes,
+    derived_expert_bytes,
+    expert_storage,
+    experts_per_token,
+)
 from catalog.modelfiles.fields import CONTEXT_NAMES, HEAD_NAMES, HIDDEN_NAMES, LAYER_NAMES, ConfigFields
 from catalog.modelfiles.limits import parse_json_object
 from catalog.modelfiles.safetensors import INDEX_NAME, header_sums, index_total_size
@@ -126,6 +131,7 @@ def shape_from_config(
         replicated_bytes=replicated,
         expert_intermediate_size=expert_intermediate,
         expert_format=expert_format,
+        experts_per_token=experts_per_token(cfg),
         notes=notes.as_tuple(),
     )
 

@@ -30,6 +30,14 @@ def expert_storage(cfg: ConfigFields) -> tuple[int | None, str | None]:
     return intermediate, method if isinstance(method, str) and method else None
 
 
+def experts_per_token(cfg: ConfigFields) -> int | None:
+    """How many routed experts a token goes through (None for a dense model or when the config
+    does not say): num_experts_per_tok (Qwen, DeepSeek, Mixtral), experts_per_token (gpt-oss)."""
+    if not cfg.count(*EXPERT_NAMES, minimum=0):
+        return None
+    return cfg.count("num_experts_per_tok", "experts_per_token", "num_experts_per_token")
+
+
 def activation_sizes(
     cfg: ConfigFields,
     layers: int | None,

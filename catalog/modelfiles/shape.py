@@ -44,6 +44,7 @@ class ModelFilesShape:
     replicated_bytes: int = 0
     expert_intermediate_size: int | None = None
     expert_format: str | None = None
+    experts_per_token: int | None = None
     context_length: int | None = None
     notes: tuple[str, ...] = ()
 

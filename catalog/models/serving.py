@@ -62,6 +62,11 @@ class ServedModel(models.Model):
         default="",
         help_text="The routed experts' quantization (mxfp4): some engines pad such expert tensors.",
     )
+    experts_per_token = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Routed experts a token goes through (num_experts_per_tok): sizes the engine's MoE buffers.",
+    )
     declared = models.BooleanField(
         default=False, help_text="Comes from the cluster settings file; read-only here."
     )

@@ -240,6 +240,7 @@ def test_gpt2_style_spellings() -> None:
         "replicated_bytes": 0,
         "expert_intermediate_size": None,
         "expert_format": None,
+        "experts_per_token": None,
     }
 
 

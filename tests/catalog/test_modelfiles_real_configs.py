@@ -33,6 +33,7 @@ SHAPE_FIELDS = {
     "replicated_bytes",
     "expert_intermediate_size",
     "expert_format",
+    "experts_per_token",
 }
 
 
@@ -248,21 +249,23 @@ ACTIVATION_FIELDS = {
     "replicated_bytes",
     "expert_intermediate_size",
     "expert_format",
+    "experts_per_token",
 }
 
 
 @pytest.mark.parametrize(
-    ("fixture", "width", "storage"),
+    ("fixture", "width", "storage", "active"),
     [
-        ("meta-llama__Llama-3.1-8B-Instruct", None, None),  # dense
-        ("Qwen__Qwen3-30B-A3B", 768, None),  # moe_intermediate_size, experts in bf16
-        ("openai__gpt-oss-20b", 2880, "mxfp4"),  # intermediate_size; quantization_config mxfp4
-        ("mistralai__Mixtral-8x7B-v0.1", 14336, None),
+        ("meta-llama__Llama-3.1-8B-Instruct", None, None, None),  # dense
+        ("Qwen__Qwen3-30B-A3B", 768, None, 8),  # moe_intermediate_size, experts in bf16, num_experts_per_tok
+        ("openai__gpt-oss-20b", 2880, "mxfp4", 4),  # intermediate_size; quantization_config mxfp4
+        ("mistralai__Mixtral-8x7B-v0.1", 14336, None, 2),
     ],
 )
-def test_the_routed_experts_width_and_storage(fixture, width, storage):
+def test_the_routed_experts_width_and_storage(fixture, width, storage, active):
     shape = shape_from_config(load(fixture))
     assert (shape.expert_intermediate_size, shape.expert_format) == (width, storage)
+    assert shape.experts_per_token == active
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ memory over vLLM's "Maximum concurrency" for that context.
 
 The points live in calibration_older.py (vLLM 0.6.4 to 0.10),
 calibration_current.py (0.11 and later, and the logs seen and not held) and
+calibration_vllm_current.py (0.17 to 0.20: a vLLM 0.19.0 sweep on an H100 and more) and
 calibration_llamacpp.py (llama.cpp; TensorRT-LLM's search, none held, in
 calibration_trtllm.py); their
 shapes in calibration_shapes.py; ``Logged`` and ``plan`` in calibration_logged.py. SGLang's start-ups,
@@ -32,6 +33,7 @@ from tests.planning.calibration_sglang import UNCALIBRATED as SGLANG_UNCALIBRATE
 from tests.planning.calibration_sglang import table as sglang_table
 from tests.planning.calibration_shapes import GPT_OSS_120B, LLAMA_3_8B, QWEN3_235B_A22B
 from tests.planning.calibration_trtllm import NOT_HELD_TRTLLM, UNCALIBRATED_TRTLLM
+from tests.planning.calibration_vllm_current import NOT_HELD_CURRENT, VLLM_CURRENT
 
 __all__ = [
     "GIB",
@@ -46,8 +48,8 @@ __all__ = [
     "table",
 ]
 
-POINTS: tuple[Logged, ...] = (*OLDER, *CURRENT, *EXCLUDED, *LLAMACPP)
-NOT_HELD = (*NOT_HELD_VLLM_SGLANG, *SGLANG_NOT_HELD, *NOT_HELD_TRTLLM, *NOT_HELD_LLAMACPP)
+POINTS: tuple[Logged, ...] = (*OLDER, *CURRENT, *VLLM_CURRENT, *EXCLUDED, *LLAMACPP)
+NOT_HELD = (*NOT_HELD_VLLM_SGLANG, *NOT_HELD_CURRENT, *SGLANG_NOT_HELD, *NOT_HELD_TRTLLM, *NOT_HELD_LLAMACPP)
 # The engines no start-up holds, with why: llama.cpp is held by calibration_llamacpp.py, TensorRT-LLM's why is
 # calibration_trtllm.py's, SGLang's calibration_sglang.py's (its need is the static pool's, not vLLM's profile:
 # its table is shown beside its terms).
