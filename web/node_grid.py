@@ -31,7 +31,7 @@ from telemetry.selectors import (
     card_use_of_nodes,
     last_seen_of_nodes,
 )
-from versions.cache import remembered
+from versions.cache import drawn_from, remembered
 from web.display import hue
 
 
@@ -302,7 +302,16 @@ def kept_with_readings(
             lambda: readings_of(node_ids, compact=compact),
             request=request,
         )
-        return with_readings(html, readings)
+        # Kept by what it is filled from too (versions/cache.py, ``drawn_from``): after a write that
+        # changed neither the grid drawn nor these readings (a model's source), nothing is filled again.
+        # The clock's tick is among them: "seen ... ago" is read from the clock.
+        # (Each node's last answer as the values shown: a model instance's repr is not its content.)
+        tick = int(time.time() // SEEN_WITHIN_SECONDS)
+        seen = sorted((pk, r.seen_at, r.error) for pk, r in readings.seen.items())
+        inputs = (html, sorted(readings.use.items()), seen, sorted(readings.away), tick)
+        return mark_safe(  # noqa: S308 - with_readings escapes
+            drawn_from(f"{name}-filled", inputs, lambda: with_readings(html, readings))
+        )
 
     return remembered(name, FILLED_AREAS, filled_parts(parts), filled, request=request)
 
@@ -406,16 +415,21 @@ def planned_per_card(replica_names: set[str]) -> dict[str, int]:
     return out
 
 
-def grids(nodes: list[Node], rows: list[tuple], *, compact: bool = False) -> list[NodeGrid]:
+def grids(
+    nodes: list[Node], rows: list[tuple], *, compact: bool = False, planned: dict[str, int] | None = None
+) -> list[NodeGrid]:
     """Each node with its cards drawn and the node drawn around them (``row``), marked where the
-    readings go (``with_readings``): one query more (the replicas' planned memory), whatever the
-    number of cards."""
+    readings go (``with_readings``): one query more (the replicas' planned memory, unless given),
+    whatever the number of cards."""
     by_id = {n.pk: NodeGrid(n) for n in nodes}
     for row in rows:
         by_id[row[0]].tiles.append(Tile(*row))
-    planned = (
-        {} if compact else planned_per_card({t.replica for g in by_id.values() for t in g.tiles if t.replica})
-    )
+    if planned is None:
+        planned = (
+            {}
+            if compact
+            else planned_per_card({t.replica for g in by_id.values() for t in g.tiles if t.replica})
+        )
     models, nodes_at = Links("model-detail"), Links("node-detail")
     for g in by_id.values():
         g.html = tiles_html(g.tiles, models, compact=compact, planned=planned)

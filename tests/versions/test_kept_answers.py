@@ -710,3 +710,25 @@ def test_a_held_cards_planned_need_follows_its_models_and_profiles_rows(fleet):
     assert float(heavier) > float(before) and planned(kept(viewer, "/nodes/gpu-0/")) == heavier
     sql("UPDATE catalog_model SET weight_bytes = weight_bytes - 4294967296 WHERE name = 'llama'")
     assert planned(kept(viewer, "/nodes/")) == before
+
+
+def test_the_nodes_page_drawn_by_what_it_shows_follows_a_models_name_and_a_replicas_state(fleet):
+    """The grid, its readings put in and the summary are kept by what they are drawn from
+    (versions/cache.py, ``drawn_from``) as well as under the versions: a model's source edited finds
+    them drawn, but its name changed, by SQL, or a replica's state is drawn anew at the next request."""
+    viewer = client()
+    page = kept(viewer, "/nodes/")
+    assert 'href="/models/llama/">llama</a>' in page
+    logged(fleet, "org/elsewhere")
+
+    def unstamped(page: str) -> str:  # each part's poll carries the stamp of the versions it was read at
+        return re.sub(r"&quot;[0-9a-f]{20}&quot;", "", unmasked(page))
+
+    assert unstamped(kept(viewer, "/nodes/")) == unstamped(page)
+    sql("UPDATE catalog_model SET name = 'llama-renamed' WHERE name = 'llama'")
+    page = kept(viewer, "/nodes/")
+    assert (
+        'href="/models/llama/"' not in page and page.count(">llama-renamed</a>") >= 3
+    )  # tile, legend, summary
+    sql("UPDATE catalog_replica SET state = 'loading' WHERE name = 'llama-1'")
+    assert "llama-1 · loading" in kept(viewer, "/nodes/")
