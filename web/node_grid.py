@@ -31,7 +31,7 @@ from telemetry.selectors import (
     card_use_of_nodes,
     last_seen_of_nodes,
 )
-from versions.cache import drawn_from, remembered
+from versions.cache import remembered
 from web.display import hue
 
 
@@ -302,16 +302,9 @@ def kept_with_readings(
             lambda: readings_of(node_ids, compact=compact),
             request=request,
         )
-        # Kept by what it is filled from too (versions/cache.py, ``drawn_from``): after a write that
-        # changed neither the grid drawn nor these readings (a model's source), nothing is filled again.
-        # The clock's tick is among them: "seen ... ago" is read from the clock.
-        # (Each node's last answer as the values shown: a model instance's repr is not its content.)
-        tick = int(time.time() // SEEN_WITHIN_SECONDS)
-        seen = sorted((pk, r.seen_at, r.error) for pk, r in readings.seen.items())
-        inputs = (html, sorted(readings.use.items()), seen, sorted(readings.away), tick)
-        return mark_safe(  # noqa: S308 - with_readings escapes
-            drawn_from(f"{name}-filled", inputs, lambda: with_readings(html, readings))
-        )
+        # Not kept by what it is filled from (versions/cache.py, ``drawn_from``): under the sampler the
+        # readings differ at nearly every request, and hashing them and the grid cost as much as filling.
+        return with_readings(html, readings)
 
     return remembered(name, FILLED_AREAS, filled_parts(parts), filled, request=request)
 

@@ -713,7 +713,7 @@ def test_a_held_cards_planned_need_follows_its_models_and_profiles_rows(fleet):
 
 
 def test_the_nodes_page_drawn_by_what_it_shows_follows_a_models_name_and_a_replicas_state(fleet):
-    """The grid, its readings put in and the summary are kept by what they are drawn from
+    """The grid and the summary are kept by what they are drawn from
     (versions/cache.py, ``drawn_from``) as well as under the versions: a model's source edited finds
     them drawn, but its name changed, by SQL, or a replica's state is drawn anew at the next request."""
     viewer = client()
