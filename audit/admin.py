@@ -37,7 +37,8 @@ class AuditEntryAdmin(admin.ModelAdmin):
         pages, exports) are where the log is read. Here the list stays cheap at a million entries:
         no date navigation (it sorted the whole table), no filters whose choices are the table's
         distinct values (a scan each), and the count taken once, not twice, and kept under the log's
-    version (``CountKept``) until an entry is appended. Deep pages still read
+    version (``CountKept``) until an entry is appended, and the rows drawn kept under it too.
+    Deep pages still read
         every row before them (the admin pages by offset); /audit/ does not.
     """
 
@@ -46,6 +47,10 @@ class AuditEntryAdmin(admin.ModelAdmin):
     search_fields = ["actor", "object_key", "object_repr", "message", "request_id"]
     show_full_result_count = False
     paginator = CountKept
+    # No action on the log (nobody may change or delete an entry), so no checkbox per row: the rows
+    # drawn are the same for every reader and kept under the log's version
+    # (templates/admin/audit/auditentry/change_list.html, audit/templatetags/audit_admin.py).
+    actions = None
     list_per_page = 50  # as /audit/ pages: the rows drawn through the admin's templates are most of its time
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -124,7 +124,7 @@ def audit_targets() -> list[Target]:
     url = reverse("audit:entry_list")
     meta = audit_model()._meta
     admin = reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist")
-    filtered = "action=profile.update&via=api"
+    filtered = "action=update&object_type=profile&via=api"  # issue 23: the action and the kind apart
     return [
         Target("audit list", "GET", url),
         Target("audit list, near the end", "GET", f"{url}?before={oldest + 500}"),

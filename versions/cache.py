@@ -88,6 +88,22 @@ def remembered(
 _MISSING = object()
 
 
+def drawn_from(name: str, inputs: Any, draw: Callable[[], str]) -> str:
+    """``draw()``'s HTML, kept by what it is drawn from rather than by the fleet's versions: ``inputs``
+    must hold everything ``draw`` reads (its ``repr`` is hashed), so that the same inputs always draw
+    the same page and a kept drawing is never stale, whenever and by whomever they were read. For
+    the parts whose reading is cheap and drawing is not: after a write the inputs are read again
+    (the caller's queries) and, if the write changed none of them, nothing is drawn. Pure, so kept
+    inside a transaction too (a reader's own uncommitted rows are only inputs like any other)."""
+    cache = caches[ALIAS]
+    key = f"{name}:drawn:{hashlib.sha256(repr(inputs).encode()).hexdigest()}"
+    found = cache.get(key)
+    if found is None:
+        found = draw()
+        cache.set(key, found)
+    return found
+
+
 def query_parts(query: Any, *, drop: Iterable[str] = ()) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """A QueryDict as sorted pairs, each key's values in order: ``?b=1&a=2`` is ``?a=2&b=1``."""
     left_out = set(drop)

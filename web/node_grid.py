@@ -11,6 +11,7 @@ The views that use it are in ``web/views/nodes.py``.
 
 from __future__ import annotations
 
+import html
 import re
 import time
 from dataclasses import dataclass, field
@@ -19,12 +20,11 @@ from typing import Any, NamedTuple
 from django.db.models import Q
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 
 from catalog.models import Node, Replica
-from catalog.services.fit import profile_memory
+from catalog.services.fit import need_columns, need_of_row
 from telemetry.models import NodeReading
 from telemetry.selectors import (
     CardUse,
@@ -33,6 +33,12 @@ from telemetry.selectors import (
 )
 from versions.cache import remembered
 from web.display import hue
+
+
+def escape(text: object) -> str:
+    """As ``django.utils.html.escape`` (the same five characters), without its lazy-string wrapper and
+    ``SafeString`` per call: a compact page escapes thousands of names; the grid is marked safe whole."""
+    return html.escape(str(text))
 
 
 class Tile(NamedTuple):
@@ -296,6 +302,8 @@ def kept_with_readings(
             lambda: readings_of(node_ids, compact=compact),
             request=request,
         )
+        # Not kept by what it is filled from (versions/cache.py, ``drawn_from``): under the sampler the
+        # readings differ at nearly every request, and hashing them and the grid cost as much as filling.
         return with_readings(html, readings)
 
     return remembered(name, FILLED_AREAS, filled_parts(parts), filled, request=request)
@@ -386,33 +394,35 @@ def node_html(g: NodeGrid, link: str, *, compact: bool = False) -> str:
 
 def planned_per_card(replica_names: set[str]) -> dict[str, int]:
     """Each replica's planned need on one of its cards, in MiB: what it recorded when it started,
-    else its profile's as the memory model reckons it (once per profile): one query."""
+    else its profile's as the memory model reckons it (``need_of_row``: remembered per profile with
+    the rows it is reckoned from, so a write elsewhere in the catalog reckons none again): one query."""
     out: dict[str, int] = {}
-    by_profile: dict[int, int | None] = {}
-    for r in Replica.objects.filter(name__in=replica_names).select_related(
-        "profile__model", "profile__gpu_class"
+    for name, recorded, *row in Replica.objects.filter(name__in=replica_names).values_list(
+        "name", "planned_memory", *need_columns("profile__")
     ):
-        need = (r.planned_memory or {}).get("need")
+        need = recorded.get("need") if isinstance(recorded, dict) else None
         if not isinstance(need, int):
-            if r.profile_id not in by_profile:
-                memory = profile_memory(r.profile, r.profile.model)
-                by_profile[r.profile_id] = memory.need if memory is not None else None
-            need = by_profile[r.profile_id]
+            need = need_of_row(tuple(row))
         if isinstance(need, int):
-            out[r.name] = need // 2**20
+            out[name] = need // 2**20
     return out
 
 
-def grids(nodes: list[Node], rows: list[tuple], *, compact: bool = False) -> list[NodeGrid]:
+def grids(
+    nodes: list[Node], rows: list[tuple], *, compact: bool = False, planned: dict[str, int] | None = None
+) -> list[NodeGrid]:
     """Each node with its cards drawn and the node drawn around them (``row``), marked where the
-    readings go (``with_readings``): one query more (the replicas' planned memory), whatever the
-    number of cards."""
+    readings go (``with_readings``): one query more (the replicas' planned memory, unless given),
+    whatever the number of cards."""
     by_id = {n.pk: NodeGrid(n) for n in nodes}
     for row in rows:
         by_id[row[0]].tiles.append(Tile(*row))
-    planned = (
-        {} if compact else planned_per_card({t.replica for g in by_id.values() for t in g.tiles if t.replica})
-    )
+    if planned is None:
+        planned = (
+            {}
+            if compact
+            else planned_per_card({t.replica for g in by_id.values() for t in g.tiles if t.replica})
+        )
     models, nodes_at = Links("model-detail"), Links("node-detail")
     for g in by_id.values():
         g.html = tiles_html(g.tiles, models, compact=compact, planned=planned)
@@ -425,12 +435,24 @@ def rows_html(node_grids: list[NodeGrid]) -> SafeString:
     return mark_safe("".join(g.row for g in node_grids))  # noqa: S308 - each row is escaped
 
 
-def legend(node_grids: list[NodeGrid]) -> list[tuple[str, str, int, str]]:
-    """The models holding cards on these nodes: name, colour, card count and page link, by name."""
+def legend(node_grids: list[NodeGrid]) -> SafeString:
+    """The models holding cards on these nodes, by name: each one's colour, page link and card count,
+    and the free cards' colour; empty when none holds any. Drawn here rather than by a template
+    loop: a compact page of 500 nodes names hundreds of models."""
     seen: dict[int, list[Any]] = {}
     for g in node_grids:
         for t in g.tiles:
             if t.model_id is not None:
                 seen.setdefault(t.model_id, [t.model, hue(t.model_id), 0])[2] += 1
+    if not seen:
+        return mark_safe("")  # noqa: S308 - empty
     links = Links("model-detail")
-    return sorted(((name, colour, n, links(name)) for name, colour, n in seen.values()), key=lambda v: v[0])
+    items = "".join(
+        f'<li><span class="chip {colour}" aria-hidden="true"></span><a href="{links(name)}">{escape(name)}</a> '
+        f'<span class="muted">{n} card{"" if n == 1 else "s"}</span></li>'
+        for name, colour, n in sorted(seen.values(), key=lambda v: v[0])
+    )
+    return mark_safe(  # noqa: S308 - every name is escaped, the colours are ours
+        f'<ul class="legend" aria-label="Models holding cards">{items}'
+        '<li><span class="chip free" aria-hidden="true"></span>free</li></ul>'
+    )

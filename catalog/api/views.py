@@ -85,8 +85,13 @@ class GPUClassViewSet(ServiceViewSet):
     delete_service = staticmethod(services.gpu_class_delete)
 
 
+# Only what the answer shows of each card (NodeSerializer.get_cards): a page of 100 nodes is 800 cards,
+# and their replicas' every column (two JSON documents each) built as objects was most of its first drawing.
 _cards = Prefetch(
-    "cards", queryset=Card.objects.select_related("gpu_class", "shard__replica").order_by("index")
+    "cards",
+    queryset=Card.objects.select_related("gpu_class", "shard__replica")
+    .only("node", "index", "gpu_class__name", "shard__card", "shard__replica__name")
+    .order_by("index"),
 )
 
 

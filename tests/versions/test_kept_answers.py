@@ -576,6 +576,47 @@ def test_the_admin_audit_lists_count_is_kept_until_an_entry_is_appended(fleet):
     assert counted(get(editor, url)[0]) == AuditEntry.objects.count() == counted(first) + 1
 
 
+def test_the_admin_audit_lists_rows_are_kept_until_an_entry_is_appended(fleet):
+    """The rows drawn are kept under the log's version: a second request shows the same, drawn
+    once; an entry appended, by a service or
+    by SQL behind the application's back, is listed at the next request; each page and search is
+    kept apart; and a reader who may not read the log is refused before anything kept is given."""
+    for i in range(3):
+        logged(fleet, f"org/v{i}")
+    editor = Client()
+    editor.force_login(b.user("admin-user", "audit.view_auditentry", roles=("editor",)))
+    url = "/admin/audit/auditentry/"
+
+    def rows(page: str) -> list[str]:
+        table = page.split('<table id="result_list">')[1].split("</table>")[0]
+        return re.findall(r"<tr>.*?</tr>", table.split("<tbody>")[1], re.S)
+
+    first, cold = get(editor, url)
+    with CaptureQueriesContext(connection) as ctx:
+        second = editor.get(url).content.decode()
+    assert len(ctx.captured_queries) < cold and rows(second) == rows(first) and len(rows(first)) == 3
+    # The page's entries are still read (the admin counts them for its "0 of N selected"), not drawn.
+    assert not [q for q in ctx.captured_queries if "COUNT(" in q["sql"]]
+    assert 'name="_selected_action"' not in first  # no checkbox: nothing of a reader's in the rows
+    logged(fleet, "org/appended")
+    page = get(editor, url)[0]
+    latest = AuditEntry.objects.latest("id")
+    assert len(rows(page)) == 4 and f"{url}{latest.pk}/change/" in rows(page)[0]
+    sql(
+        f"INSERT INTO {LOG} (at, actor, via, action, object_type, object_key, object_repr,"
+        " before, after, message, request_id, prev_hash, hash) SELECT at, 'forger', via, 'forged',"
+        " object_type, object_key, object_repr, before, after, 'written by sql', request_id, hash,"
+        f" substr(hash, 2) || '0' FROM {LOG} WHERE id = %s",
+        [latest.pk],
+    )
+    page = get(editor, url)[0]
+    assert len(rows(page)) == 5 and "forger" in rows(page)[0]
+    searched = get(editor, f"{url}?q=forger")[0]
+    assert len(rows(searched)) == 1 and len(rows(get(editor, url)[0])) == 5
+    stranger = client("viewer")
+    assert stranger.get(url).status_code in (302, 403)
+
+
 # -- permissions ---------------------------------------------------------------------------------------------
 
 
@@ -646,3 +687,48 @@ def test_the_nodes_summary_is_kept_through_a_replicas_state_and_not_through_a_ca
     assert not summary_read("/nodes/")
     b.replica(fleet["profile"], fleet["nodes"][1], [0], name="llama-2")  # a card taken
     assert summary_read("/nodes/")
+
+
+def test_a_held_cards_planned_need_follows_its_models_and_profiles_rows(fleet):
+    """The nodes grid's planned need per card is reckoned once per profile and remembered with the
+    profile's, the model's and the class's rows (catalog/services/fit.py, ``need_of_row``): a model's
+    edit that changes no memory term draws the same need; one that does (its weights, by raw SQL too)
+    or a profile's change draws the new need at the next request, on the nodes page and a node's."""
+
+    def planned(page: str) -> str:
+        found = re.search(r'<span class="use muted">planned ([\d.]+) GiB', page)
+        assert found, page[-3000:]
+        return found.group(1)
+
+    viewer = client()
+    before = planned(kept(viewer, "/nodes/"))
+    assert planned(kept(viewer, "/nodes/gpu-0/")) == before
+    logged(fleet, "org/elsewhere")  # the model's source: no memory term
+    assert planned(kept(viewer, "/nodes/")) == before
+    sql("UPDATE catalog_model SET weight_bytes = weight_bytes + 4294967296 WHERE name = 'llama'")
+    heavier = planned(kept(viewer, "/nodes/"))
+    assert float(heavier) > float(before) and planned(kept(viewer, "/nodes/gpu-0/")) == heavier
+    sql("UPDATE catalog_model SET weight_bytes = weight_bytes - 4294967296 WHERE name = 'llama'")
+    assert planned(kept(viewer, "/nodes/")) == before
+
+
+def test_the_nodes_page_drawn_by_what_it_shows_follows_a_models_name_and_a_replicas_state(fleet):
+    """The grid and the summary are kept by what they are drawn from
+    (versions/cache.py, ``drawn_from``) as well as under the versions: a model's source edited finds
+    them drawn, but its name changed, by SQL, or a replica's state is drawn anew at the next request."""
+    viewer = client()
+    page = kept(viewer, "/nodes/")
+    assert 'href="/models/llama/">llama</a>' in page
+    logged(fleet, "org/elsewhere")
+
+    def unstamped(page: str) -> str:  # each part's poll carries the stamp of the versions it was read at
+        return re.sub(r"&quot;[0-9a-f]{20}&quot;", "", unmasked(page))
+
+    assert unstamped(kept(viewer, "/nodes/")) == unstamped(page)
+    sql("UPDATE catalog_model SET name = 'llama-renamed' WHERE name = 'llama'")
+    page = kept(viewer, "/nodes/")
+    assert (
+        'href="/models/llama/"' not in page and page.count(">llama-renamed</a>") >= 3
+    )  # tile, legend, summary
+    sql("UPDATE catalog_replica SET state = 'loading' WHERE name = 'llama-1'")
+    assert "llama-1 · loading" in kept(viewer, "/nodes/")

@@ -44,7 +44,7 @@ from telemetry.selectors import (
     foreign_held_card_ids,
     unreachable_node_ids,
 )
-from versions.cache import remembered
+from versions.cache import drawn_from, remembered
 from web.forms import NodeFilterForm
 from web.node_grid import (
     FILLED_AREAS,
@@ -53,6 +53,7 @@ from web.node_grid import (
     grids,
     kept_with_readings,
     legend,
+    planned_per_card,
     rows_html,
 )
 
@@ -71,33 +72,56 @@ def node_results(query: QueryDict, foreign_held: Collection[int] = ()) -> Result
     """The nodes page's results (count, legend, the page of nodes with their cards, pager) for the
     query's filters and page, marked where the readings go, and the nodes shown: what an htmx
     filter swaps in, and the page shows. ``foreign_held``: the cards a foreign process holds, which
-    the free filter does not count free (``foreign_held_for``)."""
+    the free filter does not count free (``foreign_held_for``).
+
+    What is drawn is read first (the page of nodes, their cards with their holders, each held
+    card's planned need: a few queries) and the drawing kept by what it was drawn from
+    (``drawn_from``): a write that changes nothing shown (a model's source, a replica's state on
+    another page, a card's elsewhere) finds it drawn, one that changes anything shown draws it anew."""
     form = NodeFilterForm.for_fleet(query or None)
     valid = form.is_bound and form.is_valid()
     data = form.cleaned_data if valid else {}
     view = data.get("view") or "cards"
+    compact = view == "compact"
     filters = {k: v for k, v in data.items() if k != "view" and v not in (None, "")}
     matching = nodes_matching(filters, not_free=foreign_held)
     page = Paginator(matching, PAGE_SIZES[view]).get_page(query.get("page"))
     nodes = list(page.object_list)
-    node_grids = grids(nodes, cards_of([n.pk for n in nodes]), compact=view == "compact")
+    rows = cards_of([n.pk for n in nodes])
+    planned = {} if compact else planned_per_card({r[3] for r in rows if r[3]})
     rest = query.copy()
     rest.pop("page", None)
-    html = render_to_string(
-        "catalog/node_list.html#results",
-        {
-            "form": form,
-            "page": page,
-            "grids": node_grids,
-            "rows": rows_html(node_grids),
-            "legend": legend(node_grids),
-            "compact": view == "compact",
-            "filtered": bool(filters),
-            "query": rest.urlencode(),
-            "poll": POLL_MARK,
-        },
+    shown = (
+        rest.urlencode(),
+        sorted((k, [str(e) for e in v]) for k, v in form.errors.items()),
+        bool(filters),
+        compact,
+        page.paginator.count,
+        page.number,
+        page.paginator.num_pages,
+        [(n.pk, n.name, n.state) for n in nodes],
+        rows,
+        sorted(planned.items()),
     )
-    return Results(html, [n.pk for n in nodes], view == "compact")
+
+    def draw() -> str:
+        node_grids = grids(nodes, rows, compact=compact, planned=planned)
+        return render_to_string(
+            "catalog/node_list.html#results",
+            {
+                "form": form,
+                "page": page,
+                "grids": node_grids,
+                "rows": rows_html(node_grids),
+                "legend": legend(node_grids),
+                "compact": compact,
+                "filtered": bool(filters),
+                "query": rest.urlencode(),
+                "poll": POLL_MARK,
+            },
+        )
+
+    return Results(drawn_from("nodes-results-drawn", shown, draw), [n.pk for n in nodes], compact)
 
 
 def foreign_held_for(query: QueryDict) -> list[int]:
@@ -196,9 +220,13 @@ def summary_html(request: HttpRequest) -> tuple[str, SafeString]:
             lambda: SummaryReadings(foreign_held_by_class(), len(unreachable_node_ids())),
             request=request,
         )
-        return render_to_string(
-            "catalog/node_list.html#summary",
-            {"summary": summary_of_fleet(fleet, cordoned, readings), "poll": POLL_MARK},
+        summary = summary_of_fleet(fleet, cordoned, readings)  # plain values: its repr is its content
+        return drawn_from(
+            "nodes-summary-drawn",
+            summary,
+            lambda: render_to_string(
+                "catalog/node_list.html#summary", {"summary": summary, "poll": POLL_MARK}
+            ),
         )
 
     html = remembered("nodes-summary", SUMMARY_AREAS, parts, drawn, request=request)
