@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from catalog.models import Card, Node, Profile, Replica
+from catalog.selectors import release_of
 from operations.models import RestartStep
 from operations.services.placement import (
     best_fit,
@@ -47,15 +48,17 @@ def place_beside(
     def write() -> bool:
         records.hold()
         # What no placement changes is read before the placement lock, which every step's
-        # placement waits for in turn: the profile, the cards a foreign process holds (the
-        # sampler's, not a placement's), the nodes' hosts. Whether the cards are still free, and
-        # the port, after.
+        # placement waits for in turn (each query under it is a round trip every other step
+        # waits for): the profile, its release, the cards a foreign process holds (the sampler's,
+        # not a placement's), the nodes' hosts. Whether the cards are still free, the port and the
+        # name, after.
         profile = Profile.objects.select_related("model", "gpu_class").get(pk=records.op.profile_id)
         foreign = foreign_held_card_ids() if planned is not None else None
+        release = release_of(profile) if planned is not None else None
         hosts = node_hosts()
         records.lock_placement()
         fit = (
-            _planned_cards(profile, *planned, foreign=foreign or set())
+            _planned_cards(profile, *planned, foreign=foreign or set(), release=release)
             if planned is not None
             else best_fit(profile, replacing=step.old_replica)
         )
@@ -77,6 +80,7 @@ def place_beside(
             started_at=timezone.now(),
             old_spec=old_spec,
             in_place=False,
+            locked=True,
         )
         return True
 
@@ -88,10 +92,11 @@ def place_beside(
 
 
 def _planned_cards(
-    profile: Profile, node_name: str, indices: list[int], *, foreign: set[int]
+    profile: Profile, node_name: str, indices: list[int], *, foreign: set[int], release: str | None = None
 ) -> tuple[Node, list[Card]] | None:
     """The cards the restart's plan gave the step, when they are still free on a ready node (and
-    are as many as the profile takes, none in ``foreign``: held by a foreign process); None otherwise."""
+    are as many as the profile takes, none in ``foreign``: held by a foreign process, and the node
+    able to run ``release``, the profile's); None otherwise."""
     cards = list(
         Card.objects.filter(
             node__name=node_name,
@@ -108,7 +113,7 @@ def _planned_cards(
     )
     if len(cards) != len(indices) or len(cards) != profile.cards:
         return None
-    if release_refusal(profile, cards[0].node) is not None:
+    if release_refusal(profile, cards[0].node, release=release) is not None:
         return None  # the node's agent since reported facts the release's floors refuse
     if orphan_cards(cards[0].node) & set(indices):
         return None  # an orphan engine runs there: the best fit stands in
