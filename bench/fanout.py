@@ -95,7 +95,8 @@ def main() -> None:
                 )
                 print(
                     f"  CPU during the restart: the worker {r['worker_cpu_seconds']} s "
-                    f"({r['worker_cpu_share']} of one core), the machine {r['machine_busy_share']} busy",
+                    f"({r['worker_cpu_share']} of one core), the agents and their engines "
+                    f"{r['fleet_cpu_seconds']} s, the machine {r['machine_busy_share']} busy",
                     flush=True,
                 )
                 print("  from the records (mean / median / max, s):", flush=True)
@@ -141,7 +142,9 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor, worker_pid:
         # ready that long before its old replica stops): the ideal counts the engine's load only.
         op = restart_start(model_name="fanout", max_parallel=p, ready_timeout=120, settle_seconds=0)
     load_before = _load()
+    agents = [agent.process.pid for agent in fleet.agents.values()]
     cpu_before, machine_before, clock_before = _cpu_seconds(worker_pid), _machine(), time.monotonic()
+    fleet_before = _tree_cpu(agents)
     while True:
         op = RestartOperation.objects.get(pk=op.pk)
         if op.state not in ("queued", "running"):
@@ -149,6 +152,7 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor, worker_pid:
         time.sleep(0.2)
     wall = time.monotonic() - asked
     cpu = _cpu_seconds(worker_pid) - cpu_before
+    fleet_cpu = _tree_cpu(agents) - fleet_before
     (busy_after, total_after), (busy_before, total_before) = _machine(), machine_before
     measured = time.monotonic() - clock_before
     assert op.finished_at is not None and op.started_at is not None, op.state
@@ -169,6 +173,8 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor, worker_pid:
         # From the request's queueing to the end (the worker's pickup included): a share of one core.
         "worker_cpu_seconds": round(cpu, 2),
         "worker_cpu_share": round(cpu / measured, 2) if measured else None,
+        # The sixteen agents and the engines they ran (the stand-ins' interpreters, their probes).
+        "fleet_cpu_seconds": round(fleet_cpu, 2),
         "machine_busy_share": round((busy_after - busy_before) / (total_after - total_before), 2)
         if total_after > total_before
         else None,
@@ -182,6 +188,23 @@ def _cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu(parents: list[int]) -> float:
+    """CPU seconds of the ``parents`` with their children: their own, their children's that ended
+    (reaped: cutime, cstime), and their live children's (an engine's own)."""
+    total = 0.0
+    wanted = set(parents)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) in wanted or int(fields[1]) in wanted:  # the process, or its parent
+            total += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _machine() -> tuple[int, int]:

@@ -5,6 +5,7 @@ replacement that fails is stopped, and the old replica keeps serving."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.db import transaction
@@ -43,6 +44,7 @@ def place_beside(
     ``planned`` node and cards when given, else the best fit; False when
     there is no room (or the planned cards are no longer free)."""
     records = run.records
+    locked_at: list[float] = []  # when the placement lock was taken: how long it was held, timed
 
     @transaction.atomic
     def write() -> bool:
@@ -57,6 +59,7 @@ def place_beside(
         release = release_of(profile) if planned is not None else None
         hosts = node_hosts()
         records.lock_placement()
+        locked_at.append(time.monotonic())
         fit = (
             _planned_cards(profile, *planned, foreign=foreign or set(), release=release)
             if planned is not None
@@ -86,6 +89,10 @@ def place_beside(
 
     with records.clock.timed("write: placing a replacement (transaction)"):
         placed = write()
+    if locked_at:  # every other placement waited this long: the lock is held to the commit
+        records.clock.add(
+            "hold: the placement lock (a rolling placement, to its commit)", time.monotonic() - locked_at[0]
+        )
     if placed:
         records.clock.mark(step.pk, "placed")
     return placed
@@ -124,7 +131,9 @@ def roll(run: RunParts, step: RestartStep, *, tries: int = 1) -> str:
     """Start the recorded replacement, wait until it is ready and settled, then stop the old replica."""
     new, spec = replacement(step)
     try:
-        launch_and_settle(run.agents, step, new, spec)
+        # The slot is free once the agent says the replacement is ready (with no settle time), not
+        # once that is written: the next step's placement overlaps this step's write.
+        launch_and_settle(run.agents, step, new, spec, ready=lambda: run.slot_free(step))
     except StepFailed as exc:
         if exc.node_down and tries < PLACE_TRIES and _place_elsewhere(run, step, exc):
             return roll(run, step, tries=tries + 1)
