@@ -11,6 +11,8 @@ stale) and a rolling restart of all 64 is started through the service; a real
 from its start to its end as the database records them, and the wall time from the request to
 the end. Ideal: ``ceil(64 / p)`` waves of one engine load each; the restarts ask for no settle time
 (a replacement staying ready a while before its old replica stops), which the ideal would not count.
+Beside each time: the load average, the CPU the worker (all its threads) and the agents with their
+engines used during the restart, and how busy the machine's cores were (/proc).
 
 The database is the benchmark's own (created anew at the start): BENCH_FANOUT_DATABASE_URL.
 """
