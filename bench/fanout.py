@@ -11,6 +11,8 @@ stale) and a rolling restart of all 64 is started through the service; a real
 from its start to its end as the database records them, and the wall time from the request to
 the end. Ideal: ``ceil(64 / p)`` waves of one engine load each; the restarts ask for no settle time
 (a replacement staying ready a while before its old replica stops), which the ideal would not count.
+Beside each time: the load average, the CPU the worker (all its threads) and the agents with their
+engines used during the restart, and how busy the machine's cores were (/proc).
 
 The database is the benchmark's own (created anew at the start): BENCH_FANOUT_DATABASE_URL.
 """
@@ -78,7 +80,9 @@ def main() -> None:
                 log = tmp / f"worker-{run}.log"
                 w = worker("bench-worker", {**env, "LOG_LEVEL": "DEBUG", **extra}, log)
                 try:
-                    results.append(restart_all(fleet, p, run, args.load_seconds, actor) | {"mode": mode})
+                    results.append(
+                        restart_all(fleet, p, run, args.load_seconds, actor, w.pid) | {"mode": mode}
+                    )
                 finally:
                     w.kill()
                     w.wait(timeout=30)
@@ -89,6 +93,12 @@ def main() -> None:
                     f"--max-parallel {p}, {mode}: {r['state']}, {r['steps_succeeded']} of {REPLICAS} steps, "
                     f"{r['seconds']} s (request to end {r['wall_seconds']} s), ideal {r['ideal_seconds']:g} s: "
                     f"{r['ratio']}×; load {r['load_before']} to {r['load_after']}",
+                    flush=True,
+                )
+                print(
+                    f"  CPU during the restart: the worker {r['worker_cpu_seconds']} s "
+                    f"({r['worker_cpu_share']} of one core), the agents and their engines "
+                    f"{r['fleet_cpu_seconds']} s, the machine {r['machine_busy_share']} busy",
                     flush=True,
                 )
                 print("  from the records (mean / median / max, s):", flush=True)
@@ -116,8 +126,9 @@ def main() -> None:
         )
 
 
-def restart_all(fleet, p: int, run: int, load_seconds: float, actor) -> dict:
-    """Make every replica stale, restart them all ``p`` at a time, and time it."""
+def restart_all(fleet, p: int, run: int, load_seconds: float, actor, worker_pid: int) -> dict:
+    """Make every replica stale, restart them all ``p`` at a time, and time it; with the CPU the
+    worker (all its threads) used meanwhile, and how busy the machine's cores were."""
     from base.actor import acting_as
     from bench.localfleet import made_stale
     from catalog.models import Profile
@@ -133,12 +144,19 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor) -> dict:
         # ready that long before its old replica stops): the ideal counts the engine's load only.
         op = restart_start(model_name="fanout", max_parallel=p, ready_timeout=120, settle_seconds=0)
     load_before = _load()
+    agents = [agent.process.pid for agent in fleet.agents.values()]
+    cpu_before, machine_before, clock_before = _cpu_seconds(worker_pid), _machine(), time.monotonic()
+    fleet_before = _tree_cpu(agents)
     while True:
         op = RestartOperation.objects.get(pk=op.pk)
         if op.state not in ("queued", "running"):
             break
         time.sleep(0.2)
     wall = time.monotonic() - asked
+    cpu = _cpu_seconds(worker_pid) - cpu_before
+    fleet_cpu = _tree_cpu(agents) - fleet_before
+    (busy_after, total_after), (busy_before, total_before) = _machine(), machine_before
+    measured = time.monotonic() - clock_before
     assert op.finished_at is not None and op.started_at is not None, op.state
     took = (op.finished_at - op.started_at).total_seconds()
     ideal = math.ceil(REPLICAS / p) * load_seconds
@@ -154,7 +172,47 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor) -> dict:
         "wall_seconds": round(wall, 1),
         "ideal_seconds": ideal,
         "ratio": round(took / ideal, 2),
+        # From the request's queueing to the end (the worker's pickup included): a share of one core.
+        "worker_cpu_seconds": round(cpu, 2),
+        "worker_cpu_share": round(cpu / measured, 2) if measured else None,
+        # The sixteen agents and the engines they ran (the stand-ins' interpreters, their probes).
+        "fleet_cpu_seconds": round(fleet_cpu, 2),
+        "machine_busy_share": round((busy_after - busy_before) / (total_after - total_before), 2)
+        if total_after > total_before
+        else None,
     }
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` (every thread), from /proc/<pid>/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu(parents: list[int]) -> float:
+    """CPU seconds of the ``parents`` with their children: their own, their children's that ended
+    (reaped: cutime, cstime), and their live children's (an engine's own)."""
+    total = 0.0
+    wanted = set(parents)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) in wanted or int(fields[1]) in wanted:  # the process, or its parent
+            total += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _machine() -> tuple[int, int]:
+    """The cores' busy and total jiffies so far (/proc/stat's first line; idle and iowait not busy)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(values) - values[3] - values[4], sum(values)
 
 
 def _load() -> str:

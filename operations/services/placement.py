@@ -98,16 +98,17 @@ def _free_port_on(nodes: list[Node], *, after: int | None, hosts: dict[int, str]
     return port if after is None else max(port, after + 1)
 
 
-def release_refusal(profile: Profile, node: Node) -> DomainError | None:
+def release_refusal(profile: Profile, node: Node, *, release: str | None = None) -> DomainError | None:
     """Why ``node`` cannot run ``profile``'s engine release: a floor of the release its agent's facts
     fail (``capability``, ``driver``, ``cuda``, ``arch``) or the release not installed there
     (``release_missing``); None when it can, or when its agent never reported (the restart's plan
-    says so). The one check the restart's plan (``planning.plan``) and its run share."""
+    says so). The one check the restart's plan (``planning.plan``) and its run share. ``release``:
+    the profile's (``release_of``), when the caller read it already (before a lock)."""
     try:
         eng = engine(profile.engine)
     except DomainError:
         return None
-    release = release_of(profile)
+    release = release_of(profile) if release is None else release
     capability = profile.gpu_class.compute_capability if profile.gpu_class is not None else ""
     return node_refusal(
         eng.name, release, floor_of(eng.floors, release), node_facts(node), capability=capability
@@ -211,21 +212,25 @@ def orphan_cards(node: Node) -> set[int]:
     return {int(i) for o in node.orphans or [] for i in o.get("cards") or [] if isinstance(i, int)}
 
 
-def replica_name(model: ServedModel, step: RestartStep | None = None) -> str:
+def replica_name(model: ServedModel, step: RestartStep | None = None, *, locked: bool = False) -> str:
     """The model's next replica name, counted per model: ``<model>-<n>``, n one more than the
     highest any of its replicas has (stopped ones included, so a name is never reused). Takes
-    the placement lock, so two steps of one model never pick the same n."""
-    lock_placement()
+    the placement lock (``locked``: the caller's transaction holds it already), so two steps of
+    one model never pick the same n.
+
+    The names read are every replica's that starts with ``<model>-``, another model's too (a model
+    named ``<model>-2`` has replicas ``<model>-2-<n>``; a replica named by hand may be
+    ``<model>-<n>``): n is above every number among them, so ``<model>-<n>`` is nobody's, with no
+    query to check it."""
+    if not locked:
+        lock_placement()
     prefix = f"{model.name}-"
-    highest = 0
-    for name in Replica.objects.filter(name__startswith=prefix).values_list("name", flat=True):
-        tail = name[len(prefix) :]
-        if tail.isdigit():
-            highest = max(highest, int(tail))
-    n = highest + 1
-    while Replica.objects.filter(name=f"{prefix}{n}").exists():  # another model named like ours
-        n += 1
-    return f"{prefix}{n}"
+    tails = [
+        int(tail)
+        for name in Replica.objects.filter(name__startswith=prefix).values_list("name", flat=True)
+        if (tail := name[len(prefix) :]).isdigit()
+    ]
+    return f"{prefix}{max(tails, default=0) + 1}"
 
 
 def in_place_cards(profile: Profile, old: Replica, node: Node) -> list[int] | str:

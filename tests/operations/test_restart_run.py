@@ -7,7 +7,12 @@ processes are tests/operations/test_worker.py's.
 
 from __future__ import annotations
 
+import threading
+import time
+from datetime import datetime
+
 import pytest
+from django.db import connection, transaction
 
 from audit.models import AuditEntry
 from audit.services import verify_chain
@@ -228,7 +233,8 @@ def test_the_next_step_starts_once_a_replacement_is_ready_while_its_old_replica_
 
         one, two = steps_of(op)
         assert (one.state, two.state) == ("succeeded", "succeeded")
-        ready = AuditEntry.objects.get(object_key=one.new_replica.name, action="ready").at
+        # Ready by its agent's word (the slot frees then, before the worker records it).
+        ready = datetime.fromisoformat(fleet.agents["gpu-a"].replica(one.new_replica.name)["ready_at"])
         stopped = AuditEntry.objects.get(object_key="llama-1", action="stop").at
         assert ready <= two.started_at < stopped <= one.finished_at
         assert (stopped - ready).total_seconds() >= 1.5  # the grace, then SIGKILL
@@ -237,6 +243,55 @@ def test_the_next_step_starts_once_a_replacement_is_ready_while_its_old_replica_
         assert sum(fleet.ready_on_agents().values()) == 2
         assert verify_chain() == []
         assert_nothing_half_done()
+
+
+def test_the_next_step_starts_once_the_agent_says_a_replacement_is_ready_before_that_is_recorded(
+    tmp_path, actor
+):
+    # One at a time, no settle time. Once llama-1's replacement is recorded loading, the test holds
+    # its row locked, so the write that records it ready waits. llama-2's step still starts: the
+    # slot is the replacement's load, which its agent said is over; the write need not come first.
+    with fleet_of(tmp_path) as fleet:
+        fleet.start("llama-1", "gpu-a", [0])
+        fleet.start("llama-2", "gpu-b", [0])
+        fleet.change_profile(args=["--max-num-seqs", "8"], env={"STANDIN_LOAD_SECONDS": "1.5"})
+        op = restart_start(model_name=MODEL, max_parallel=1, ready_timeout=30, settle_seconds=0)
+        one_id, two_id = [s.pk for s in steps_of(op)]
+        ended: list[str] = []
+
+        def run() -> None:
+            try:
+                ended.append(run_operation(op.pk))
+            finally:
+                connection.close()  # the thread's own
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        try:
+            new_id = _when(lambda: RestartStep.objects.get(pk=one_id).new_replica_id, within=30)
+            _when(lambda: Replica.objects.get(pk=new_id).state == "loading", within=30)
+            with transaction.atomic():
+                Replica.objects.select_for_update().get(pk=new_id)
+                started = _when(lambda: RestartStep.objects.get(pk=two_id).started_at, within=4)
+                assert Replica.objects.get(pk=new_id).state == "loading"  # its ready not recorded yet
+        finally:
+            runner.join(timeout=60)
+        assert started is not None, "the next step waited for the ready write"
+        assert ended == ["succeeded"]
+        one = RestartStep.objects.select_related("new_replica").get(pk=one_id)
+        assert one.new_replica.state == "ready"
+        assert AuditEntry.objects.filter(object_key=one.new_replica.name, action="ready").count() == 1
+        assert_nothing_half_done()
+
+
+def _when(value, *, within: float):
+    """``value()`` once it is truthy, asked every 50 ms for ``within`` s; its last answer otherwise."""
+    deadline = time.monotonic() + within
+    while True:
+        got = value()
+        if got or time.monotonic() >= deadline:
+            return got
+        time.sleep(0.05)
 
 
 def test_a_step_let_go_first_never_takes_cards_a_later_steps_old_replica_still_serves(tmp_path, actor):

@@ -134,8 +134,16 @@ class AgentConversation:
             self._silent_since.pop(node.name, None)
         return answer
 
-    def launch_and_wait(self, step: RestartStep, replica: Replica, spec: dict[str, Any]) -> None:
-        """PUT the spec (again: harmless) and wait until ready; StepFailed otherwise.
+    def launch_and_wait(
+        self,
+        step: RestartStep,
+        replica: Replica,
+        spec: dict[str, Any],
+        *,
+        ready: Callable[[], None] | None = None,
+    ) -> None:
+        """PUT the spec (again: harmless) and wait until ready; StepFailed otherwise. ``ready`` is
+        called the moment the agent says the replica is ready, before that is recorded.
 
         The agent is asked to answer when the replica's state changes (a long poll of at most
         LLMGW_AGENT_WAIT_SECONDS, and at most a heartbeat's interval so the lease stays fresh), so
@@ -150,7 +158,7 @@ class AgentConversation:
             self.records.set_step(
                 step, state=RestartStep.State.WAITING, reason=f"waiting for {replica.name} to be ready"
             )
-        self._until_ready(step, node, agent, replica, state)
+        self._until_ready(step, node, agent, replica, state, ready)
 
     def _start(
         self, step: RestartStep, node: Node, agent: AgentClient, replica: Replica, spec: dict[str, Any]
@@ -193,7 +201,13 @@ class AgentConversation:
                 time.sleep(min(AWAY_RETRY_SECONDS, settings.LLMGW_AGENT_ABSENT_SECONDS - waited))
 
     def _until_ready(
-        self, step: RestartStep, node: Node, agent: AgentClient, replica: Replica, state: dict[str, Any]
+        self,
+        step: RestartStep,
+        node: Node,
+        agent: AgentClient,
+        replica: Replica,
+        state: dict[str, Any],
+        ready: Callable[[], None] | None,
     ) -> None:
         """Follow the replica's state from ``state`` (the start's answer), each change recorded,
         until ready within the restart's ready_timeout; StepFailed otherwise."""
@@ -204,6 +218,8 @@ class AgentConversation:
         while True:
             self.lease.tick()
             now_state = state.get("state")
+            if now_state == "ready" and ready is not None:
+                ready()
             if now_state in Replica.LIVE_STATES and now_state != recorded:
                 self.records.replica_change(
                     replica.pk,

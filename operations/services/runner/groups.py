@@ -17,6 +17,7 @@ so it is not left to finish as a one-node replacement is.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -322,13 +323,20 @@ def stop_every_rank(
 
 
 def launch_and_settle(
-    agents: AgentConversation, step: RestartStep, replica: Replica, spec: dict[str, Any]
+    agents: AgentConversation,
+    step: RestartStep,
+    replica: Replica,
+    spec: dict[str, Any],
+    *,
+    ready: Callable[[], None] | None = None,
 ) -> None:
     """Start the step's replacement, wait until it is ready, and watch it settle: every rank of a
-    replacement across nodes (``step.ranks``), else the one replica as ever."""
+    replacement across nodes (``step.ranks``), else the one replica as ever. ``ready``: called
+    once a one-node replacement with no settle time is ready by its agent's word, before the
+    write that records it (the run's next step need not wait for that write)."""
     if step.ranks:
         launch_group(agents, step, replica)
         settle_group(agents, step, replica)
         return
-    agents.launch_and_wait(step, replica, spec)
+    agents.launch_and_wait(step, replica, spec, ready=ready if agents.op.settle_seconds <= 0 else None)
     settle(agents, step, replica)

@@ -207,17 +207,18 @@ class Records:
         port: int,
         said: Callable[[str, int], str],
         reason: Callable[[str], str],
+        locked: bool = False,
         **fields: Any,
     ) -> Replica:
         """In the caller's transaction, record the step's replacement on ``cards`` and ``port``
         of ``node`` (rolling beside the old replica, or in place on its cards), with the spec it
         is to be sent, audited with ``said(name, port)``; the step is set starting there, with
-        ``reason(name)`` and ``fields``."""
+        ``reason(name)`` and ``fields``. ``locked``: the transaction holds the placement lock."""
         spec = replica_spec(
             profile, port=port, cards=[c.index for c in cards], ready_timeout=self.agent_timeout()
         )
         new = Replica.objects.create(
-            name=replica_name(profile.model, step),
+            name=replica_name(profile.model, step, locked=locked),
             profile=profile,
             port=port,
             state=Replica.State.STARTING,

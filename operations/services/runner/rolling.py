@@ -5,12 +5,14 @@ replacement that fails is stopped, and the old replica keeps serving."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from catalog.models import Card, Node, Profile, Replica
+from catalog.selectors import release_of
 from operations.models import RestartStep
 from operations.services.placement import (
     best_fit,
@@ -42,20 +44,24 @@ def place_beside(
     ``planned`` node and cards when given, else the best fit; False when
     there is no room (or the planned cards are no longer free)."""
     records = run.records
+    locked_at: list[float] = []  # when the placement lock was taken: how long it was held, timed
 
     @transaction.atomic
     def write() -> bool:
         records.hold()
         # What no placement changes is read before the placement lock, which every step's
-        # placement waits for in turn: the profile, the cards a foreign process holds (the
-        # sampler's, not a placement's), the nodes' hosts. Whether the cards are still free, and
-        # the port, after.
+        # placement waits for in turn (each query under it is a round trip every other step
+        # waits for): the profile, its release, the cards a foreign process holds (the sampler's,
+        # not a placement's), the nodes' hosts. Whether the cards are still free, the port and the
+        # name, after.
         profile = Profile.objects.select_related("model", "gpu_class").get(pk=records.op.profile_id)
         foreign = foreign_held_card_ids() if planned is not None else None
+        release = release_of(profile) if planned is not None else None
         hosts = node_hosts()
         records.lock_placement()
+        locked_at.append(time.monotonic())
         fit = (
-            _planned_cards(profile, *planned, foreign=foreign or set())
+            _planned_cards(profile, *planned, foreign=foreign or set(), release=release)
             if planned is not None
             else best_fit(profile, replacing=step.old_replica)
         )
@@ -77,21 +83,27 @@ def place_beside(
             started_at=timezone.now(),
             old_spec=old_spec,
             in_place=False,
+            locked=True,
         )
         return True
 
     with records.clock.timed("write: placing a replacement (transaction)"):
         placed = write()
+    if locked_at:  # every other placement waited this long: the lock is held to the commit
+        records.clock.add(
+            "hold: the placement lock (a rolling placement, to its commit)", time.monotonic() - locked_at[0]
+        )
     if placed:
         records.clock.mark(step.pk, "placed")
     return placed
 
 
 def _planned_cards(
-    profile: Profile, node_name: str, indices: list[int], *, foreign: set[int]
+    profile: Profile, node_name: str, indices: list[int], *, foreign: set[int], release: str | None = None
 ) -> tuple[Node, list[Card]] | None:
     """The cards the restart's plan gave the step, when they are still free on a ready node (and
-    are as many as the profile takes, none in ``foreign``: held by a foreign process); None otherwise."""
+    are as many as the profile takes, none in ``foreign``: held by a foreign process, and the node
+    able to run ``release``, the profile's); None otherwise."""
     cards = list(
         Card.objects.filter(
             node__name=node_name,
@@ -108,7 +120,7 @@ def _planned_cards(
     )
     if len(cards) != len(indices) or len(cards) != profile.cards:
         return None
-    if release_refusal(profile, cards[0].node) is not None:
+    if release_refusal(profile, cards[0].node, release=release) is not None:
         return None  # the node's agent since reported facts the release's floors refuse
     if orphan_cards(cards[0].node) & set(indices):
         return None  # an orphan engine runs there: the best fit stands in
@@ -119,7 +131,9 @@ def roll(run: RunParts, step: RestartStep, *, tries: int = 1) -> str:
     """Start the recorded replacement, wait until it is ready and settled, then stop the old replica."""
     new, spec = replacement(step)
     try:
-        launch_and_settle(run.agents, step, new, spec)
+        # The slot is free once the agent says the replacement is ready (with no settle time), not
+        # once that is written: the next step's placement overlaps this step's write.
+        launch_and_settle(run.agents, step, new, spec, ready=lambda: run.slot_free(step))
     except StepFailed as exc:
         if exc.node_down and tries < PLACE_TRIES and _place_elsewhere(run, step, exc):
             return roll(run, step, tries=tries + 1)

@@ -1,0 +1,72 @@
+"""A rolling step's placement holds the placement lock, which every other step's placement waits
+for, only for what the lock guards: the planned cards still free, the port, the name, and the rows
+and audit entry that record them. Under load each query is a round trip the other steps wait for
+(docs/benchmarks.md, "The restart fan-out"), so what does not need the lock is read before it.
+
+No agent is needed: the step is placed, not run.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from catalog.models import Profile, Replica, Shard
+from operations.services.lease import Lease, claim
+from operations.services.placement import replica_name
+from operations.services.runner import OperationRun
+from operations.services.runner.rolling import place_beside
+from operations.services.start import restart_start
+from tests.support import builders as b
+
+pytestmark = pytest.mark.django_db
+
+PLACEMENT_LOCK = "pg_advisory_xact_lock(1819046512)"
+
+
+def _placed_step(actor):
+    """A claimed rolling restart of one replica, with the plan's place for its replacement."""
+    gpu = b.node("gpu-1", cards=4)
+    profile = b.profile(b.llama_8b("llama"), "h100")
+    b.replica(profile, gpu, [0], name="llama-1", port=8001)
+    Profile.objects.filter(pk=profile.pk).update(revision=2)
+    op = restart_start(model_name="llama", max_parallel=1, settle_seconds=0)
+    held = claim(op.pk, "w1")
+    assert held is not None
+    run = OperationRun(held, Lease(op.pk, "w1", epoch=held.attempts), actor)
+    step = run.records.step(op.steps.get().pk)
+    assert step.planned_node == "gpu-1" and step.planned_cards
+    return run, step
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite takes no placement lock")
+def test_a_rolling_placement_runs_eleven_queries_under_the_placement_lock(actor):
+    run, step = _placed_step(actor)
+    with CaptureQueriesContext(connection) as seen:
+        assert place_beside(run.parts, step, None, planned=(step.planned_node, list(step.planned_cards)))
+    sql = [q["sql"] for q in seen.captured_queries]
+    locked = sql[[i for i, q in enumerate(sql) if PLACEMENT_LOCK in q][0] :]
+    # The lock; the planned cards still free; the port; the replica names of the model; the
+    # replica and its shard; the audit chain's lock, its last hash and the entry; the step; and the
+    # transaction's end (a savepoint's here). The profile's release, a second take of the lock
+    # (the name's) and a query to check the name no one's were under it before: 14.
+    assert len(locked) == 11, "\n".join(locked)
+    assert sum(PLACEMENT_LOCK in q for q in sql) == 1
+    new = Replica.objects.get(pk=step.new_replica_id)
+    assert new.name == "llama-2"
+    assert list(Shard.objects.filter(replica=new).values_list("card__index", flat=True)) == step.planned_cards
+
+
+def test_the_next_name_is_above_every_number_any_replica_named_like_the_model_has(actor):
+    gpu = b.node("gpu-1", cards=8)
+    llama = b.llama_8b("llama")
+    profile = b.profile(llama, "h100")
+    b.replica(profile, gpu, [0], name="llama-3", port=8001)
+    # Another model's replica named like one of ours, and a model whose name starts like ours.
+    b.replica(b.profile(b.llama_8b("other"), "h100"), gpu, [1], name="llama-7", port=8002)
+    b.replica(b.profile(b.llama_8b("llama-2"), "h100"), gpu, [2], name="llama-2-9", port=8003)
+    from django.db import transaction
+
+    with transaction.atomic():
+        assert replica_name(llama) == "llama-8"
