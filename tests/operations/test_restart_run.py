@@ -245,6 +245,7 @@ def test_the_next_step_starts_once_a_replacement_is_ready_while_its_old_replica_
         assert_nothing_half_done()
 
 
+@pytest.mark.postgres  # a row held locked beside the runner's writes: SQLite locks the whole database
 def test_the_next_step_starts_once_the_agent_says_a_replacement_is_ready_before_that_is_recorded(
     tmp_path, actor
 ):
