@@ -359,6 +359,7 @@ def main() -> None:
         "requests": args.requests,
         "concurrency": args.concurrency,
         "writes": args.writes,
+        "sampler": args.sampler,
         "load_at_start": round(os.getloadavg()[0], 1),
     }
     port = free_port()
@@ -389,7 +390,7 @@ def _phase(
     requests asked as its role, the load average read beside each: bursts of ``requests`` at
     ``concurrency`` (warm, sampler), or ``writes`` times a write then one request (replica, structure)."""
     samples = {x.label: Samples() for x in chosen}
-    sampler = SamplerWrites(args.nodes) if phase == "sampler" else None
+    sampler = SamplerWrites(args.nodes, batched=args.sampler == "batched") if phase == "sampler" else None
     if sampler is not None:
         sampler.start()
     rng = random.Random(1)
@@ -433,6 +434,14 @@ def _arguments() -> argparse.Namespace:
         "--requests", type=int, default=20, help="requests per target per round (warm, sampler)"
     )
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--sampler",
+        choices=("batched", "per-node"),
+        default="batched",
+        help="the sampler phase's writes: as the worker's sampler writes them, a batch of "
+        "LLMGW_TELEMETRY_BATCH nodes a transaction once an interval (default), or one node a "
+        "transaction spread over the interval (the sampler before its batching; the harsher load)",
+    )
     parser.add_argument(
         "--writes", type=int, default=4, help="writes, each then a request, per target per round"
     )
@@ -543,7 +552,7 @@ def table(results: dict[str, list[dict]], meta: dict) -> str:
         f"{meta.get('load_at_end', '?')} at the end",
         f"{meta['rounds']} rounds; warm and sampler: {meta['requests']} requests a target a round, "
         f"{meta['concurrency']} at once; after a write: {meta['writes']} writes a target a round, each then "
-        "one request",
+        f"one request; the sampler's writes: {meta.get('sampler', 'per-node')}",
         "",
         "| page or endpoint | role | queries cold / warm | bytes | "
         + " | ".join(PHASES[p].split(":")[0].split(" (")[0] for p in phases)
