@@ -129,59 +129,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, unknown
 
 
-MEMORY_KEYS = (
-    "weights",
-    "non_torch",
-    "activation",
-    "kv_cache",
-    "cuda_graph",
-    "total",
-    "fraction",
-    "context",
-    "sequences",
-)
-
-
-def memory_figures(text: str) -> dict[str, float]:
-    """STANDIN_MEMORY's "key=value,..." pairs; a wrong one is said and left out."""
-    figures: dict[str, float] = {}
-    for part in text.split(","):
-        key, _, value = part.strip().partition("=")
-        if not key:
-            continue
-        try:
-            if key not in MEMORY_KEYS:
-                raise ValueError(key)
-            figures[key] = float(value)
-        except ValueError:
-            log(f"STANDIN_MEMORY: ignoring {part.strip()!r} (keys: {', '.join(MEMORY_KEYS)})")
-    return figures
-
-
-def log_memory(figures: dict[str, float]) -> None:
-    """vLLM's start-up memory lines, as its V0 worker prints them."""
-    f = {k: figures.get(k, 0.0) for k in MEMORY_KEYS}
-    log(f"INFO model_runner.py:1115] Loading model weights took {f['weights']:.4f} GB")
-    if "total" in figures:
-        fraction = figures.get("fraction", 0.9)
-        log(
-            f"INFO worker.py:267] the current vLLM instance can use total_gpu_memory ({f['total']:.2f}GiB) "
-            f"x gpu_memory_utilization ({fraction:.2f}) = {f['total'] * fraction:.2f}GiB"
-        )
-    log(
-        f"INFO worker.py:267] model weights take {f['weights']:.2f}GiB; non_torch_memory takes "
-        f"{f['non_torch']:.2f}GiB; PyTorch activation peak memory takes {f['activation']:.2f}GiB; "
-        f"the rest of the memory reserved for KV Cache is {f['kv_cache']:.2f}GiB."
-    )
-    if "context" in figures:
-        log(
-            f"INFO executor_base.py:116] Maximum concurrency for {int(f['context'])} tokens per request: "
-            f"{f['sequences']:.2f}x"
-        )
-    if "cuda_graph" in figures:
-        log(f"INFO model_runner.py:1570] Graph capturing finished in 1 secs, took {f['cuda_graph']:.2f} GiB")
-
-
 def process_started() -> float:
     """When this process started, on ``time.monotonic``'s clock: its start time since boot
     (/proc/self/stat, in clock ticks) against CLOCK_BOOTTIME; now where /proc is not there."""
@@ -584,7 +531,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{token[half:]} (its end)")
     memory = os.environ.get("STANDIN_MEMORY", "").strip()
     if memory:
-        log_memory(memory_figures(memory))
+        import standin_memory  # beside this file
+
+        for line in standin_memory.given_lines(memory):
+            log(line)
         held = hold_card_memory(unknown)
     else:
         held = play_startup(args, unknown)

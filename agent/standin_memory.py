@@ -360,3 +360,68 @@ def _needs(args: list[str], cards: list[tuple[int, float, str]], facts: dict[str
     kv = context * float(facts.get("kv_bytes_per_token") or 0) / GIB
     held = dense + kv + 1.0 + CONTEXT_GIB
     return Startup(held_mib={index: round(min(held, total) * 1024) for index, total, _ in cards})
+
+
+# STANDIN_MEMORY: figures given whole, printed as vLLM's V0 worker printed them (0.6 to 0.8).
+MEMORY_KEYS = (
+    "weights",
+    "non_torch",
+    "activation",
+    "kv_cache",
+    "cuda_graph",
+    "total",
+    "fraction",
+    "context",
+    "sequences",
+)
+
+
+def given_lines(text: str) -> list[str]:
+    """The lines STANDIN_MEMORY's "key=value,..." figures make (``given_figures``, ``v0_lines``): a
+    wrong pair is said first and left out."""
+    said: list[str] = []
+    figures = given_figures(text, said)
+    return said + v0_lines(figures)
+
+
+def given_figures(text: str, said: list[str]) -> dict[str, float]:
+    """STANDIN_MEMORY's "key=value,..." pairs; a wrong one is said (in ``said``) and left out."""
+    figures: dict[str, float] = {}
+    for part in text.split(","):
+        key, _, value = part.strip().partition("=")
+        if not key:
+            continue
+        try:
+            if key not in MEMORY_KEYS:
+                raise ValueError(key)
+            figures[key] = float(value)
+        except ValueError:
+            said.append(f"STANDIN_MEMORY: ignoring {part.strip()!r} (keys: {', '.join(MEMORY_KEYS)})")
+    return figures
+
+
+def v0_lines(figures: dict[str, float]) -> list[str]:
+    """vLLM's start-up memory lines, as its V0 worker prints them."""
+    f = {k: figures.get(k, 0.0) for k in MEMORY_KEYS}
+    lines = [f"INFO model_runner.py:1115] Loading model weights took {f['weights']:.4f} GB"]
+    if "total" in figures:
+        fraction = figures.get("fraction", 0.9)
+        lines.append(
+            f"INFO worker.py:267] the current vLLM instance can use total_gpu_memory ({f['total']:.2f}GiB) "
+            f"x gpu_memory_utilization ({fraction:.2f}) = {f['total'] * fraction:.2f}GiB"
+        )
+    lines.append(
+        f"INFO worker.py:267] model weights take {f['weights']:.2f}GiB; non_torch_memory takes "
+        f"{f['non_torch']:.2f}GiB; PyTorch activation peak memory takes {f['activation']:.2f}GiB; "
+        f"the rest of the memory reserved for KV Cache is {f['kv_cache']:.2f}GiB."
+    )
+    if "context" in figures:
+        lines.append(
+            f"INFO executor_base.py:116] Maximum concurrency for {int(f['context'])} tokens per request: "
+            f"{f['sequences']:.2f}x"
+        )
+    if "cuda_graph" in figures:
+        lines.append(
+            f"INFO model_runner.py:1570] Graph capturing finished in 1 secs, took {f['cuda_graph']:.2f} GiB"
+        )
+    return lines

@@ -42,7 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.page_writes import WRITES, SamplerWrites  # noqa: E402 (after the path)
+from bench.page_report import PHASES, in_process_table, machine, pct, table  # noqa: E402 (after the path)
+from bench.page_writes import WRITES, SamplerWrites  # noqa: E402
 
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/llmgw_bench"
 SECRET = "bench-only-secret-key-not-for-any-deployment-0123456789abcdef"
@@ -311,31 +312,6 @@ def in_process(target: Target, username: str, *, runs: int) -> dict[str, float]:
     return out
 
 
-def in_process_table(rows: dict[str, dict[str, float]]) -> str:
-    lines = [
-        "| request | cold | of which in the database | queries | warm | of which in the database | queries |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for label, r in rows.items():
-        lines.append(
-            f"| {label} | {r['cold_ms']} ms | {r['cold_db_ms']} ms | {r['cold_queries']:g} | {r['warm_ms']} ms | "
-            f"{r['warm_db_ms']} ms | {r['warm_queries']:g} |"
-        )
-    return "\n".join(lines)
-
-
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
-
-
-PHASES = {
-    "warm": "warm: nothing written while reading",
-    "replica": "right after a replica's state changes (one write, then one request)",
-    "structure": "right after a model is edited (one write, then one request)",
-    "sampler": "while the sampler's writes run at the default rate",
-}
-
-
 def main() -> None:
     args = _arguments()
     env = _setup(args)
@@ -353,7 +329,7 @@ def main() -> None:
         raise SystemExit(f"no such phase {unknown}: the phases are {', '.join(PHASES)}")
     meta = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": _machine(),
+        "machine": machine(),
         "fleet": f"{args.nodes} nodes × 8 cards, {args.models} models, {args.audit:,} audit entries",
         "rounds": args.rounds,
         "requests": args.requests,
@@ -511,7 +487,7 @@ def _in_process_report(chosen: list[Target], *, runs: int, out: Path) -> None:
     measured = {x.label: in_process(x, ROLE_USERS[x.role], runs=runs) for x in chosen}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(measured, indent=2))
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_machine()}")
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {machine()}")
     print(in_process_table(measured))
 
 
@@ -541,46 +517,6 @@ def _rows(
             }
         )
     return rows
-
-
-def table(results: dict[str, list[dict]], meta: dict) -> str:
-    """One table: a row per target, a column per phase: p50 ms, × the floor's p50 in the same phase
-    (bold within 3×), and the load average (1 minute) while it was measured."""
-    phases = list(results)
-    lines = [
-        f"{meta['when']}, {meta['machine']}; {meta['fleet']}; load {meta['load_at_start']} at the start, "
-        f"{meta.get('load_at_end', '?')} at the end",
-        f"{meta['rounds']} rounds; warm and sampler: {meta['requests']} requests a target a round, "
-        f"{meta['concurrency']} at once; after a write: {meta['writes']} writes a target a round, each then "
-        f"one request; the sampler's writes: {meta.get('sampler', 'per-node')}",
-        "",
-        "| page or endpoint | role | queries cold / warm | bytes | "
-        + " | ".join(PHASES[p].split(":")[0].split(" (")[0] for p in phases)
-        + " |",
-        "|---|---|---:|---:|" + "---:|" * len(phases),
-    ]
-    for i, first in enumerate(results[phases[0]]):
-        cells = []
-        for p in phases:
-            r = results[p][i]
-            ratio = f"**{r['ratio']}**" if r["ratio"] <= 3 else f"{r['ratio']}"
-            err = f", {r['errors']} errors" if r["errors"] else ""
-            cells.append(f"{r['p50_ms']} ms · {ratio}× · load {r['load']}{err}")
-        lines.append(
-            f"| {first['target']} | {first['role']} | {first['queries']} / {first['warm_queries']} | "
-            f"{first['bytes']:,} | " + " | ".join(cells) + " |"
-        )
-    return "\n".join(lines)
-
-
-def _machine() -> str:
-    cores = os.cpu_count()
-    try:
-        meminfo = Path("/proc/meminfo").read_text().splitlines()
-        mem = int(next(x for x in meminfo if x.startswith("MemTotal")).split()[1]) // 2**20
-    except (OSError, StopIteration):
-        mem = 0
-    return f"{cores} cores, {mem} GiB"
 
 
 def _create_database(url: str, *, anew: bool = False) -> None:

@@ -15,34 +15,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from planning.args import flag_name, get_where, is_flag, parse_int
+from planning.computebuffer import compute_buffer_term
+from planning.engineargs import arg_value, flag_given, float_value, int_value
 from planning.enginememory import EngineMemory
-from planning.engines import Engine, spelling_of
+from planning.engines import Engine
 from planning.types import CardMemory, Shape, Term
-from planning.units import GIB, ceil_div, gib
+from planning.units import FP32, GIB, ceil_div, gib
 
-FP32 = 4
 MODEL_DTYPE = 2  # activations are in the serving dtype, 16 bits for every engine here
 MIB = 2**20
-
-
-def _value(eng: Engine, args: Sequence[str], flag: str | None) -> str | None:
-    if not flag:
-        return None
-    return get_where(args, lambda name: spelling_of(eng, name, (flag,)) is not None)
-
-
-def _float_value(eng: Engine, args: Sequence[str], flag: str | None) -> float | None:
-    text = _value(eng, args, flag)
-    try:
-        return float(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-def _int_value(eng: Engine, args: Sequence[str], flag: str | None) -> int | None:
-    value = parse_int(_value(eng, args, flag))
-    return value if value is not None and value > 0 else None
 
 
 def _large(mem: EngineMemory, total: int | None, class_name: str) -> bool:
@@ -56,7 +37,7 @@ def _large(mem: EngineMemory, total: int | None, class_name: str) -> bool:
 def batch_tokens(eng: Engine, args: Sequence[str], total: int | None, class_name: str = "") -> int:
     """The engine's batch-token limit: its flag, else its default for the card."""
     mem = eng.memory
-    given = _int_value(eng, args, mem.batch_tokens_flag)
+    given = int_value(eng, args, mem.batch_tokens_flag)
     if given:
         return given
     if mem.batch_tokens_default_large and _large(mem, total, class_name):
@@ -66,7 +47,7 @@ def batch_tokens(eng: Engine, args: Sequence[str], total: int | None, class_name
 
 def max_seqs(eng: Engine, args: Sequence[str], total: int | None, class_name: str = "") -> int:
     mem = eng.memory
-    given = _int_value(eng, args, mem.max_seqs_flag)
+    given = int_value(eng, args, mem.max_seqs_flag)
     if given:
         return given
     if mem.max_seqs_default_large and _large(mem, total, class_name):
@@ -84,7 +65,7 @@ def kv_dtype_factor(eng: Engine, args: Sequence[str]) -> float:
     auto = mem.kv_dtype_bytes.get("auto", 2.0)
     parts = []
     for flag in mem.kv_dtype_flags:
-        value = _value(eng, args, flag)
+        value = arg_value(eng, args, flag)
         parts.append(mem.kv_dtype_bytes.get(value, auto) if value is not None else auto)
     return sum(parts) / len(parts) / 2.0
 
@@ -149,7 +130,7 @@ def kv_per_card(
     per_token = shape.kv_bytes_per_token
     if per_token is None:
         return None
-    block = _int_value(eng, args, eng.memory.kv_block_flag) or eng.memory.kv_block
+    block = int_value(eng, args, eng.memory.kv_block_flag) or eng.memory.kv_block
     mem = replace(eng.memory, kv_block=block)
     factor = kv_dtype_factor(eng, args)
     full_tokens = ceil_div(context, block) * block
@@ -246,10 +227,10 @@ def engine_budget(
     rule = mem.budget_rule
     source = mem.sources.get("budget", "")
     outside = None
-    fit = next((v for v in (_value(eng, args, f) for f in mem.fit_flags) if v is not None), None)
+    fit = next((v for v in (arg_value(eng, args, f) for f in mem.fit_flags) if v is not None), None)
     if rule == "none" and total and fit is not None and fit.lower() in ("on", "1", "true"):
         # llama.cpp --fit on: it fits its layers and buffers to the card, leaving the target free.
-        margin = _float_value(eng, args, mem.fit_target_flag)
+        margin = float_value(eng, args, mem.fit_target_flag)
         margin_mib = margin if margin is not None and margin >= 0 else mem.fit_target_default_mib
         own = total - round(margin_mib * MIB)
         how = f"{gib(total, 2)} GiB less {mem.fit_target_flag} {margin_mib:g} MiB ({mem.fit_flags[0]} {fit})"
@@ -260,8 +241,8 @@ def engine_budget(
     if rule == "none" or not total:
         how = "the class's usable memory"
         return usable, how, None
-    given = _float_value(eng, args, mem.budget_flag)
-    pool = _int_value(eng, args, mem.kv_pool_flag)
+    given = float_value(eng, args, mem.budget_flag)
+    pool = int_value(eng, args, mem.kv_pool_flag)
     if rule == "fraction" and pool is not None:
         # The engine sizes its KV cache from the flag and ignores the fraction.
         own = held + pool
@@ -437,60 +418,13 @@ def overhead_terms(
     return terms
 
 
-FLASH_ATTN_OFF = ("off", "0", "false", "disabled")
-
-
-def compute_buffer_term(
-    eng: Engine, shape: Shape, *, args: Sequence[str] = (), context: int | None = None
-) -> Term:
-    """llama.cpp's compute buffer on a card: the graph it reserves for one ubatch of ``batch_tokens``
-    tokens (at most the context; ubatch_flags, else batch_tokens_default), every token an output, as the larger of its output phase (the fp32
-    logits of the vocabulary beside the last layer's live tensors) and its layer phase (the FFN's
-    intermediate tensors and the attention mask over the KV cells; with flash attention off, the
-    KQ scores of every head). Coefficients: engines.toml [llamacpp.memory] compute_buffer. With the
-    vocabulary or hidden size unknown, the flat runtime figure."""
-    mem = eng.memory
-    c = mem.compute_buffer
-    source = mem.sources.get("activation", "")
-    vocab, hidden, ffn = shape.vocab_size or 0, shape.hidden_size or 0, shape.intermediate_size or 0
-    if not (vocab and hidden):
-        return Term(
-            "activation",
-            round(mem.runtime_gib * GIB),
-            f"compute buffer: model size unknown (vocabulary, hidden size), the flat {mem.runtime_gib:g} GiB",
-            source,
-        )
-    cells = ceil_div(context, mem.kv_block) * mem.kv_block if context else 0
-    given = next((v for v in (_int_value(eng, args, f) for f in mem.ubatch_flags) if v), None)
-    ubatch = given or mem.batch_tokens_default
-    ubatch = min(ubatch, cells) if cells else ubatch
-    outputs = ubatch * c.get("logits_outputs", 1.0)
-    out = FP32 * (
-        outputs * vocab + ubatch * (c.get("hidden_out", 0.0) * hidden + c.get("ffn_out", 0.0) * ffn)
-    )
-    layer = FP32 * ubatch * (c.get("ffn_layer", 0.0) * ffn + c.get("hidden_layer", 0.0) * hidden)
-    layer += ubatch * cells * c.get("mask_bytes", 0.0)
-    flash = next((v for v in (_value(eng, args, f) for f in mem.flash_attn_flags) if v is not None), None)
-    flash_off = flash is not None and flash.lower() in FLASH_ATTN_OFF
-    heads = shape.attention_heads or 0
-    if flash_off:
-        layer += ubatch * cells * heads * c.get("kq_bytes", 0.0)
-    if out >= layer:
-        how = f"compute buffer, output phase: {outputs:g} outputs x {vocab} vocabulary fp32 logits beside the last layer's tensors ({ubatch}-token ubatch)"
-    else:
-        how = f"compute buffer, layer phase: {ubatch}-token ubatch over {cells} KV cells" + (
-            f", {heads} heads' attention scores (flash attention off)" if flash_off else ""
-        )
-    return Term("activation", math.ceil(max(out, layer)), how, source)
-
-
 def _graph_term(eng: Engine, shape: Shape, n: int, args: Sequence[str]) -> Term | None:
     """The captured CUDA graphs: a flat figure, a share of the card's weights and a figure a layer
     (engines.toml cuda_graph_*); None when the engine has no such term or an eager flag is given."""
     mem = eng.memory
     if not (mem.cuda_graph_gib or mem.cuda_graph_per_weight or mem.cuda_graph_per_layer):
         return None
-    if any(_flag_given(eng, args, f) for f in mem.eager_flags):
+    if any(flag_given(eng, args, f) for f in mem.eager_flags):
         return None
     weights = weights_per_card(eng, shape, n) or 0
     layers = shape.layers or 0
@@ -513,10 +447,6 @@ def _graph_term(eng: Engine, shape: Shape, n: int, args: Sequence[str]) -> Term 
         mem.sources["cuda_graph"],
         inside=mem.cuda_graph_inside,
     )
-
-
-def _flag_given(eng: Engine, args: Sequence[str], flag: str) -> bool:
-    return any(is_flag(t) and spelling_of(eng, flag_name(t), (flag,)) is not None for t in args)
 
 
 def card_memory(

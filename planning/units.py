@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 GIB = 2**30
+FP32 = 4  # bytes of a float32: logits and activations held at full precision
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from planning.computebuffer import compute_buffer_term
 from planning.engines import engine, terms_for
-from planning.memory import card_memory, compute_buffer_term
+from planning.memory import card_memory
 from planning.types import Shape
 from tests.planning.calibration import NOT_HELD, POINTS, table
 from tests.planning.calibration_llamacpp import GLM_Z1_32B, LLAMA_3_2_3B, LLAMACPP, PHI_3_MINI, QWEN3_4B
