@@ -23,7 +23,7 @@ def _flip_replica() -> None:
 
 
 def _edit_model() -> None:
-    """One model's source edited: raises the structure's version and nothing else."""
+    """One model's source edited: raises the models' version (versions/triggers.py) and nothing else."""
     from catalog.models import ServedModel
 
     model = ServedModel.objects.get(name="gen-model-003")

@@ -23,7 +23,7 @@ from django.core.cache import caches
 from django.db import connection
 
 from versions.models import Version
-from versions.triggers import ORDER
+from versions.triggers import ALIASES, ORDER
 
 T = TypeVar("T")
 ALIAS = "answers"
@@ -49,14 +49,21 @@ def usable() -> bool:
     return not connection.in_atomic_block
 
 
+def areas_meant(areas: Iterable[str]) -> tuple[str, ...]:
+    """The areas named, each alias (``ALIASES``: ``structure``) given as the areas it stands for."""
+    return tuple(sorted({a for named in areas for a in ALIASES.get(named, (named,))}))
+
+
 def key_of(name: str, areas: Iterable[str], parts: Iterable[Any], *, request: Any = None) -> str:
-    areas = tuple(areas)
+    areas = areas_meant(areas)
     unknown = sorted(set(areas) - set(ORDER))
     if unknown:
         # A counter nobody raises would keep the answer forever: a name from before the split, or a typo.
-        raise ValueError(f"{name}: no such version area {unknown}; the areas are {list(ORDER)}")
+        raise ValueError(
+            f"{name}: no such version area {unknown}; the areas are {list(ORDER)} (or {sorted(ALIASES)})"
+        )
     versions = versions_of(request)
-    stamp = ",".join(f"{a}={versions.get(a, 'none')}" for a in sorted(areas))
+    stamp = ",".join(f"{a}={versions.get(a, 'none')}" for a in areas)
     digest = hashlib.sha256(repr(tuple(parts)).encode()).hexdigest()[:32]
     return f"{name}:{stamp}:{digest}"
 

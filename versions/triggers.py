@@ -1,8 +1,8 @@
 """The database raises an area's version in every transaction that writes one of its tables.
 
-The areas (``ORDER``, ``AREAS``, ``BY_MODEL``): the fleet's ``structure`` (the catalog's classes,
-nodes, cards, models, profiles), its ``placement`` (the cards replicas hold), its ``replicas``
-(their states), the
+The areas (``ORDER``, ``AREAS``, ``BY_MODEL``): the ``fleet`` (the catalog's GPU classes, nodes and
+cards), the ``models`` (models, profiles, the engines' default releases), the ``placement`` (the
+cards replicas hold), the ``replicas`` (their states), the
 ``operations`` (restarts, their steps, each agent's contact), the ``readings`` (telemetry's
 readings and samples) and the ``audit`` log (its entries: the history panels). A cached answer is kept under the versions of the areas it
 reads (``versions/cache.py``); a write to any of their tables, by the services or by raw SQL
@@ -57,26 +57,45 @@ from typing import Any
 # The areas, in the order counters are taken at commit (PostgreSQL), and which tables raise each.
 # What changes often is kept apart from what changes rarely, so that a write throws away only the
 # kept answers that show what it wrote:
-#   structure   the catalog's shape: GPU classes, nodes, cards, models, profiles (an operator's edits;
-#               a node's state and its agent's reachability, which change when a node does)
+#   fleet       the hardware: GPU classes, nodes, cards (an editor's edits; a node's state, its agent's
+#               reachability and facts, which change when a node does)
+#   models      what is served: models, profiles, the engines' default releases (an editor's edits,
+#               a resize, a context change, an upgrade)
 #   placement   which cards each replica holds (shards: written when a replica starts, moves or ends)
 #   replicas    replicas: their states (they change every few seconds in a restart)
 #   operations  restarts, their steps, each agent's last contact (the reconciler's every pass)
 #   readings    telemetry: node and card readings and samples (the sampler's every round)
 #   audit       the log's entries (the history panels)
 #   access      users, groups and their permissions (each signed-in user's permissions, kept)
-STRUCTURE, REPLICAS, OPERATIONS, READINGS, AUDIT = "structure", "replicas", "operations", "readings", "audit"
+FLEET, MODELS, REPLICAS, OPERATIONS, READINGS, AUDIT = (
+    "fleet",
+    "models",
+    "replicas",
+    "operations",
+    "readings",
+    "audit",
+)
 PLACEMENT, ACCESS = "placement", "access"
-ORDER = (STRUCTURE, PLACEMENT, REPLICAS, OPERATIONS, READINGS, AUDIT, ACCESS)
+ORDER = (FLEET, MODELS, PLACEMENT, REPLICAS, OPERATIONS, READINGS, AUDIT, ACCESS)
+# A name for several areas at once, which a kept answer may give in their place: the catalog's
+# ``structure`` is its fleet and its models (one area until the nodes pages and the dry runs needed
+# a model's edit not to throw away what shows only the hardware, and the reverse).
+ALIASES = {"structure": (FLEET, MODELS)}
 # Each app whose tables count, and the area its tables raise unless ``BY_MODEL`` says otherwise.
 AREAS = {
-    "catalog": STRUCTURE,
+    "catalog": MODELS,
     "operations": OPERATIONS,
     "telemetry": READINGS,
     "audit": AUDIT,
     "auth": ACCESS,
 }
-BY_MODEL = {("catalog", "replica"): REPLICAS, ("catalog", "shard"): PLACEMENT}
+BY_MODEL = {
+    ("catalog", "gpuclass"): FLEET,
+    ("catalog", "node"): FLEET,
+    ("catalog", "card"): FLEET,
+    ("catalog", "replica"): REPLICAS,
+    ("catalog", "shard"): PLACEMENT,
+}
 # Of an app, only these models count (else all): of the audit app, the log, which the pages'
 # history panels read; not the row changes, which the database writes beside every catalog write
 # and no kept answer reads.

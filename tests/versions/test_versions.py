@@ -22,13 +22,15 @@ from versions.triggers import SQLITE_OPS, TRIGGER, sqlite_trigger_name, tracked_
 
 def test_the_tracked_tables_are_every_table_of_the_catalog_operations_and_telemetry():
     tables = tracked_tables(apps)
-    for label, area in (("catalog", "structure"), ("operations", "operations"), ("telemetry", "readings")):
+    for label, area in (("catalog", "models"), ("operations", "operations"), ("telemetry", "readings")):
         for model in apps.get_app_config(label).get_models():
-            if model._meta.model_name not in ("replica", "shard"):
+            if model._meta.model_name not in ("replica", "shard", "gpuclass", "node", "card"):
                 assert tables[model._meta.db_table] == area
     # A replica's state and the cards it holds change often: kept apart from the fleet's structure.
     assert tables["catalog_replica"] == "replicas" and tables["catalog_shard"] == "placement"
-    assert tables["catalog_node"] == tables["catalog_card"] == tables["catalog_model"] == "structure"
+    # The hardware apart from what is served on it: a model's edit keeps what shows only the nodes.
+    assert tables["catalog_node"] == tables["catalog_card"] == tables["catalog_gpuclass"] == "fleet"
+    assert tables["catalog_model"] == tables["catalog_profile"] == tables["catalog_enginedefault"] == "models"
     assert tables["telemetry_cardreading"] == tables["telemetry_nodereading"] == "readings"
     assert "operations_restartstep" in tables  # the operations' tables under their app's names
     assert tables[AuditEntry._meta.db_table] == "audit"  # the log, for the history panels
@@ -65,16 +67,38 @@ def committed(sql: str, params: list | None = None) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_write_through_a_service_raises_the_structure_version_and_no_other(audit_flushable):
+def test_a_write_through_a_service_raises_the_fleet_version_and_no_other(audit_flushable):
     before = versions_of()
     with acting_as(Actor(via="cli", name="pytest")):
         services.gpu_class_save(
             instance=GPUClass(name="h100-80g", memory_mib=81559, usable_mib=79000, compute_capability="9.0")
         )
     after = versions_of()
-    assert after.get("structure") != before.get("structure")
-    others = ("placement", "replicas", "operations", "readings")
+    assert after.get("fleet") != before.get("fleet")
+    others = ("models", "placement", "replicas", "operations", "readings")
     assert [after.get(a) for a in others] == [before.get(a) for a in others]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_structure_names_the_fleet_and_the_models_together(audit_flushable):
+    """A kept answer keyed on ``structure`` is thrown away by a model's edit and by a node's; one
+    keyed on ``fleet`` only by the node's, one keyed on ``models`` only by the model's."""
+    from versions.cache import key_of
+
+    b.node("gpu-1")
+    b.llama_8b()
+
+    def keys() -> dict[str, str]:
+        return {a: key_of("answer", [a], []) for a in ("structure", "fleet", "models")}
+
+    assert key_of("answer", ["structure"], []) == key_of("answer", ["models", "fleet"], [])
+    before = keys()
+    committed("UPDATE catalog_model SET source = source || '~'")
+    after_model = keys()
+    assert [after_model[a] != before[a] for a in ("structure", "fleet", "models")] == [True, False, True]
+    committed("UPDATE catalog_node SET state = 'down'")
+    after_node = keys()
+    assert [after_node[a] != after_model[a] for a in ("structure", "fleet", "models")] == [True, True, False]
 
 
 def test_an_area_nobody_raises_is_refused():
@@ -88,8 +112,10 @@ def test_an_area_nobody_raises_is_refused():
 @pytest.mark.parametrize(
     ("area", "sql"),
     [
-        ("structure", 'UPDATE catalog_card SET "index" = "index" + 100'),
-        ("structure", 'DELETE FROM catalog_card WHERE "index" = 7'),
+        ("fleet", 'UPDATE catalog_card SET "index" = "index" + 100'),
+        ("fleet", 'DELETE FROM catalog_card WHERE "index" = 7'),
+        ("models", "UPDATE catalog_model SET source = source || '~'"),
+        ("models", "UPDATE catalog_profile SET revision = revision + 1"),
         ("replicas", "UPDATE catalog_replica SET state = 'ready'"),
         ("placement", "DELETE FROM catalog_shard"),
         (
@@ -109,7 +135,7 @@ def test_a_write_by_raw_sql_raises_its_area(audit_flushable, area, sql):
     before = versions_of()
     committed(sql)
     after = versions_of()
-    others = sorted({"structure", "placement", "replicas", "operations", "readings"} - {area})
+    others = sorted({"fleet", "models", "placement", "replicas", "operations", "readings"} - {area})
     assert after.get(area) != before.get(area)
     assert [after.get(a) for a in others] == [before.get(a) for a in others]
 
@@ -131,7 +157,7 @@ def test_the_version_is_raised_when_the_writer_commits_not_before(audit_flushabl
     """Another connection sees the old version while the write is uncommitted, the new one after,
     and the counter's row is not locked until the commit: a reader never waits on a writer."""
     b.node("gpu-1")
-    before = versions_of().get("structure")
+    before = versions_of().get("fleet")
     other = connections.create_connection("default")
     try:
         with transaction.atomic():
@@ -140,12 +166,12 @@ def test_the_version_is_raised_when_the_writer_commits_not_before(audit_flushabl
             # The owner's, for the lock: FOR UPDATE needs the UPDATE the application's role has not.
             with owner_cursor() as c:
                 c.execute("SET LOCAL lock_timeout = '200ms'")
-                c.execute("SELECT n FROM versions_version WHERE area = 'structure' FOR UPDATE")  # not held
+                c.execute("SELECT n FROM versions_version WHERE area = 'fleet' FOR UPDATE")  # not held
             with other.cursor() as c:
-                c.execute("SELECT born || '.' || n FROM versions_version WHERE area = 'structure'")
+                c.execute("SELECT born || '.' || n FROM versions_version WHERE area = 'fleet'")
                 assert c.fetchone()[0] == before
         with other.cursor() as c:
-            c.execute("SELECT born || '.' || n FROM versions_version WHERE area = 'structure'")
+            c.execute("SELECT born || '.' || n FROM versions_version WHERE area = 'fleet'")
             assert c.fetchone()[0] != before
     finally:
         other.close()
@@ -201,9 +227,7 @@ def test_two_writers_of_two_areas_in_opposite_orders_both_commit(audit_flushable
         t.join(30)
     assert failures == []
     after = versions_of()
-    assert after.get("structure") != before.get("structure") and after.get("operations") != before.get(
-        "operations"
-    )
+    assert after.get("fleet") != before.get("fleet") and after.get("operations") != before.get("operations")
 
 
 @pytest.mark.postgres
@@ -213,9 +237,9 @@ def test_the_application_role_raises_versions_by_writing_but_cannot_set_them(app
     from django.db.utils import ProgrammingError
 
     b.node("gpu-1")  # written as the application's role: the triggers' functions run as their owner
-    before = versions_of().get("structure")
+    before = versions_of().get("fleet")
     committed("UPDATE catalog_node SET state = 'down'")
-    assert versions_of().get("structure") != before
+    assert versions_of().get("fleet") != before
     with pytest.raises(ProgrammingError, match="permission denied"):
         committed("UPDATE versions_version SET n = 0")
 
