@@ -161,7 +161,10 @@ def _no_answers_kept_from_another_test() -> Iterator[None]:
     (and the version counters with them) between them: each test starts with none kept."""
     from django.core.cache import caches
 
+    from versions.cache import forget_kept_here
+
     caches["answers"].clear()
+    forget_kept_here()
     yield
 
 

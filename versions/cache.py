@@ -93,6 +93,28 @@ def remembered(
 
 
 _MISSING = object()
+_HELD: dict[str, tuple[str, Any]] = {}  # kept_here's: each name's last key and its answer, as objects
+
+
+def forget_kept_here() -> None:
+    """Every answer ``kept_here`` holds dropped (the tests, whose databases are emptied between them)."""
+    _HELD.clear()
+
+
+def kept_here(name: str, areas: Iterable[str], parts: Iterable[Any], compute: Callable[[], T]) -> T:
+    """As ``remembered``, but kept in this process's memory as the object itself, the last key's answer
+    alone for each name: for a large answer read whole at every use (the fleet's cards every change
+    plans on), which the answers cache would unpickle at every get, at a cost near computing it. Its
+    readers must not change it: make it of frozen dataclasses, tuples and mappings nobody writes."""
+    if not usable():
+        return compute()
+    key = key_of(name, areas, parts)
+    found = _HELD.get(name)
+    if found is not None and found[0] == key:
+        return found[1]
+    value = compute()
+    _HELD[name] = (key, value)
+    return value
 
 
 def drawn_from(name: str, inputs: Any, draw: Callable[[], str]) -> str:

@@ -312,6 +312,34 @@ def test_a_kept_dry_run_after_a_card_is_taken_says_what_the_fleet_now_says(fleet
     assert answer["status"] == 409 and answer["code"] == "no_room_beside", answer
 
 
+def test_a_dry_run_after_a_replicas_state_or_a_models_edit_reads_no_card_again(fleet):
+    """The fleet's cards every change plans on (operations/selectors.py, ``fleet_cards``) are kept under
+    the fleet's and the placement's versions alone: a replica's state or a model's edit plans the
+    change anew on them, reading neither the nodes nor the cards; a card cordoned behind the
+    application's back is read again, and planned on."""
+    operator = client("operator")
+    first = dry_run(operator)
+    assert first["room"]["beside"] == ["gpu-1", "gpu-2"]
+
+    def tables_read() -> set[str]:
+        with CaptureQueriesContext(connection) as ctx:
+            answer = dry_run(operator)
+        assert answer["room"] == first["room"]
+        return {
+            t for q in ctx.captured_queries for t in ("catalog_card", "catalog_node") if f'"{t}"' in q["sql"]
+        }
+
+    sql("UPDATE catalog_replica SET state = 'loading' WHERE name = 'llama-1'")
+    assert tables_read() == set()  # planned again (the replicas' version moved), on the kept cards
+    sql("UPDATE catalog_model SET source = source || '~' WHERE name = 'llama'")
+    assert tables_read() == set()
+    sql(
+        'UPDATE catalog_card SET cordoned = true WHERE "index" = 1 '
+        "AND node_id = (SELECT id FROM catalog_node WHERE name = 'gpu-2')"
+    )
+    assert dry_run(operator)["room"]["beside"] == ["gpu-1"]
+
+
 def test_a_kept_dry_run_sees_a_foreign_process_and_its_reading_grow_old(fleet, settings):
     operator = client("operator")
     assert dry_run(operator)["room"]["beside_count"] == 2
