@@ -108,7 +108,7 @@ def node_results(query: QueryDict, foreign_held: Collection[int] = (), *, reques
         request=request,
     )
     page = Paginator(matching, PAGE_SIZES[view]).get_page(query.get("page"))
-    nodes = [NodeRow(*n) for n in page.object_list]
+    nodes: list[NodeRow] = list(page.object_list)
     if compact:  # nor a replica's state, read into what it is drawn from (``compact_cards_of``)
         rows = compact_cards_of([n.pk for n in nodes])
         planned: dict[str, int] = {}
@@ -223,9 +223,9 @@ def summary_of_fleet(
 
 
 # The summary's parts: the hardware's (cards by class and by holding profile, nodes by state, cards
-# cordoned) under the fleet's and the placement's versions, as before the split (a replica moved to
-# another profile in place, which no service does, is not counted anew until one of them moves:
-# docs/design.md); each holding profile's model, by name, under the models'; its
+# cordoned) under the fleet's and the placement's versions, as before the split (a replica's profile
+# changed in place, as a PATCH of /api/replicas/ may and a restart never does, is not counted anew
+# until one of them moves: docs/design.md); each holding profile's model, by name, under the models'; its
 # readings' (foreign holds, agents not answering) under the readings' (and the fleet's and
 # placement's, which say which cards are free and nodes reachable); drawn under all and the clock's
 # 10 s tick (a foreign process's reading stops counting as it ages past
