@@ -79,14 +79,19 @@ def fragment(html: str) -> HttpResponse:
 
 
 def kept_filters(
-    request: HttpRequest, template: str, query: QueryDict, form: Callable[[Any], Any]
+    request: HttpRequest,
+    template: str,
+    query: QueryDict,
+    form: Callable[[Any], Any],
+    *,
+    areas: Iterable[str] = ("structure",),
 ) -> SafeString:
     """A list page's filter form, drawn with the query's values (``template``'s ``filters`` partial)
-    and kept under the catalog's version, which its choices come from: drawing its widgets was a
-    quarter of a kept page's time. A GET form: no CSRF token in it."""
+    and kept under the versions of the ``areas`` its choices come from (by default the catalog's):
+    drawing its widgets was a quarter of a kept page's time. A GET form: no CSRF token in it."""
     return remembered(
         f"filters:{template}",
-        ["structure"],
+        areas,
         [query.urlencode()],
         lambda: render_to_string(f"{template}#filters", {"form": form(query or None)}),
         request=request,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
@@ -168,33 +168,69 @@ CARD_ROW = (
     "shard__rank",
     "shard__replica__rendezvous_port",
 )
+# What the compact view reads of a card (it shows neither a card's class, its replica's state nor
+# why it is cordoned): the others are given as None or "" (``compact_cards_of``).
+COMPACT_CARD_ROW = (
+    "node_id",
+    "index",
+    "shard__replica__name",
+    "shard__replica__profile__model_id",
+    "shard__replica__profile__model__name",
+    "cordoned",
+    "shard__rank",
+    "shard__replica__rendezvous_port",
+)
 HOLDERS_NAMED = 8  # models named per class in the summary; the rest are counted together
 
 
-def fleet_summary() -> dict[str, Any]:
-    """Cards by class (in all, free, held by which models) and nodes by state, grouped in the
-    database: four queries, and rows that grow with classes and models, not with cards."""
-    classes: dict[str, dict[str, Any]] = {}
-    # Grouped by ids, the names looked up after: joining the class and model tables to 8,000 cards
-    # to group by their names cost as much as the grouping.
-    counts = list(
-        Card.objects.values_list("gpu_class_id", "shard__replica__profile__model_id")
+class FleetCounts(NamedTuple):
+    """What the nodes page's summary counts of the hardware and its placement, by ids: the cards by
+    class and by the profile of the replica holding each (None: none), the classes' names and the
+    nodes by state. Read under the fleet's and the placement's versions; which model each profile
+    serves, and its name, are the models' (``holders_of``)."""
+
+    cards: list[tuple[int, int | None, int]]  # (class id, holder's profile id, cards)
+    classes: dict[int, str]
+    states: dict[str, int]
+
+
+def fleet_counts() -> FleetCounts:
+    """Three queries, rows that grow with classes and profiles, not with cards: grouped by ids, the
+    names looked up after (joining the class and model tables to 8,000 cards to group by their names
+    cost as much as the grouping)."""
+    cards = list(
+        Card.objects.values_list("gpu_class_id", "shard__replica__profile_id")
         .annotate(n=Count("id"))
         .order_by()
     )
-    class_names = dict(GPUClass.objects.values_list("id", "name"))
-    model_names = dict(
-        ServedModel.objects.filter(pk__in={m for _, m, _ in counts if m is not None}).values_list(
-            "id", "name"
-        )
-    )
-    rows = sorted(
-        (
-            (class_names[cls], model_names.get(model) if model is not None else None, n)
-            for cls, model, n in counts
-        ),
-        key=lambda r: (r[0], -r[2], r[1] or ""),
-    )
+    classes = dict(GPUClass.objects.values_list("id", "name"))
+    states = dict(Node.objects.values_list("state").annotate(n=Count("id")).order_by("state"))
+    return FleetCounts(cards, classes, states)
+
+
+def holders_of() -> dict[int, tuple[int, str]]:
+    """Each profile's model, by id and name: one query (a row a profile: fewer than the cards)."""
+    return {
+        pk: (model_id, name)
+        for pk, model_id, name in Profile.objects.values_list("id", "model_id", "model__name")
+    }
+
+
+def fleet_summary(
+    counts: FleetCounts | None = None, holders: dict[int, tuple[int, str]] | None = None
+) -> dict[str, Any]:
+    """Cards by class (in all, free, held by which models) and nodes by state: ``counts``
+    (``fleet_counts``) with each holding profile's model (``holders_of``), read when not given."""
+    counts = counts if counts is not None else fleet_counts()
+    if holders is None:
+        holders = holders_of()
+    by_model: dict[tuple[str, str | None], int] = {}
+    for cls, profile, n in counts.cards:
+        model = holders[profile][1] if profile is not None and profile in holders else None
+        key = (counts.classes[cls], model)
+        by_model[key] = by_model.get(key, 0) + n
+    rows = sorted(((c, m, n) for (c, m), n in by_model.items()), key=lambda r: (r[0], -r[2], r[1] or ""))
+    classes: dict[str, dict[str, Any]] = {}
     for name, model, n in rows:
         c = classes.setdefault(
             name,
@@ -210,7 +246,7 @@ def fleet_summary() -> dict[str, Any]:
         else:
             c["others"] += 1
             c["others_cards"] += n
-    states = dict(Node.objects.values_list("state").annotate(n=Count("id")).order_by("state"))
+    states = counts.states
     return {
         "classes": list(classes.values()),
         "states": [(s, states.get(s, 0)) for s in Node.State.values],
@@ -247,6 +283,22 @@ def nodes_matching(
     return qs.order_by("name")
 
 
-def cards_of(node_ids: list[int]) -> list[tuple]:
-    """The cards of these nodes with their holders, as ``CARD_ROW`` tuples: one query."""
-    return list(Card.objects.filter(node_id__in=node_ids).order_by("node_id", "index").values_list(*CARD_ROW))
+def compact_cards_of(node_ids: list[int]) -> list[tuple]:
+    """As ``cards_of``, with only what the compact view shows (``COMPACT_CARD_ROW``), the rest None or
+    "": a compact page is 4,000 cards, and each column left out is 4,000 values not read. One query."""
+    return [
+        (node, index, None, replica, None, model_id, model, cordoned, "", rank, port)
+        for node, index, replica, model_id, model, cordoned, rank, port in Card.objects.filter(
+            node_id__in=node_ids
+        )
+        .order_by("node_id", "index")
+        .values_list(*COMPACT_CARD_ROW)
+    ]
+
+
+def cards_of(node_ids: list[int], extra: tuple[str, ...] = ()) -> list[tuple]:
+    """The cards of these nodes with their holders, as ``CARD_ROW`` tuples (then the ``extra``
+    columns asked for, if any): one query."""
+    return list(
+        Card.objects.filter(node_id__in=node_ids).order_by("node_id", "index").values_list(*CARD_ROW, *extra)
+    )

@@ -124,13 +124,20 @@ def drawn_from(name: str, inputs: Any, draw: Callable[[], str]) -> str:
     the parts whose reading is cheap and drawing is not: after a write the inputs are read again
     (the caller's queries) and, if the write changed none of them, nothing is drawn. Pure, so kept
     inside a transaction too (a reader's own uncommitted rows are only inputs like any other)."""
+    return drawing(name, inputs, draw)[1]
+
+
+def drawing(name: str, inputs: Any, draw: Callable[[], str]) -> tuple[str, str]:
+    """As ``drawn_from``, with the digest of what it was drawn from: a name for the drawing, under
+    which what is made of it alone (the nodes grid with its readings put in) may be kept in turn."""
+    digest = hashlib.sha256(repr(inputs).encode()).hexdigest()
     cache = caches[ALIAS]
-    key = f"{name}:drawn:{hashlib.sha256(repr(inputs).encode()).hexdigest()}"
+    key = f"{name}:drawn:{digest}"
     found = cache.get(key)
     if found is None:
         found = draw()
         cache.set(key, found)
-    return found
+    return digest, found
 
 
 def query_parts(query: Any, *, drop: Iterable[str] = ()) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -3,9 +3,10 @@ loop and its URL lookups were most of the page's time): ``tiles_html`` writes on
 tile each (the default view) or as a strip of small marks (the compact view), ``node_html`` the node
 around them; every name is escaped, and each model's and node's link is built once per page.
 
-The grid is drawn with a mark where each reading goes (``MARK``) and kept under the fleet's
-structure, placement and replicas; the readings are kept under their own version and put in at the
-marks per request (``kept_with_readings``, ``with_readings``), so a sampling round redraws no grid.
+The grid is drawn with a mark where each reading goes (``MARK``) and kept by what it is drawn from;
+the readings are kept under their own version and put in at the marks (``kept_with_readings``,
+``with_readings``), the filled grid kept by the drawing and the readings, so a sampling round redraws
+no grid and a write that changes nothing drawn fills none.
 The views that use it are in ``web/views/nodes.py``.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import html
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -23,7 +25,7 @@ from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 
-from catalog.models import Node, Replica
+from catalog.models import Node, Profile, Replica
 from catalog.services.fit import need_columns, need_of_row
 from telemetry.models import NodeReading
 from telemetry.selectors import (
@@ -67,9 +69,17 @@ class Tile(NamedTuple):
         return self.replica is None and not self.cordoned
 
 
+class NodeRow(NamedTuple):
+    """What the grid shows of a node itself (a page of 500 read as values, not objects)."""
+
+    pk: int
+    name: str
+    state: str
+
+
 @dataclass
 class NodeGrid:
-    node: Node
+    node: NodeRow | Node
     tiles: list[Tile] = field(default_factory=list)
     html: SafeString = mark_safe("")  # noqa: S308 - empty
     row: SafeString = mark_safe("")  # noqa: S308 - empty
@@ -153,8 +163,8 @@ def foreign_said(use: CardUse) -> str:
     return ", ".join(said) or "a process the catalog does not know"
 
 
-# Where a card's or a node's readings go in a drawn grid: the grid (the fleet's structure, its
-# placement and its replicas) is kept under their versions, the readings under theirs, and each
+# Where a card's or a node's readings go in a drawn grid: the grid (the fleet, its models, its
+# placement and its replicas) is kept by what it is drawn from, the readings under theirs, and each
 # request puts the one into the other (``with_readings``), so a reading written throws away only the
 # readings. A mark is MARK kind:args MARK, the args colon-separated:
 #   f node card                 " foreign" in a card's class when a foreign process holds memory on it
@@ -271,7 +281,11 @@ def readings_of(node_ids: list[int], *, compact: bool = False) -> Readings:
 # The grid says when each node's agent last answered ("seen 3 minutes ago"): a grid with its readings
 # put in is kept at most this long, so that line is never more than this many seconds behind the clock.
 SEEN_WITHIN_SECONDS = 10
-FILLED_AREAS = ["structure", "placement", "replicas", "readings"]
+# What a filled grid's poll stamp is taken under: everything the grid and its readings show.
+FILLED_AREAS = ["fleet", "models", "placement", "replicas", "readings"]
+# What the readings put into a grid depend on: the readings, and the fleet (which card of which node
+# a reading is of; which nodes the reconciler found unreachable).
+READINGS_AREAS = ["fleet", "readings"]
 
 
 def filled_parts(parts: list[Any]) -> list[Any]:
@@ -282,22 +296,23 @@ def filled_parts(parts: list[Any]) -> list[Any]:
 def kept_with_readings(
     request: HttpRequest,
     name: str,
-    parts: list[Any],
+    drawing: str,
     html: str,
     node_ids: list[int],
     *,
     compact: bool = False,
 ) -> SafeString:
-    """A drawn grid (kept under the structure's, the placement's and the replicas' versions) with
-    these nodes' readings put in: the readings kept as data under the readings' version (and the
-    structure's, which says which nodes the reconciler found unreachable); the grid with them put in
-    kept under all four and the clock's 10 s tick (``filled_parts``), so that a warm request does
-    neither."""
+    """A drawn grid with these nodes' readings put in. ``drawing`` names the grid drawn (the digest
+    of what it was drawn from, ``versions.cache.drawing``, which holds its nodes and whether it is
+    compact): the filled grid is kept by it, the readings' versions (``READINGS_AREAS``) and the
+    clock's 10 s tick (``filled_parts``), not by the versions of what the grid shows, so a write that
+    leaves the drawing as it was (a model's source, a replica's state on another page) finds it filled.
+    The readings are kept as data under their versions, so a warm request does neither."""
 
     def filled() -> SafeString:
         readings = remembered(
             "node-readings",
-            ["readings", "structure"],
+            READINGS_AREAS,
             [tuple(node_ids), compact],
             lambda: readings_of(node_ids, compact=compact),
             request=request,
@@ -306,7 +321,7 @@ def kept_with_readings(
         # readings differ at nearly every request, and hashing them and the grid cost as much as filling.
         return with_readings(html, readings)
 
-    return remembered(name, FILLED_AREAS, filled_parts(parts), filled, request=request)
+    return remembered(name, READINGS_AREAS, filled_parts([drawing]), filled, request=request)
 
 
 def with_readings(html: str, readings: Readings) -> SafeString:
@@ -392,24 +407,62 @@ def node_html(g: NodeGrid, link: str, *, compact: bool = False) -> str:
     )
 
 
-def planned_per_card(replica_names: set[str]) -> dict[str, int]:
-    """Each replica's planned need on one of its cards, in MiB: what it recorded when it started,
-    else its profile's as the memory model reckons it (``need_of_row``: remembered per profile with
-    the rows it is reckoned from, so a write elsewhere in the catalog reckons none again): one query."""
+# What ``planned_of`` reads of each card's replica, after ``CARD_ROW`` in ``cards_of``'s rows.
+PLANNED_COLUMNS = ("shard__replica__planned_memory__need", "shard__replica__profile_id")
+
+
+def planned_per_card(replica_names: set[str], *, request: HttpRequest | None = None) -> dict[str, int]:
+    """Each replica's planned need on one of its cards, in MiB (``planned_of``): one narrow query."""
+    return planned_of(
+        Replica.objects.filter(name__in=replica_names).values_list(
+            "name", "planned_memory__need", "profile_id"
+        ),
+        request=request,
+    )
+
+
+def planned_of(replicas: Iterable[tuple], *, request: HttpRequest | None = None) -> dict[str, int]:
+    """Each replica's planned need on one of its cards, in MiB, from its rows of (name, recorded need,
+    profile): what it recorded when it started, else its profile's as the memory model reckons it
+    (``profile_needs``, kept under the models' and the fleet's versions: a replica's state flipped
+    reads none of its profile's, model's and class's columns again)."""
     out: dict[str, int] = {}
-    for name, recorded, *row in Replica.objects.filter(name__in=replica_names).values_list(
-        "name", "planned_memory", *need_columns("profile__")
-    ):
-        need = recorded.get("need") if isinstance(recorded, dict) else None
-        if not isinstance(need, int):
-            need = need_of_row(tuple(row))
-        if isinstance(need, int):
-            out[name] = need // 2**20
+    reckon: dict[str, int] = {}
+    for name, recorded, profile_id in replicas:
+        if name is None:
+            continue
+        if isinstance(recorded, int) and not isinstance(recorded, bool):
+            out[name] = recorded // 2**20
+        else:
+            reckon[name] = profile_id
+    if reckon:
+        ids = tuple(sorted(set(reckon.values())))
+        needs = remembered(
+            "profile-needs", ["models", "fleet"], [ids], lambda: profile_needs(ids), request=request
+        )
+        for name, profile_id in reckon.items():
+            need = needs.get(profile_id)
+            if need is not None:
+                out[name] = need // 2**20
     return out
 
 
+def profile_needs(profile_ids: tuple[int, ...]) -> dict[int, int | None]:
+    """Each profile's need on one card in bytes (None: not known), as the memory model reckons it
+    from the profile's, its model's and its class's rows (``need_of_row``): one query."""
+    return {
+        row[0]: need_of_row(tuple(row))
+        for row in Profile.objects.filter(pk__in=profile_ids).values_list(*need_columns())
+    }
+
+
 def grids(
-    nodes: list[Node], rows: list[tuple], *, compact: bool = False, planned: dict[str, int] | None = None
+    nodes: list[NodeRow] | list[Node],
+    rows: list[tuple],
+    *,
+    compact: bool = False,
+    planned: dict[str, int] | None = None,
+    request: HttpRequest | None = None,
 ) -> list[NodeGrid]:
     """Each node with its cards drawn and the node drawn around them (``row``), marked where the
     readings go (``with_readings``): one query more (the replicas' planned memory, unless given),
@@ -421,7 +474,9 @@ def grids(
         planned = (
             {}
             if compact
-            else planned_per_card({t.replica for g in by_id.values() for t in g.tiles if t.replica})
+            else planned_per_card(
+                {t.replica for g in by_id.values() for t in g.tiles if t.replica}, request=request
+            )
         )
     models, nodes_at = Links("model-detail"), Links("node-detail")
     for g in by_id.values():

@@ -118,16 +118,13 @@ class NodeSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(CardSerializer(many=True, read_only=True))
     def get_cards(self, node: Node) -> list[dict[str, Any]]:
+        # A list names each holder by its replica's id, which the view names (NodeViewSet.list).
+        by_id = self.context.get("holders_by_id", False)
         out = []
         for card in node.cards.all():
             shard = getattr(card, "shard", None)
-            out.append(
-                {
-                    "index": card.index,
-                    "gpu_class": card.gpu_class.name,
-                    "replica": shard.replica.name if shard is not None else None,
-                }
-            )
+            holder = None if shard is None else shard.replica_id if by_id else shard.replica.name
+            out.append({"index": card.index, "gpu_class": card.gpu_class.name, "replica": holder})
         return out
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -10,12 +10,15 @@ from django import forms
 from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from base.api.cached import KeptList
 from base.rules import Rule, model_permissions
 from catalog.api import serializers as s
 from catalog.models import Card, GPUClass, Node, Profile, Replica, ServedModel, Shard
 from catalog.services import catalog as services
+from versions.cache import remembered
 
 _errors = {
     400: OpenApiResponse(s.ErrorSerializer, description="Invalid input"),
@@ -95,6 +98,15 @@ _cards = Prefetch(
 )
 
 
+# As ``_cards`` for a list: each card's holder by its replica's id, named after (NodeViewSet.list).
+_card_holders = Prefetch(
+    "cards",
+    queryset=Card.objects.select_related("gpu_class", "shard")
+    .only("node", "index", "gpu_class__name", "shard__card", "shard__replica")
+    .order_by("index"),
+)
+
+
 @_crud_schema("node")
 class NodeViewSet(ServiceViewSet):
     """The fleet's hosts: each one's agent URL, state (ready, cordoned, down) and cards, with the replica
@@ -103,12 +115,11 @@ class NodeViewSet(ServiceViewSet):
 
     required_permission: Rule = model_permissions(Node)
     queryset = Node.objects.select_related("agent_contact").prefetch_related(_cards)
-    kept_areas = (
-        "structure",
-        "placement",
-        "replicas",
-        "operations",
-    )  # each node's last answer to the reconciler is operations'
+    # A list is kept under the hardware's, the placement's and the operations' versions (each node's
+    # last answer to the reconciler), each card's holder kept as its replica's id and named per
+    # request from the names kept under the replicas' (``list``): a replica's state flipped reads
+    # its page's holders' names again, not its page; a model's edit reads nothing.
+    kept_areas = ("fleet", "placement", "operations")
 
     serializer_class = s.NodeSerializer
     filterset_fields = ["state", "name"]
@@ -116,6 +127,32 @@ class NodeViewSet(ServiceViewSet):
     lookup_value_regex = "[^/]+"
     save_service = staticmethod(services.node_save)
     delete_service = staticmethod(services.node_delete)
+
+    def get_queryset(self) -> Any:
+        if self.action == "list":  # each card's holder by id (``list``): no replica joined
+            return Node.objects.select_related("agent_contact").prefetch_related(_card_holders)
+        return super().get_queryset()
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "holders_by_id": self.action == "list"}
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        response = super().list(request, *args, **kwargs)
+        data = response.data
+        nodes = data["results"] if isinstance(data, dict) and "results" in data else data
+        ids = tuple(sorted({c["replica"] for n in nodes for c in n["cards"] if c["replica"] is not None}))
+        names = remembered(
+            "api-node-holders",
+            ["replicas"],
+            [ids],
+            lambda: dict(Replica.objects.filter(pk__in=ids).values_list("id", "name")),
+            request=request._request,
+        )
+        for n in nodes:
+            for c in n["cards"]:
+                if c["replica"] is not None:
+                    c["replica"] = names.get(c["replica"])
+        return response
 
 
 @_crud_schema("model")

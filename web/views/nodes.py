@@ -6,6 +6,7 @@ it shows and polls itself; the grid itself is drawn in ``web/node_grid.py``.
 from __future__ import annotations
 
 import copy
+import hashlib
 import time
 from collections.abc import Collection
 from typing import Any, NamedTuple
@@ -37,23 +38,33 @@ from base.views import (
     wants_partial,
 )
 from catalog.models import Card, Node, Replica
-from catalog.selectors import cards_of, fleet_summary, nodes_matching
+from catalog.selectors import (
+    CARD_ROW,
+    cards_of,
+    compact_cards_of,
+    fleet_counts,
+    fleet_summary,
+    holders_of,
+    nodes_matching,
+)
 from operations import views as operation_views
 from operations.selectors import operations_with_steps
 from telemetry.selectors import (
     foreign_held_card_ids,
     unreachable_node_ids,
 )
-from versions.cache import drawn_from, remembered
+from versions.cache import drawing, drawn_from, remembered
 from web.forms import NodeFilterForm
 from web.node_grid import (
     FILLED_AREAS,
+    PLANNED_COLUMNS,
     SEEN_WITHIN_SECONDS,
+    NodeRow,
     filled_parts,
     grids,
     kept_with_readings,
     legend,
-    planned_per_card,
+    planned_of,
     rows_html,
 )
 
@@ -64,11 +75,12 @@ PAGE_SIZES = {"cards": 50, "compact": 500}
 
 class Results(NamedTuple):
     html: str  # marked where the readings go
+    drawing: str  # the digest of what it was drawn from (versions.cache.drawing)
     node_ids: list[int]
     compact: bool  # drawn compact: the only reading it shows is whether a foreign process holds memory
 
 
-def node_results(query: QueryDict, foreign_held: Collection[int] = ()) -> Results:
+def node_results(query: QueryDict, foreign_held: Collection[int] = (), *, request: Any = None) -> Results:
     """The nodes page's results (count, legend, the page of nodes with their cards, pager) for the
     query's filters and page, marked where the readings go, and the nodes shown: what an htmx
     filter swaps in, and the page shows. ``foreign_held``: the cards a foreign process holds, which
@@ -76,19 +88,36 @@ def node_results(query: QueryDict, foreign_held: Collection[int] = ()) -> Result
 
     What is drawn is read first (the page of nodes, their cards with their holders, each held
     card's planned need: a few queries) and the drawing kept by what it was drawn from
-    (``drawn_from``): a write that changes nothing shown (a model's source, a replica's state on
-    another page, a card's elsewhere) finds it drawn, one that changes anything shown draws it anew."""
+    (``drawing``): a write that changes nothing shown (a model's source, a replica's state on
+    another page, or in the compact view, which does not show it, a card's elsewhere) finds it
+    drawn, one that changes anything shown draws it anew."""
     form = NodeFilterForm.for_fleet(query or None)
     valid = form.is_bound and form.is_valid()
     data = form.cleaned_data if valid else {}
     view = data.get("view") or "cards"
     compact = view == "compact"
     filters = {k: v for k, v in data.items() if k != "view" and v not in (None, "")}
-    matching = nodes_matching(filters, not_free=foreign_held)
+    matching = remembered(
+        "nodes-matching",
+        ["fleet", "placement", *(["models", "replicas"] if filters.get("model") else [])],
+        [sorted(filters.items()), tuple(foreign_held)],
+        lambda: [
+            NodeRow(*n)
+            for n in nodes_matching(filters, not_free=foreign_held).values_list("pk", "name", "state")
+        ],
+        request=request,
+    )
     page = Paginator(matching, PAGE_SIZES[view]).get_page(query.get("page"))
-    nodes = list(page.object_list)
-    rows = cards_of([n.pk for n in nodes])
-    planned = {} if compact else planned_per_card({r[3] for r in rows if r[3]})
+    nodes: list[NodeRow] = list(page.object_list)
+    if compact:  # nor a replica's state, read into what it is drawn from (``compact_cards_of``)
+        rows = compact_cards_of([n.pk for n in nodes])
+        planned: dict[str, int] = {}
+    else:  # each card's replica's recorded need and profile read with it (``planned_of``)
+        read = cards_of([n.pk for n in nodes], PLANNED_COLUMNS)
+        rows = [r[: len(CARD_ROW)] for r in read]
+        planned = planned_of(
+            {r[3]: (r[3], *r[len(CARD_ROW) :]) for r in read if r[3]}.values(), request=request
+        )
     rest = query.copy()
     rest.pop("page", None)
     shown = (
@@ -99,7 +128,7 @@ def node_results(query: QueryDict, foreign_held: Collection[int] = ()) -> Result
         page.paginator.count,
         page.number,
         page.paginator.num_pages,
-        [(n.pk, n.name, n.state) for n in nodes],
+        nodes,
         rows,
         sorted(planned.items()),
     )
@@ -121,7 +150,8 @@ def node_results(query: QueryDict, foreign_held: Collection[int] = ()) -> Result
             },
         )
 
-    return Results(drawn_from("nodes-results-drawn", shown, draw), [n.pk for n in nodes], compact)
+    digest, html = drawing("nodes-results-drawn", shown, draw)
+    return Results(html, digest, [n.pk for n in nodes], compact)
 
 
 def foreign_held_for(query: QueryDict) -> list[int]:
@@ -192,12 +222,15 @@ def summary_of_fleet(
     return out
 
 
-# The summary's parts: the fleet's (cards by class, held by which model, cordoned) under the structure's
-# and the placement's versions; its readings' (foreign holds, agents not answering) under the readings'
-# (and the structure's and placement's, which say which cards are free and nodes reachable); drawn
-# under all three and the clock's 10 s tick (a foreign process's reading stops counting as it ages
-# past LLMGW_TELEMETRY_STALE_SECONDS, which no write says).
-SUMMARY_AREAS = ["structure", "placement", "readings"]
+# The summary's parts: the hardware's (cards by class and by holding profile, nodes by state, cards
+# cordoned) under the fleet's and the placement's versions, as before the split (a replica's profile
+# changed in place, as a PATCH of /api/replicas/ may and a restart never does, is not counted anew
+# until one of them moves: docs/design.md); each holding profile's model, by name, under the models'; its
+# readings' (foreign holds, agents not answering) under the readings' (and the fleet's and
+# placement's, which say which cards are free and nodes reachable); drawn under all and the clock's
+# 10 s tick (a foreign process's reading stops counting as it ages past
+# LLMGW_TELEMETRY_STALE_SECONDS, which no write says), and kept by what it shows (``drawn_from``).
+SUMMARY_AREAS = ["fleet", "models", "placement", "readings"]
 
 
 def summary_html(request: HttpRequest) -> tuple[str, SafeString]:
@@ -206,21 +239,23 @@ def summary_html(request: HttpRequest) -> tuple[str, SafeString]:
     stamp = stamp_of("nodes-summary", SUMMARY_AREAS, parts, request=request)
 
     def drawn() -> str:
-        fleet, cordoned = remembered(
+        counts, cordoned = remembered(
             "nodes-summary-fleet",
-            ["structure", "placement"],
+            ["fleet", "placement"],
             [],
-            lambda: (fleet_summary(), cordoned_free_by_class()),
+            lambda: (fleet_counts(), cordoned_free_by_class()),
             request=request,
         )
+        holders = remembered("nodes-summary-holders", ["models"], [], holders_of, request=request)
         readings = remembered(
             "nodes-summary-readings",
-            SUMMARY_AREAS,
+            ["fleet", "placement", "readings"],
             parts,
             lambda: SummaryReadings(foreign_held_by_class(), len(unreachable_node_ids())),
             request=request,
         )
-        summary = summary_of_fleet(fleet, cordoned, readings)  # plain values: its repr is its content
+        # plain values: its repr is its content
+        summary = summary_of_fleet(fleet_summary(counts, holders), cordoned, readings)
         return drawn_from(
             "nodes-summary-drawn",
             summary,
@@ -237,10 +272,12 @@ def summary_html(request: HttpRequest) -> tuple[str, SafeString]:
 @require_GET
 def node_list(request: HttpRequest) -> HttpResponse:
     # Kept under the fleet's versions (versions/cache.py), each part under the areas it shows: the
-    # summary under the structure's, the placement's and the readings' (foreign holds, agents not
-    # answering); the results' grid under the structure's, the placement's and the replicas', its
-    # readings under the readings' (a sampling round throws away only those), put in with the
-    # clock's "seen ... ago". None holds anything of the reader's: the page around is drawn anew.
+    # summary's parts (``SUMMARY_AREAS``); the results' grid read under the fleet's, the models', the
+    # placement's and the replicas' and drawn by what it was read from (``node_results``), its
+    # readings under the readings' and the fleet's (a sampling round throws away only those), put in
+    # with the clock's "seen ... ago" and kept by the drawing (``kept_with_readings``); the filters
+    # under the fleet's (their choices: the GPU classes). None holds anything of the reader's: the
+    # page around is drawn anew.
     # Both poll themselves (LLMGW_PAGE_POLL_SECONDS) with the stamp of what they show: a poll of a
     # part whose versions and clock tick have not moved is a 204 after one query.
     if polled_part(request) == "fleet-summary":
@@ -253,13 +290,13 @@ def node_list(request: HttpRequest) -> HttpResponse:
     foreign_held = foreign_held_for(query)
     found = remembered(
         "nodes-results",
-        ["structure", "placement", "replicas"],
+        ["fleet", "models", "placement", "replicas"],
         [query.urlencode(), foreign_held],
-        lambda: node_results(query, foreign_held),
+        lambda: node_results(query, foreign_held, request=request),
         request=request,
     )
     results = kept_with_readings(
-        request, "nodes-filled", [query.urlencode()], found.html, found.node_ids, compact=found.compact
+        request, "nodes-filled", found.drawing, found.html, found.node_ids, compact=found.compact
     )
     results = mark_safe(results.replace(POLL_MARK, poll_attributes(_here(query), stamp)))  # noqa: S308 - escaped
     if wants_partial(request):
@@ -269,14 +306,21 @@ def node_list(request: HttpRequest) -> HttpResponse:
         "catalog/node_list.html",
         {
             "section": "nodes",
-            "filters": kept_filters(request, "catalog/node_list.html", query, NodeFilterForm.for_fleet),
+            "filters": kept_filters(
+                request, "catalog/node_list.html", query, NodeFilterForm.for_fleet, areas=["fleet"]
+            ),
             "summary": summary_html(request)[1],
             "results": results,
         },
     )
 
 
-def node_body(node: Node) -> SafeString:
+def drawn_with_digest(html: str) -> tuple[str, str]:
+    """A drawing and its digest, which names it (``kept_with_readings``)."""
+    return hashlib.sha256(html.encode()).hexdigest(), html
+
+
+def node_body(node: Node, *, request: HttpRequest | None = None) -> SafeString:
     """A node's page below its actions: the legend, its cards drawn, and the replicas on it;
     marked where its readings and its polling attributes go."""
     cards = list(
@@ -304,7 +348,7 @@ def node_body(node: Node) -> SafeString:
                 card.cordon_reason,
             )
         )
-    grid = grids([node], rows)[0]
+    grid = grids([node], rows, request=request)[0]
     replicas = sorted(held.values(), key=lambda pair: pair[0].name)
     return render_to_string(
         "catalog/node_detail.html#body",
@@ -322,8 +366,9 @@ def node_body(node: Node) -> SafeString:
 @require_GET
 def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     node = get_object_or_404(Node.objects.select_related("agent_contact", "reading"), name=name)
-    # Its cards and its replicas are kept under the structure's, the placement's and the replicas'
-    # versions, their readings under the readings' (as the nodes page's results); its actions (by
+    # Its cards and its replicas are kept under the fleet's, the models', the placement's and the
+    # replicas' versions, their readings under the readings' and the fleet's, filled kept by the
+    # drawing's digest (as the nodes page's results); its actions (by
     # permission, with CSRF tokens), its drains' restarts and its history are drawn per request.
     # It polls itself (LLMGW_PAGE_POLL_SECONDS) with the stamp of what it shows: an unchanged poll
     # is a 204 after one query, a changed one the body alone.
@@ -331,14 +376,14 @@ def node_detail(request: HttpRequest, name: str) -> HttpResponse:
     polled = polled_part(request) == "node-body"
     if polled and still_shown(request, stamp):
         return unchanged()
-    drawn = remembered(
+    digest, drawn = remembered(
         "node-body",
-        ["structure", "placement", "replicas"],
+        ["fleet", "models", "placement", "replicas"],
         [node.pk],
-        lambda: node_body(node),
+        lambda: drawn_with_digest(node_body(node, request=request)),
         request=request,
     )
-    body = kept_with_readings(request, "node-body-filled", [node.pk], drawn, [node.pk])
+    body = kept_with_readings(request, "node-body-filled", digest, drawn, [node.pk])
     body = mark_safe(
         body.replace(POLL_MARK, poll_attributes(reverse("node-detail", args=[node.name]), stamp))
     )  # noqa: S308
