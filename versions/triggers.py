@@ -100,6 +100,12 @@ BY_MODEL = {
 # history panels read; not the row changes, which the database writes beside every catalog write
 # and no kept answer reads.
 ONLY = {"audit": {"auditentry"}}
+# A replica's columns that say who holds its cards (its name, its profile, its group's rendezvous port)
+# raise the placement's version too, whoever writes them: the answers that show the cards' holders and
+# not the replicas' states (the nodes' summary, the compact grid) are kept under the placement's, and
+# a state's change, the runner's every few seconds (``save(update_fields=...)``), writes none of them.
+HOLDER = (("catalog", "replica"), ("name", "profile", "rendezvous_port"), PLACEMENT)
+HOLDER_TRIGGER = "versions_touch_holder"
 TRIGGER = "versions_touch"  # the trigger's name on each table (PostgreSQL; SQLite adds the table and op)
 
 PG_FUNCTIONS = """
@@ -186,6 +192,53 @@ def sqlite_trigger_name(table: str, op: str) -> str:
 def install(apps: Any, schema_editor: Any) -> None:
     """The triggers on every tracked table, and the areas' rows: idempotent."""
     install_areas(apps, schema_editor, AREAS, BY_MODEL, ORDER)
+    install_holder(apps, schema_editor)
+
+
+def holder_columns(apps: Any) -> tuple[str, list[str]] | None:
+    """The replicas' table and its holder columns (``HOLDER``) as this state of the models has them
+    (an earlier migration's may lack some), or None before the table."""
+    (label, name), fields, _ = HOLDER
+    try:
+        model = apps.get_model(label, name)
+    except LookupError:
+        return None
+    present = {f.name: f.column for f in model._meta.concrete_fields}
+    return model._meta.db_table, [present[f] for f in fields if f in present]
+
+
+def install_holder(apps: Any, schema_editor: Any) -> None:
+    """The trigger that raises the placement's version when a replica's holder columns are written."""
+    found = holder_columns(apps)
+    if found is None:
+        return
+    table, columns = found
+    of = ", ".join(columns)
+    area = HOLDER[2]
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(
+            f"DROP TRIGGER IF EXISTS {HOLDER_TRIGGER} ON {table};"
+            f"CREATE TRIGGER {HOLDER_TRIGGER} AFTER UPDATE OF {of} ON {table} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION versions_touch('{area}');",
+            params=None,
+        )
+    elif schema_editor.connection.vendor == "sqlite":
+        name = f"{HOLDER_TRIGGER}_{table}"
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}", params=None)
+        schema_editor.execute(
+            SQLITE_TRIGGER.format(name=name, op=f"UPDATE OF {of}", table=table, area=area), params=None
+        )
+
+
+def uninstall_holder(apps: Any, schema_editor: Any) -> None:
+    found = holder_columns(apps)
+    if found is None:
+        return
+    table = found[0]
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {HOLDER_TRIGGER} ON {table};", params=None)
+    elif schema_editor.connection.vendor == "sqlite":
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {HOLDER_TRIGGER}_{table}", params=None)
 
 
 def install_areas(
@@ -225,6 +278,7 @@ def install_areas(
 
 
 def uninstall(apps: Any, schema_editor: Any) -> None:
+    uninstall_holder(apps, schema_editor)
     vendor = schema_editor.connection.vendor
     tables = tracked_tables(apps)
     if vendor == "postgresql":

@@ -117,8 +117,9 @@ class NodeViewSet(ServiceViewSet):
     queryset = Node.objects.select_related("agent_contact").prefetch_related(_cards)
     # A list is kept under the hardware's, the placement's and the operations' versions (each node's
     # last answer to the reconciler), each card's holder kept as its replica's id and named per
-    # request from the names kept under the replicas' (``list``): a replica's state flipped reads
-    # its page's holders' names again, not its page; a model's edit reads nothing.
+    # request from the names kept under the placement's (``list``; a replica's name is a holder
+    # column, which raises it: versions/triggers.py, ``HOLDER``): a replica's state flipped or a
+    # model's edit reads nothing.
     kept_areas = ("fleet", "placement", "operations")
 
     serializer_class = s.NodeSerializer
@@ -143,7 +144,7 @@ class NodeViewSet(ServiceViewSet):
         ids = tuple(sorted({c["replica"] for n in nodes for c in n["cards"] if c["replica"] is not None}))
         names = remembered(
             "api-node-holders",
-            ["replicas"],
+            ["placement"],
             [ids],
             lambda: dict(Replica.objects.filter(pk__in=ids).values_list("id", "name")),
             request=request._request,

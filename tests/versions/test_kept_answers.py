@@ -148,7 +148,8 @@ def test_a_reading_recomputes_only_the_readings_and_a_replica_only_the_grid(flee
         assert "used 2.0 of 79.6 GiB" in viewer.get(url).content.decode()
     sql("UPDATE catalog_replica SET state = 'loading'")
     after_replica = queries_of(viewer, url)
-    assert len(after_replica) > len(warm)
+    # The compact view, which shows no state, is kept under no version of the replicas' states.
+    assert len(after_replica) == len(warm) if "compact" in url else len(after_replica) > len(warm)
     # (a node's page reads its node, with its agent's last answer for the head's badge, at every
     # request, kept or not)
     per_request = 'WHERE "catalog_node"."name"'

@@ -79,6 +79,27 @@ def test_a_profile_moved_to_another_model_by_sql_shows_in_the_summary(fleet):
     assert "mistral" in summary and ">llama<" not in summary
 
 
+def test_a_replica_moved_to_another_models_profile_by_sql_shows_in_the_summary_and_compact_view(fleet):
+    """A replica's profile is a holder column (versions/triggers.py, ``HOLDER``): written behind the
+    application's back, it raises the placement's version, under which the summary's counts and the
+    compact view are kept."""
+    other = b.profile(b.llama_8b("mistral"), "one")
+    viewer = client()
+    assert "mistral" not in kept(viewer, "/nodes/").split('id="node-results"')[0]
+    assert 'title="card 0: llama"' in kept(viewer, "/nodes/?view=compact")
+    sql("UPDATE catalog_replica SET profile_id = %s WHERE name = 'llama-1'", [other.pk])
+    assert "mistral" in kept(viewer, "/nodes/").split('id="node-results"')[0]
+    assert 'title="card 0: mistral"' in kept(viewer, "/nodes/?view=compact")
+
+
+def test_a_replicas_state_flipped_reads_no_compact_view_again(fleet):
+    viewer = client()
+    kept(viewer, "/nodes/?view=compact")
+    sql("UPDATE catalog_replica SET state = 'loading' WHERE name = 'llama-1'")
+    _, read = queries(viewer, "/nodes/?view=compact")
+    assert not [q for q in read if '"catalog_card"' in q], read  # kept: nothing it shows was written
+
+
 def test_a_models_source_edited_reads_neither_readings_nor_counts_and_fills_no_grid(fleet, fills):
     """A model's edit (its source: nothing the nodes pages show) reads the drawn inputs again and
     each profile's model for the summary, and finds the grid drawn and filled, the readings and the
@@ -119,8 +140,8 @@ def test_a_replicas_state_flipped_fills_only_the_grids_that_show_it(fleet, fills
 
 def test_the_nodes_api_names_each_cards_replica_as_it_is_now(fleet):
     """Each card's holder is kept by its replica's id and named per request: a replica renamed by
-    SQL is named so at the next request; a state flipped reads the names alone (one query), not
-    the nodes and their cards. The one node's answer names its holders as the list does."""
+    SQL is named so at the next request; a state flipped reads nothing again (a name is a holder
+    column, under the placement's version). The one node's answer names its holders as the list does."""
     viewer = client()
 
     def holders(text: str) -> list[str]:
@@ -128,10 +149,11 @@ def test_the_nodes_api_names_each_cards_replica_as_it_is_now(fleet):
 
     assert holders(kept(viewer, "/api/nodes/")) == ["llama-1"]
     _, warm = get(viewer, "/api/nodes/")
+    sql("UPDATE catalog_replica SET state = 'loading' WHERE name = 'llama-1'")
+    again, n = get(viewer, "/api/nodes/")
+    assert holders(again) == ["llama-1"] and n == warm
     sql("UPDATE catalog_replica SET name = 'llama-9' WHERE name = 'llama-1'")
-    text, read = queries(viewer, "/api/nodes/")
-    assert holders(text) == ["llama-9"]
-    assert len(read) == warm + 1 and not [q for q in read if "catalog_card" in q], read
+    assert holders(kept(viewer, "/api/nodes/")) == ["llama-9"]
     assert json.loads(get(viewer, "/api/nodes/gpu-0/")[0])["cards"][0]["replica"] == "llama-9"
     card = Card.objects.get(node__name="gpu-0", index=0)
     sql("DELETE FROM catalog_shard WHERE card_id = %s", [card.pk])  # a card let go: the placement's

@@ -141,6 +141,33 @@ def test_a_write_by_raw_sql_raises_its_area(audit_flushable, area, sql):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("sql", "raised"),
+    [
+        ("UPDATE catalog_replica SET state = 'loading'", ["replicas"]),
+        ("UPDATE catalog_replica SET name = name || '-x'", ["placement", "replicas"]),
+        ("UPDATE catalog_replica SET rendezvous_port = 29500", ["placement", "replicas"]),
+        (
+            "UPDATE catalog_replica SET profile_id = (SELECT id FROM catalog_profile WHERE name = 'other')",
+            ["placement", "replicas"],
+        ),
+    ],
+)
+def test_a_replicas_holder_columns_raise_the_placement_and_its_state_does_not(audit_flushable, sql, raised):
+    """Who holds a card (a replica's name, profile, rendezvous port) is the placement's as much as the
+    shard's: the answers that show holders and not states are kept under the placement's alone."""
+    node = b.node("gpu-1")
+    model = b.llama_8b()
+    b.profile(model, "other")
+    b.replica(b.profile(model), node, cards=[0])
+    before = versions_of()
+    committed(sql)
+    after = versions_of()
+    areas = ("fleet", "models", "placement", "replicas", "operations", "readings")
+    assert [a for a in areas if after.get(a) != before.get(a)] == raised
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_write_rolled_back_raises_nothing(audit_flushable):
     b.node("gpu-1")
     before = versions_of()

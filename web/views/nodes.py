@@ -94,7 +94,9 @@ def node_results(query: QueryDict, foreign_held: Collection[int] = (), *, reques
     form = NodeFilterForm.for_fleet(query or None)
     valid = form.is_bound and form.is_valid()
     data = form.cleaned_data if valid else {}
-    view = data.get("view") or "cards"
+    # The view asked, even beside a filter in error: its kept results' areas are chosen by it alone
+    # (``results_areas``).
+    view = (form.cleaned_data.get("view") if form.is_bound else None) or "cards"
     compact = view == "compact"
     filters = {k: v for k, v in data.items() if k != "view" and v not in (None, "")}
     matching = remembered(
@@ -161,6 +163,15 @@ def foreign_held_for(query: QueryDict) -> list[int]:
     return sorted(foreign_held_card_ids()) if query.get("free", "").strip() else []
 
 
+def results_areas(query: QueryDict) -> list[str]:
+    """What the results are read from: the cards, their holders and their models, and, but in the compact
+    view, the holders' states (a holder's name, profile and rendezvous port raise the placement's
+    version: versions/triggers.py, ``HOLDER``). A state flipped in a restart, every few seconds, reads
+    no compact view again."""
+    areas = ["fleet", "models", "placement"]
+    return areas if query.get("view") == "compact" else [*areas, "replicas"]
+
+
 # Where a kept part's polling attributes go: put in per request, with the stamp of what it shows.
 POLL_MARK = "\x1eP\x1e"
 
@@ -223,9 +234,9 @@ def summary_of_fleet(
 
 
 # The summary's parts: the hardware's (cards by class and by holding profile, nodes by state, cards
-# cordoned) under the fleet's and the placement's versions, as before the split (a replica's profile
-# changed in place, as a PATCH of /api/replicas/ may and a restart never does, is not counted anew
-# until one of them moves: docs/design.md); each holding profile's model, by name, under the models'; its
+# cordoned) under the fleet's and the placement's versions (a replica's profile changed in place, as a
+# PATCH of /api/replicas/ may, raises the placement's: versions/triggers.py, ``HOLDER``); each
+# holding profile's model, by name, under the models'; its
 # readings' (foreign holds, agents not answering) under the readings' (and the fleet's and
 # placement's, which say which cards are free and nodes reachable); drawn under all and the clock's
 # 10 s tick (a foreign process's reading stops counting as it ages past
@@ -290,7 +301,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
     foreign_held = foreign_held_for(query)
     found = remembered(
         "nodes-results",
-        ["fleet", "models", "placement", "replicas"],
+        results_areas(query),
         [query.urlencode(), foreign_held],
         lambda: node_results(query, foreign_held, request=request),
         request=request,
