@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import django_filters
+from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -215,24 +216,54 @@ class OperationFilter(django_filters.FilterSet):
         fields = ["model", "state"]
 
 
+def _columns(model: Any) -> list[str]:
+    """Every column of ``model`` by field name (a foreign key's loads its id)."""
+    return [f.name for f in model._meta.concrete_fields]
+
+
 @extend_schema_view(
     list=extend_schema(summary="Restart operations, newest first"),
     retrieve=extend_schema(summary="A restart operation with its steps"),
 )
 class OperationViewSet(KeptList, viewsets.ReadOnlyModelViewSet):
     queryset = operations_with_steps()
-    kept_areas = ("structure", "operations")  # the models' and profiles' names, the restarts, their steps
+    # The models' and profiles' names, the steps' replicas' names, the restarts and their steps; each
+    # row kept by its values too (base/api/cached.py), so a replica's state changed reads the page
+    # again but serializes none of it.
+    kept_areas = ("models", "replicas", "operations")
+    kept_rows = True
 
     def keep(self, data: Any) -> bool:
         # An active restart's "abandoned" figures are read from the clock: such a page is not kept.
         rows = data.get("results", data) if isinstance(data, dict) else data
-        return not any(row["state"] in RestartOperation.ACTIVE_STATES for row in rows)
+        return not any(self.keep_row(row) is False for row in rows)
+
+    def keep_row(self, row: dict[str, Any]) -> bool:
+        return row["state"] not in RestartOperation.ACTIVE_STATES
 
     serializer_class = RestartOperationSerializer
     filterset_class = OperationFilter
     lookup_value_regex = r"\d+"
     # Reads need the operation's view permission; the one write, cancel, the restart permission.
     required_permission: Rule = {"GET": "operations.view_restartoperation", "POST": "catalog.restart_model"}
+
+    def get_queryset(self) -> Any:
+        # A list loads of the models, profiles and replicas only the names its rows show: their every
+        # column (a replica's two JSON documents) built as objects was most of the answer's time after a
+        # replica's state changed, which reads the page again. A column read that is not loaded costs a
+        # query, and its row is not kept (base/api/cached.py).
+        if self.action != "list":
+            return super().get_queryset()
+        steps = (
+            RestartStep.objects.select_related("old_replica", "new_replica")
+            .only(*_columns(RestartStep), "old_replica__name", "new_replica__name")
+            .order_by("id")
+        )
+        return (
+            RestartOperation.objects.select_related("model", "profile")
+            .only(*_columns(RestartOperation), "model__name", "profile__name")
+            .prefetch_related(Prefetch("steps", queryset=steps))
+        )
 
     @extend_schema(
         request=None,
