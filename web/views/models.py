@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
-from django.core.paginator import Paginator
-from django.db.models import Count, Prefetch, Q, QuerySet
-from django.http import HttpRequest, HttpResponse, QueryDict
+from django.db.models import Prefetch
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -38,103 +37,28 @@ from base.views import (
     render_page,
     wants_partial,
 )
-from catalog.models import Profile, Replica, ServedModel, Shard, live_replicas_q, stale_replicas_q
+from catalog.models import Profile, Replica, ServedModel, Shard
 from catalog.selectors import engine_defaults
 from operations import views as operation_views
 from operations.services.kv_pin import PINNABLE, kv_pin
 from operations.services.resize import model_resize, model_set_context
 from planning import Change
 from versions.cache import remembered
-from web.display import Preview, cards_said, hue, profile_memory, served_contexts, shape_facts
-from web.forms import CPU, ContextForm, ModelFilterForm, ResizeForm
-
-PAGE_SIZE = 50  # models on a page of the list: it pages and filters, whatever the catalog's size
-
-
-def _usage() -> dict[str, Count]:
-    """Cards in use, live and stale replicas: cards in use are those held by live replicas; a
-    replica is stale when it runs an older revision than its profile's."""
-    live = live_replicas_q("profiles__replicas__")
-    return {
-        "cards_in_use": Count("profiles__replicas__shards", filter=live, distinct=True),
-        "live_replicas": Count("profiles__replicas", filter=live, distinct=True),
-        "stale_replicas": Count(
-            "profiles__replicas",
-            filter=live & stale_replicas_q("profiles__replicas__"),
-            distinct=True,
-        ),
-    }
-
-
-def models_matching(filters: dict[str, Any] | None = None) -> QuerySet[ServedModel]:
-    """The models the list's filters let through, by name. Filters go through subqueries on the
-    profiles, so they never multiply rows; only the stale filter needs the counts."""
-    f = filters or {}
-    qs = ServedModel.objects.all()
-    if q := f.get("q"):
-        qs = qs.filter(Q(name__icontains=q) | Q(source__icontains=q))
-    if eng := f.get("engine"):
-        qs = qs.filter(pk__in=Profile.objects.filter(engine=eng).values("model"))
-    if cls := f.get("gpu_class"):
-        on = Q(gpu_class__isnull=True) if cls == CPU else Q(gpu_class__name=cls)
-        qs = qs.filter(pk__in=Profile.objects.filter(on).values("model"))
-    if f.get("state") == "declared":
-        qs = qs.filter(declared=True)
-    elif f.get("state") == "editable":
-        qs = qs.filter(declared=False)
-    if f.get("stale"):
-        qs = qs.annotate(stale_replicas=_usage()["stale_replicas"]).filter(stale_replicas__gt=0)
-    return qs.order_by("name")
-
-
-def models_with_usage(models: list[ServedModel]) -> list[ServedModel]:
-    """These models (a page of them) with their usage counted and their profiles: two queries,
-    and the counts join only their rows, not the whole catalog's; and the fleet's default release of
-    each engine, read once for the page, by which the profiles that run it are planned."""
-    qs = (
-        ServedModel.objects.filter(pk__in=[m.pk for m in models])
-        .annotate(**_usage())
-        .prefetch_related(
-            Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class").order_by("name"))
-        )
-        .order_by("name")
-    )
-    models = list(qs)
-    defaults = engine_defaults() if models else {}
-    for m in models:
-        m.served_contexts = served_contexts(m, list(m.profiles.all()), defaults=defaults)  # type: ignore[attr-defined]
-    return models
-
-
-def model_results(query: QueryDict) -> SafeString:
-    """The models list's results (count, the page of models with their profiles and usage, pager)
-    for the query's filters and page: what an htmx filter swaps in, and the page shows."""
-    form = ModelFilterForm.for_catalog(query or None)
-    filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
-    page = Paginator(models_matching(filters).only("pk"), PAGE_SIZE).get_page(query.get("page"))
-    models = models_with_usage(list(page.object_list))
-    rest = query.copy()
-    rest.pop("page", None)
-    return render_to_string(
-        "catalog/model_list.html#results",
-        {
-            "page": page,
-            "models": models,
-            "filtered": any(v not in (None, "", False) for v in filters.values()),
-            "query": rest.urlencode(),
-        },
-    )
+from web.display import Preview, cards_said, hue, profile_memory, shape_facts
+from web.forms import ContextForm, ModelFilterForm, ResizeForm
+from web.model_rows import model_results
 
 
 @requires(VIEW_MODEL)
 @require_GET
 def model_list(request: HttpRequest) -> HttpResponse:
     # The results read only the catalog, and hold nothing of the reader's: kept under its version
-    # (versions/cache.py); the page around them is drawn anew.
+    # (versions/cache.py), each row also by what it is drawn from (web/model_rows.py); the page around
+    # them is drawn anew.
     query = normalized(request.GET)
     results = remembered(
         "models-results",
-        ["structure", "placement", "replicas"],
+        ["structure", "placement", "replicas"],  # the classes' names (fleet), the models, the counts
         [query.urlencode()],
         lambda: model_results(query),
         request=request,
