@@ -16,8 +16,10 @@ not loaded with it) is not kept.
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, TypeVar
 
 from django.core.cache import caches
 from django.db import connection
@@ -29,6 +31,12 @@ from base.views import normalized
 from versions.cache import ALIAS, remembered
 
 _SKIPPED = ("_state", "_prefetched_objects_cache")
+T = TypeVar("T")
+
+
+@functools.cache
+def _columns_of(model: type[Model]) -> frozenset[str]:
+    return frozenset(f.attname for f in model._meta.concrete_fields)
 
 
 def row_inputs(obj: Model, _path: frozenset[int] = frozenset()) -> tuple[Any, ...]:
@@ -39,9 +47,16 @@ def row_inputs(obj: Model, _path: frozenset[int] = frozenset()) -> tuple[Any, ..
     if id(obj) in _path:
         return ("again", obj._meta.label, obj.pk)
     path = _path | {id(obj)}
-    own = obj.__dict__.copy()  # a dict's copy and repr run in C: a loop over its items was most of the cost
+    own = obj.__dict__.copy()  # copied and repr'd in C: a tuple of its pairs built in Python cost twice
     for name in _SKIPPED:
         own.pop(name, None)
+    for name in own.keys() - _columns_of(type(obj)):  # annotations, and rows set as attributes
+        # A row set as an attribute (a prefetch ``to_attr``'s list): its values, not its ``repr``.
+        value = own[name]
+        if isinstance(value, Model):
+            own[name] = row_inputs(value, path)
+        elif isinstance(value, list) and any(isinstance(o, Model) for o in value):
+            own[name] = [row_inputs(o, path) if isinstance(o, Model) else o for o in value]
     related = tuple(
         (name, None if other is None else row_inputs(other, path))
         for name, other in sorted(obj._state.fields_cache.items())
@@ -62,6 +77,30 @@ class _Counted:
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         self.n += 1
         return execute(sql, params, many, context)
+
+
+def kept_by_loaded(name: str, objects: Iterable[Model], compute: Callable[[], T], *, parts: Any = ()) -> T:
+    """``compute()``'s answer, kept by every value loaded with ``objects`` (``row_inputs``) and
+    ``parts`` (plain data: its ``repr`` says it): what ``compute`` reads must be those and nothing
+    else; if it ran a query (read something else), its answer is given and not kept. The same values always give the same answer, so it is
+    kept whoever read them, inside a transaction too."""
+    key = (
+        f"{name}:loaded:"
+        + hashlib.sha256(repr((parts, [row_inputs(o) for o in objects])).encode()).hexdigest()
+    )
+    cache = caches[ALIAS]
+    found = cache.get(key, _MISSING)
+    if found is not _MISSING:
+        return found
+    counted = _Counted()
+    with connection.execute_wrapper(counted):
+        value = compute()
+    if counted.n == 0:
+        cache.set(key, value)
+    return value
+
+
+_MISSING = object()
 
 
 class KeptList:

@@ -76,3 +76,19 @@ def test_the_operations_api_follows_a_steps_replica_renamed_and_serializes_nothi
     answer = json.loads(kept(viewer, "/api/operations/"))
     steps = [s for op in answer["results"] for s in op["steps"]]
     assert [s["old_replica"] for s in steps] == ["llama-renamed"] and serialized["all"] == 1
+
+
+def test_a_rows_inputs_follow_the_rows_set_as_its_attributes(two):
+    """A prefetch ``to_attr`` puts the rows in a list attribute: their values are the row's inputs,
+    not their ``repr`` (which names them only)."""
+    from django.db.models import Prefetch
+
+    from base.api.cached import row_inputs
+    from catalog.models import ServedModel
+
+    model = ServedModel.objects.prefetch_related(Prefetch("profiles", to_attr="profile_list")).get(
+        name="llama"
+    )
+    before = repr(row_inputs(model))
+    model.profile_list[0].args = ["--max-num-seqs", "8"]
+    assert repr(row_inputs(model)) != before

@@ -87,3 +87,24 @@ def test_the_operations_page_draws_again_only_the_row_that_changed(ended, monkey
     sql("UPDATE catalog_model SET name = 'llama-renamed' WHERE name = 'llama'")
     page = kept(viewer, "/operations/")
     assert page.count('href="/models/llama-renamed/"') == 2 and drawn["all"] == 3
+
+
+def test_the_model_pages_replicas_and_profiles_are_drawn_again_only_when_its_own_change(two, monkeypatch):
+    """Kept under the versions and by every value loaded with them (``base/api/cached.py``,
+    ``kept_by_loaded``): another model's replica or edit reads them again and draws nothing; the
+    model's own replica's state, or its profile's class renamed, by raw SQL, is drawn at once."""
+    from web.views import models as model_views
+
+    viewer = client()
+    kept(viewer, "/models/llama/")
+    replicas = spy(monkeypatch, model_views, "_draw_replicas")
+    columns = spy(monkeypatch, model_views, "shape_facts")
+    sql("UPDATE catalog_replica SET state = 'loading' WHERE name = 'other-1'")
+    sql("UPDATE catalog_model SET source = 'org/elsewhere' WHERE name = 'other'")
+    kept(viewer, "/models/llama/")
+    assert replicas["all"] == 0 and columns["all"] == 0
+    sql("UPDATE catalog_replica SET state = 'failed' WHERE name = 'llama-1'")
+    assert '<tr class="replica state-failed">' in kept(viewer, "/models/llama/")
+    assert replicas["all"] == 1 and columns["all"] == 0
+    sql("UPDATE catalog_gpuclass SET name = 'renamed-class'")
+    assert "renamed-class" in kept(viewer, "/models/llama/") and columns["all"] == 1

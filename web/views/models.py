@@ -24,6 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from audit.selectors import model_history_q
 from audit.views import history_context
+from base.api.cached import kept_by_loaded
 from base.errors import DomainError
 from base.rules import requires
 from base.views import (
@@ -89,18 +90,22 @@ def _ranks_of(replica: Replica) -> list[tuple[int, str, str, str]]:
     ]
 
 
-def _replicas_of(model: ServedModel) -> list[Replica]:
-    from planning.measured import compare
-    from planning.units import gib
-    from web.views.replicas import missing_said, planned_of
-
+def _loaded_replicas(model: ServedModel) -> list[Replica]:
+    """The model's replicas with their profiles, classes and cards' nodes: all the replicas section reads."""
     shards = Prefetch("shards", queryset=Shard.objects.select_related("card__node").order_by("card__index"))
-    replicas = list(
+    return list(
         Replica.objects.filter(profile__model=model)
         .select_related("profile__model", "profile__gpu_class")
         .prefetch_related(shards)
         .order_by("profile__name", "name")
     )
+
+
+def _replicas_of(replicas: list[Replica]) -> list[Replica]:
+    from planning.measured import compare
+    from planning.units import gib
+    from web.views.replicas import missing_said, planned_of
+
     for r in replicas:
         r.cards_said = [(node, cards_said(indices)) for node, indices in r.placement]  # type: ignore[attr-defined]
         # Each node it runs on with the node's state: a cordoned or down node is said beside its name.
@@ -138,8 +143,16 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
 
 
 def replicas_section(model: ServedModel) -> tuple[SafeString, int]:
-    """The model page's replicas section, drawn, and how many of its live replicas are stale."""
-    replicas = _replicas_of(model)
+    """The model page's replicas section, drawn, and how many of its live replicas are stale; drawn
+    again only when a value loaded with the model or its replicas changed (``kept_by_loaded``): another
+    model's replica changing state reads these again, and draws nothing."""
+    replicas = _loaded_replicas(model)
+    return kept_by_loaded(
+        "model-replicas", [model, *replicas], lambda: _draw_replicas(model, _replicas_of(replicas))
+    )
+
+
+def _draw_replicas(model: ServedModel, replicas: list[Replica]) -> tuple[SafeString, int]:
     html = render_to_string(
         "catalog/model_detail.html#replicas",
         {
@@ -163,14 +176,27 @@ def kept_replicas_section(request: HttpRequest, model: ServedModel) -> tuple[Saf
     )
 
 
-def kept_profiles(request: HttpRequest, model: ServedModel) -> tuple[list[Profile], list[Any]]:
-    """The model's profiles and each one's card memory as the memory model reckons it, kept under
-    the catalog's version."""
+def kept_profiles(request: HttpRequest, model: ServedModel) -> tuple[list[Profile], list[Any], SafeString]:
+    """The model's profiles, each one's card memory as the memory model reckons it, and the page's
+    shape and profiles column drawn (they hold nothing of the reader's), kept under the catalog's
+    version; after a write to it read again (two queries) but reckoned and drawn again only when a
+    value of the model, its profiles and their classes or the engines' default releases changed
+    (``kept_by_loaded``): another model's edit draws nothing here."""
 
-    def read() -> tuple[list[Profile], list[Any]]:
+    def read() -> tuple[list[Profile], list[Any], SafeString]:
         profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
         # the fleet's default releases, once: a profile without its own release runs its engine's
-        return profiles, profile_memory(model, profiles, defaults=engine_defaults() if profiles else {})
+        defaults = engine_defaults() if profiles else {}
+
+        def reckon() -> tuple[list[Profile], list[Any], SafeString]:
+            memories = profile_memory(model, profiles, defaults=defaults)
+            columns = render_to_string(
+                "catalog/model_detail.html#columns",
+                {"model": model, "facts": shape_facts(model), "memories": memories},
+            )
+            return profiles, memories, columns
+
+        return kept_by_loaded("model-profiles", [model, *profiles], reckon, parts=sorted(defaults.items()))
 
     return remembered("model-profiles", ["structure"], [model.pk], read, request=request)
 
@@ -184,7 +210,7 @@ def _detail_context(
     resize_preview: Preview | None = None,
     context_preview: Preview | None = None,
 ) -> dict[str, Any]:
-    profiles, memories = kept_profiles(request, model)
+    profiles, memories, columns = kept_profiles(request, model)
     on_cards = [m for m in memories if m.profile.gpu_class_id]
     can_resize = request.user.has_perm(RESIZE) and not model.declared and bool(on_cards)
     if can_resize:
@@ -197,18 +223,6 @@ def _detail_context(
         )
     operation, rollback = operation_views.kept_latest_for(request, model)
     replicas, stale_live = kept_replicas_section(request, model)
-    # The shape and the profiles with their memory bars hold nothing of the reader's: kept drawn,
-    # under the catalog's version, as the replicas section is (drawing them was most of a warm page).
-    columns = remembered(
-        "model-columns",
-        ["structure"],
-        [model.pk],
-        lambda: render_to_string(
-            "catalog/model_detail.html#columns",
-            {"model": model, "facts": shape_facts(model), "memories": memories},
-        ),
-        request=request,
-    )
     return {
         **(
             operation_views.progress_context(request, operation, rollback=rollback)
