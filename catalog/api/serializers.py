@@ -277,6 +277,9 @@ class ReplicaSerializer(serializers.ModelSerializer):
     @extend_schema_field(ShardSerializer(many=True))
     def get_shards(self, replica: Replica) -> list[dict[str, Any]]:
         by_node: dict[str, list[int]] = {}
-        for shard in replica.shards.all():
+        # A list loads them as a plain list (catalog/api/views.py, ReplicaViewSet.get_queryset): a
+        # queryset made for each replica's prefetched shards cost more than reading them.
+        shards = replica.__dict__.get("shard_list")
+        for shard in replica.shards.all() if shards is None else shards:
             by_node.setdefault(shard.card.node.name, []).append(shard.card.index)
         return [{"node": node, "cards": sorted(cards)} for node, cards in sorted(by_node.items())]

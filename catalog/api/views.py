@@ -210,7 +210,7 @@ class ReplicaViewSet(ServiceViewSet):
         return (
             Replica.objects.select_related("profile__model")
             .only(*_REPLICA_ROW, "profile__revision", "profile__model__name")
-            .prefetch_related(Prefetch("shards", queryset=shards))
+            .prefetch_related(Prefetch("shards", queryset=shards, to_attr="shard_list"))
         )
 
 
