@@ -208,9 +208,19 @@ class ProfileSerializer(serializers.ModelSerializer):
         return value
 
 
+class _Profiles(serializers.ListSerializer):
+    """A model's profiles, from the plain list a list of models loads them as (``profile_list``:
+    ``ServedModelViewSet.get_queryset``), else from its prefetched profiles."""
+
+    def get_attribute(self, instance: Any) -> Any:
+        listed = instance.__dict__.get("profile_list")
+        return super().get_attribute(instance) if listed is None else listed
+
+
 class ProfileInModelSerializer(ProfileSerializer):
     class Meta(ProfileSerializer.Meta):
         fields = [f for f in ProfileSerializer.Meta.fields if f != "model"]
+        list_serializer_class = _Profiles
 
 
 class ServedModelSerializer(serializers.ModelSerializer):

@@ -140,6 +140,16 @@ class ServedModelViewSet(ServiceViewSet):
     save_service = staticmethod(services.model_save)
     delete_service = staticmethod(services.model_delete)
 
+    def get_queryset(self) -> Any:
+        # A list loads each model's profiles as a plain list (to_attr, read by the profiles' list
+        # serializer): Django made a queryset for each model's prefetched profiles.
+        if self.action != "list":
+            return super().get_queryset()
+        profiles = Profile.objects.select_related("gpu_class")
+        return ServedModel.objects.prefetch_related(
+            Prefetch("profiles", queryset=profiles, to_attr="profile_list")
+        )
+
 
 @_crud_schema("profile")
 class ProfileViewSet(ServiceViewSet):
