@@ -27,12 +27,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
             '"name":"renamed"',
         ),
         (
-            "/api/replicas/",
-            catalog_serializers.ReplicaSerializer,
-            "UPDATE catalog_replica SET state = 'loading' WHERE name = 'other-1'",
-            '"state":"loading"',
-        ),
-        (
             "/api/profiles/",
             catalog_serializers.ProfileSerializer,
             "UPDATE catalog_profile SET engine = 'sglang' "
