@@ -118,6 +118,10 @@ class KeptList:
         """Whether a row's serialized form may be kept by its values: False for one the clock changes."""
         return True
 
+    def kept_parts(self, request: Request) -> builtins.list[Any]:
+        """What else the answer is kept by, beside the versions and the query (none by default)."""
+        return []
+
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         parts = [
             request.scheme,
@@ -125,6 +129,7 @@ class KeptList:
             request.path,
             normalized(request.query_params).urlencode(),
             getattr(request.accepted_renderer, "format", ""),
+            *self.kept_parts(request),
         ]
         data = remembered(
             f"api-{type(self).__name__}",
