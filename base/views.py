@@ -13,9 +13,9 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils.cache import patch_vary_headers
 from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
-from versions.cache import key_of, remembered
+from versions.cache import drawn_from, key_of, remembered
 
 RESIZE = "catalog.resize_model"
 RESTART = "catalog.restart_model"
@@ -88,14 +88,22 @@ def kept_filters(
 ) -> SafeString:
     """A list page's filter form, drawn with the query's values (``template``'s ``filters`` partial)
     and kept under the versions of the ``areas`` its choices come from (by default the catalog's):
-    drawing its widgets was a quarter of a kept page's time. A GET form: no CSRF token in it."""
-    return remembered(
-        f"filters:{template}",
-        areas,
-        [query.urlencode()],
-        lambda: render_to_string(f"{template}#filters", {"form": form(query or None)}),
-        request=request,
-    )
+    drawing its widgets was a quarter of a kept page's time. After a write to them the form is made
+    again (its choices' queries) but drawn again only if its choices changed (``drawn_from``): a
+    model's source edited leaves the engines and the classes offered as they were. A GET form: no
+    CSRF token in it."""
+
+    def draw() -> SafeString:
+        bound = form(query or None)
+        choices = [(name, list(getattr(field, "choices", ()))) for name, field in bound.fields.items()]
+        drawn = drawn_from(
+            f"filters:{template}",
+            (query.urlencode(), choices),
+            lambda: render_to_string(f"{template}#filters", {"form": bound}),
+        )
+        return mark_safe(drawn)  # noqa: S308 - the template's drawing, escaped there
+
+    return remembered(f"filters:{template}", areas, [query.urlencode()], draw, request=request)
 
 
 # -- parts of a page that poll themselves (docs/design.md, "Pages that stay true") -------------------

@@ -10,6 +10,7 @@ out of band.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from django.contrib import messages
@@ -19,11 +20,13 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from audit.selectors import operation_q
 from audit.views import history_context
+from base.api.cached import row_inputs
 from base.errors import DomainError
 from base.rules import requires
 from base.views import (
@@ -42,7 +45,7 @@ from operations.selectors import operations_with_steps
 from operations.services import drain
 from operations.services.start import operation_cancel as cancel_operation
 from operations.services.start import restart_start
-from versions.cache import remembered
+from versions.cache import drawn_from, remembered
 
 PAGE_SIZE = 50
 
@@ -118,9 +121,12 @@ def progress_context(
 
 def operation_rows(model: str, page_number: str | None) -> tuple[str, bool]:
     """The operations list's table and pager for a model (or all) and a page; and whether any
-    operation on it is active (its "abandoned" line is read from the clock)."""
+    operation on it is active (its "abandoned" line is read from the clock). Each ended operation's
+    row is kept by what it is drawn from (``drawn_from``: its columns, its step counts, its model's and
+    profile's names, the time zone): a model's edit reads the page again and draws none of it."""
     qs = (
         RestartOperation.objects.select_related("model", "profile")
+        .only(*(f.name for f in RestartOperation._meta.concrete_fields), "model__name", "profile__name")
         .annotate(
             steps_total=Count("steps"),
             steps_done=Count("steps", filter=Q(steps__state=RestartStep.State.SUCCEEDED)),
@@ -131,8 +137,22 @@ def operation_rows(model: str, page_number: str | None) -> tuple[str, bool]:
     if model:
         qs = qs.filter(model__name=model)
     page = Paginator(qs, PAGE_SIZE).get_page(page_number)
-    html = render_to_string("operations/operation_list.html#rows", {"page": page, "model_name": model})
+    zone = timezone.get_current_timezone_name()
+    rows = [
+        _operation_row(op)
+        if op.is_active  # its "abandoned" line is the clock's: drawn at every request
+        else drawn_from("operation-row", (zone, row_inputs(op)), partial(_operation_row, op))
+        for op in page.object_list
+    ]
+    html = render_to_string(
+        "operations/operation_list.html#rows",
+        {"page": page, "model_name": model, "rows_html": mark_safe("".join(rows))},  # noqa: S308 - a template's
+    )
     return html, any(op.is_active for op in page.object_list)
+
+
+def _operation_row(op: RestartOperation) -> str:
+    return render_to_string("operations/operation_list.html#row", {"op": op})
 
 
 @requires(VIEW_OPERATION)
@@ -144,7 +164,10 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     # active restart; nothing in it is the reader's.
     rows, active = remembered(
         "operation-rows",
-        ["structure", "operations"],  # the models' and profiles' names, the restarts and their steps
+        [
+            "models",
+            "operations",
+        ],  # the models' and profiles' names (no class's), the restarts and their steps
         [model, page_number],
         lambda: operation_rows(model, page_number),
         request=request,

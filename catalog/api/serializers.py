@@ -205,9 +205,19 @@ class ProfileSerializer(serializers.ModelSerializer):
         return value
 
 
+class _Profiles(serializers.ListSerializer):
+    """A model's profiles, from the plain list a list of models loads them as (``profile_list``:
+    ``ServedModelViewSet.get_queryset``), else from its prefetched profiles."""
+
+    def get_attribute(self, instance: Any) -> Any:
+        listed = instance.__dict__.get("profile_list")
+        return super().get_attribute(instance) if listed is None else listed
+
+
 class ProfileInModelSerializer(ProfileSerializer):
     class Meta(ProfileSerializer.Meta):
         fields = [f for f in ProfileSerializer.Meta.fields if f != "model"]
+        list_serializer_class = _Profiles
 
 
 class ServedModelSerializer(serializers.ModelSerializer):
@@ -274,6 +284,9 @@ class ReplicaSerializer(serializers.ModelSerializer):
     @extend_schema_field(ShardSerializer(many=True))
     def get_shards(self, replica: Replica) -> list[dict[str, Any]]:
         by_node: dict[str, list[int]] = {}
-        for shard in replica.shards.all():
+        # A list loads them as a plain list (catalog/api/views.py, ReplicaViewSet.get_queryset): a
+        # queryset made for each replica's prefetched shards cost more than reading them.
+        shards = replica.__dict__.get("shard_list")
+        for shard in replica.shards.all() if shards is None else shards:
             by_node.setdefault(shard.card.node.name, []).append(shard.card.index)
         return [{"node": node, "cards": sorted(cards)} for node, cards in sorted(by_node.items())]

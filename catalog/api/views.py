@@ -167,13 +167,26 @@ class ServedModelViewSet(ServiceViewSet):
     queryset = ServedModel.objects.prefetch_related(
         Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class"))
     )
-    kept_areas = ("structure",)  # the models and their profiles, nothing of the replicas
+    kept_areas = (
+        "structure",
+    )  # the models and their profiles (their classes' names), nothing of the replicas
+    kept_rows = True  # a model's edit serializes that model again, not the page (base/api/cached.py)
     serializer_class = s.ServedModelSerializer
     filterset_fields = ["declared", "attention", "profiles__engine", "profiles__gpu_class__name"]
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
     save_service = staticmethod(services.model_save)
     delete_service = staticmethod(services.model_delete)
+
+    def get_queryset(self) -> Any:
+        # A list loads each model's profiles as a plain list (to_attr, read by the profiles' list
+        # serializer): Django made a queryset for each model's prefetched profiles.
+        if self.action != "list":
+            return super().get_queryset()
+        profiles = Profile.objects.select_related("gpu_class")
+        return ServedModel.objects.prefetch_related(
+            Prefetch("profiles", queryset=profiles, to_attr="profile_list")
+        )
 
 
 @_crud_schema("profile")
@@ -186,6 +199,7 @@ class ProfileViewSet(ServiceViewSet):
     required_permission: Rule = model_permissions(Profile)
     queryset = Profile.objects.select_related("model", "gpu_class")
     kept_areas = ("structure",)  # nothing of the replicas
+    kept_rows = True
     serializer_class = s.ProfileSerializer
     filterset_fields = ["engine", "model__name", "gpu_class__name"]
     save_service = staticmethod(services.profile_save)
@@ -225,9 +239,28 @@ class ReplicaViewSet(ServiceViewSet):
     queryset = Replica.objects.select_related("profile__model").prefetch_related(
         Prefetch("shards", queryset=Shard.objects.select_related("card__node"))
     )
+    # Not kept_rows: a replica's row serializes in less time than its loaded values take to hash.
     serializer_class = s.ReplicaSerializer
     filterset_class = ReplicaFilter
     lookup_field = "name"
     lookup_value_regex = "[^/]+"
     save_service = staticmethod(services.replica_save)
     delete_service = staticmethod(services.replica_delete)
+
+    def get_queryset(self) -> Any:
+        # A list reads only what its rows show: every column of a page's replicas, profiles, models, cards
+        # and nodes (two JSON documents a replica, a node's facts) built as objects was most of its
+        # first answer after a write. A column read that is not loaded costs a query, and its row is not
+        # kept (base/api/cached.py).
+        if self.action != "list":
+            return super().get_queryset()
+        shards = Shard.objects.select_related("card__node").only("replica", "card__index", "card__node__name")
+        return (
+            Replica.objects.select_related("profile__model")
+            .only(*_REPLICA_ROW, "profile__revision", "profile__model__name")
+            .prefetch_related(Prefetch("shards", queryset=shards, to_attr="shard_list"))
+        )
+
+
+# A replica's columns its list shows (ReplicaSerializer's fields).
+_REPLICA_ROW = ("name", "profile", "port", "state", "revision", "engine_version")

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
-from django.core.paginator import Paginator
-from django.db.models import Count, Prefetch, Q, QuerySet
-from django.http import HttpRequest, HttpResponse, QueryDict
+from django.db.models import Prefetch
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -25,6 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from audit.selectors import model_history_q
 from audit.views import history_context
+from base.api.cached import kept_by_loaded
 from base.errors import DomainError
 from base.rules import requires
 from base.views import (
@@ -38,103 +38,28 @@ from base.views import (
     render_page,
     wants_partial,
 )
-from catalog.models import Profile, Replica, ServedModel, Shard, live_replicas_q, stale_replicas_q
+from catalog.models import Profile, Replica, ServedModel, Shard
 from catalog.selectors import engine_defaults
 from operations import views as operation_views
 from operations.services.kv_pin import PINNABLE, kv_pin
 from operations.services.resize import model_resize, model_set_context
 from planning import Change
 from versions.cache import remembered
-from web.display import Preview, cards_said, hue, profile_memory, served_contexts, shape_facts
-from web.forms import CPU, ContextForm, ModelFilterForm, ResizeForm
-
-PAGE_SIZE = 50  # models on a page of the list: it pages and filters, whatever the catalog's size
-
-
-def _usage() -> dict[str, Count]:
-    """Cards in use, live and stale replicas: cards in use are those held by live replicas; a
-    replica is stale when it runs an older revision than its profile's."""
-    live = live_replicas_q("profiles__replicas__")
-    return {
-        "cards_in_use": Count("profiles__replicas__shards", filter=live, distinct=True),
-        "live_replicas": Count("profiles__replicas", filter=live, distinct=True),
-        "stale_replicas": Count(
-            "profiles__replicas",
-            filter=live & stale_replicas_q("profiles__replicas__"),
-            distinct=True,
-        ),
-    }
-
-
-def models_matching(filters: dict[str, Any] | None = None) -> QuerySet[ServedModel]:
-    """The models the list's filters let through, by name. Filters go through subqueries on the
-    profiles, so they never multiply rows; only the stale filter needs the counts."""
-    f = filters or {}
-    qs = ServedModel.objects.all()
-    if q := f.get("q"):
-        qs = qs.filter(Q(name__icontains=q) | Q(source__icontains=q))
-    if eng := f.get("engine"):
-        qs = qs.filter(pk__in=Profile.objects.filter(engine=eng).values("model"))
-    if cls := f.get("gpu_class"):
-        on = Q(gpu_class__isnull=True) if cls == CPU else Q(gpu_class__name=cls)
-        qs = qs.filter(pk__in=Profile.objects.filter(on).values("model"))
-    if f.get("state") == "declared":
-        qs = qs.filter(declared=True)
-    elif f.get("state") == "editable":
-        qs = qs.filter(declared=False)
-    if f.get("stale"):
-        qs = qs.annotate(stale_replicas=_usage()["stale_replicas"]).filter(stale_replicas__gt=0)
-    return qs.order_by("name")
-
-
-def models_with_usage(models: list[ServedModel]) -> list[ServedModel]:
-    """These models (a page of them) with their usage counted and their profiles: two queries,
-    and the counts join only their rows, not the whole catalog's; and the fleet's default release of
-    each engine, read once for the page, by which the profiles that run it are planned."""
-    qs = (
-        ServedModel.objects.filter(pk__in=[m.pk for m in models])
-        .annotate(**_usage())
-        .prefetch_related(
-            Prefetch("profiles", queryset=Profile.objects.select_related("gpu_class").order_by("name"))
-        )
-        .order_by("name")
-    )
-    models = list(qs)
-    defaults = engine_defaults() if models else {}
-    for m in models:
-        m.served_contexts = served_contexts(m, list(m.profiles.all()), defaults=defaults)  # type: ignore[attr-defined]
-    return models
-
-
-def model_results(query: QueryDict) -> SafeString:
-    """The models list's results (count, the page of models with their profiles and usage, pager)
-    for the query's filters and page: what an htmx filter swaps in, and the page shows."""
-    form = ModelFilterForm.for_catalog(query or None)
-    filters = form.cleaned_data if form.is_bound and form.is_valid() else {}
-    page = Paginator(models_matching(filters).only("pk"), PAGE_SIZE).get_page(query.get("page"))
-    models = models_with_usage(list(page.object_list))
-    rest = query.copy()
-    rest.pop("page", None)
-    return render_to_string(
-        "catalog/model_list.html#results",
-        {
-            "page": page,
-            "models": models,
-            "filtered": any(v not in (None, "", False) for v in filters.values()),
-            "query": rest.urlencode(),
-        },
-    )
+from web.display import Preview, cards_said, hue, profile_memory, shape_facts
+from web.forms import ContextForm, ModelFilterForm, ResizeForm
+from web.model_rows import model_results
 
 
 @requires(VIEW_MODEL)
 @require_GET
 def model_list(request: HttpRequest) -> HttpResponse:
     # The results read only the catalog, and hold nothing of the reader's: kept under its version
-    # (versions/cache.py); the page around them is drawn anew.
+    # (versions/cache.py), each row also by what it is drawn from (web/model_rows.py); the page around
+    # them is drawn anew.
     query = normalized(request.GET)
     results = remembered(
         "models-results",
-        ["structure", "placement", "replicas"],
+        ["structure", "placement", "replicas"],  # the classes' names (fleet), the models, the counts
         [query.urlencode()],
         lambda: model_results(query),
         request=request,
@@ -165,18 +90,22 @@ def _ranks_of(replica: Replica) -> list[tuple[int, str, str, str]]:
     ]
 
 
-def _replicas_of(model: ServedModel) -> list[Replica]:
-    from planning.measured import compare
-    from planning.units import gib
-    from web.views.replicas import missing_said, planned_of
-
+def _loaded_replicas(model: ServedModel) -> list[Replica]:
+    """The model's replicas with their profiles, classes and cards' nodes: all the replicas section reads."""
     shards = Prefetch("shards", queryset=Shard.objects.select_related("card__node").order_by("card__index"))
-    replicas = list(
+    return list(
         Replica.objects.filter(profile__model=model)
         .select_related("profile__model", "profile__gpu_class")
         .prefetch_related(shards)
         .order_by("profile__name", "name")
     )
+
+
+def _replicas_of(replicas: list[Replica]) -> list[Replica]:
+    from planning.measured import compare
+    from planning.units import gib
+    from web.views.replicas import missing_said, planned_of
+
     for r in replicas:
         r.cards_said = [(node, cards_said(indices)) for node, indices in r.placement]  # type: ignore[attr-defined]
         # Each node it runs on with the node's state: a cordoned or down node is said beside its name.
@@ -214,8 +143,16 @@ def _replicas_of(model: ServedModel) -> list[Replica]:
 
 
 def replicas_section(model: ServedModel) -> tuple[SafeString, int]:
-    """The model page's replicas section, drawn, and how many of its live replicas are stale."""
-    replicas = _replicas_of(model)
+    """The model page's replicas section, drawn, and how many of its live replicas are stale; drawn
+    again only when a value loaded with the model or its replicas changed (``kept_by_loaded``): another
+    model's replica changing state reads these again, and draws nothing."""
+    replicas = _loaded_replicas(model)
+    return kept_by_loaded(
+        "model-replicas", [model, *replicas], lambda: _draw_replicas(model, _replicas_of(replicas))
+    )
+
+
+def _draw_replicas(model: ServedModel, replicas: list[Replica]) -> tuple[SafeString, int]:
     html = render_to_string(
         "catalog/model_detail.html#replicas",
         {
@@ -239,14 +176,27 @@ def kept_replicas_section(request: HttpRequest, model: ServedModel) -> tuple[Saf
     )
 
 
-def kept_profiles(request: HttpRequest, model: ServedModel) -> tuple[list[Profile], list[Any]]:
-    """The model's profiles and each one's card memory as the memory model reckons it, kept under
-    the catalog's version."""
+def kept_profiles(request: HttpRequest, model: ServedModel) -> tuple[list[Profile], list[Any], SafeString]:
+    """The model's profiles, each one's card memory as the memory model reckons it, and the page's
+    shape and profiles column drawn (they hold nothing of the reader's), kept under the catalog's
+    version; after a write to it read again (two queries) but reckoned and drawn again only when a
+    value of the model, its profiles and their classes or the engines' default releases changed
+    (``kept_by_loaded``): another model's edit draws nothing here."""
 
-    def read() -> tuple[list[Profile], list[Any]]:
+    def read() -> tuple[list[Profile], list[Any], SafeString]:
         profiles = list(model.profiles.select_related("gpu_class").order_by("name"))
         # the fleet's default releases, once: a profile without its own release runs its engine's
-        return profiles, profile_memory(model, profiles, defaults=engine_defaults() if profiles else {})
+        defaults = engine_defaults() if profiles else {}
+
+        def reckon() -> tuple[list[Profile], list[Any], SafeString]:
+            memories = profile_memory(model, profiles, defaults=defaults)
+            columns = render_to_string(
+                "catalog/model_detail.html#columns",
+                {"model": model, "facts": shape_facts(model), "memories": memories},
+            )
+            return profiles, memories, columns
+
+        return kept_by_loaded("model-profiles", [model, *profiles], reckon, parts=sorted(defaults.items()))
 
     return remembered("model-profiles", ["structure"], [model.pk], read, request=request)
 
@@ -260,7 +210,7 @@ def _detail_context(
     resize_preview: Preview | None = None,
     context_preview: Preview | None = None,
 ) -> dict[str, Any]:
-    profiles, memories = kept_profiles(request, model)
+    profiles, memories, columns = kept_profiles(request, model)
     on_cards = [m for m in memories if m.profile.gpu_class_id]
     can_resize = request.user.has_perm(RESIZE) and not model.declared and bool(on_cards)
     if can_resize:
@@ -273,18 +223,6 @@ def _detail_context(
         )
     operation, rollback = operation_views.kept_latest_for(request, model)
     replicas, stale_live = kept_replicas_section(request, model)
-    # The shape and the profiles with their memory bars hold nothing of the reader's: kept drawn,
-    # under the catalog's version, as the replicas section is (drawing them was most of a warm page).
-    columns = remembered(
-        "model-columns",
-        ["structure"],
-        [model.pk],
-        lambda: render_to_string(
-            "catalog/model_detail.html#columns",
-            {"model": model, "facts": shape_facts(model), "memories": memories},
-        ),
-        request=request,
-    )
     return {
         **(
             operation_views.progress_context(request, operation, rollback=rollback)
