@@ -76,14 +76,17 @@ INSTALLED_APPS = [
 # "answers": what versions/cache.py keeps under the fleet's versions, in each process's own memory
 # (a gunicorn worker computes an answer once per version; the versions are read from the database
 # at every request, so no process's copy is ever stale). An entry under an older version is never
-# asked for again: it leaves when the cache is full or after TIMEOUT.
+# asked for again: it leaves when the cache is full or after TIMEOUT. Full is 5,000 entries: the lists
+# keep each row by what it shows (a page of 100 API rows is 101 entries, the model list's 50 rows 51),
+# and at 500 a few lists' rows pushed out the pages in use (a locmem cache drops a third, oldest first,
+# when full). Most entries are a row's few kB; the largest a nodes page's 200-330 kB.
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     "answers": {
         "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
         "LOCATION": "llmgw-answers",
         "TIMEOUT": 600,
-        "OPTIONS": {"MAX_ENTRIES": 500},
+        "OPTIONS": {"MAX_ENTRIES": 5000},
     },
     # "throttle": the API's rate counts (access/throttles.py), which every process must share or each
     # would allow the whole rate. In the database (the table access/migrations/0003 makes), or in

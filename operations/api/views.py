@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import django_filters
-from django.db import connection
 from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers, status, viewsets
@@ -26,7 +24,6 @@ from operations.models import RestartOperation, RestartStep
 from operations.selectors import operations_with_steps
 from operations.services import drain
 from operations.services.start import MAX_PARALLEL, MAX_READY_TIMEOUT, operation_cancel, restart_start
-from versions.cache import remembered
 
 
 class RestartInput(StrictInput):
@@ -229,27 +226,6 @@ class OperationFilter(django_filters.FilterSet):
         fields = ["model", "state"]
 
 
-def replica_names_stamp(request: Any) -> str:
-    """A digest of every replica's id and name, read once per version of the replicas: what an
-    answer that shows replicas' names, and nothing else of them, may be kept by."""
-
-    def read() -> str:
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                # Fed in id order by a subquery (an index scan) rather than sorted by the aggregate: a
-                # third less time at 8,000 replicas; were the order ever another, the stamp would only
-                # differ, and the answer be made again, never stale.
-                cursor.execute(
-                    "SELECT md5(coalesce(string_agg(id::text || ':' || name, ','), '')) "
-                    f"FROM (SELECT id, name FROM {Replica._meta.db_table} ORDER BY id) AS r"
-                )
-                return str(cursor.fetchone()[0])
-        names = Replica.objects.order_by("id").values_list("id", "name")
-        return hashlib.sha256(repr(list(names)).encode()).hexdigest()
-
-    return remembered("replica-names", ["replicas"], [], read, request=request)
-
-
 def _columns(model: Any) -> list[str]:
     """Every column of ``model`` by field name (a foreign key's loads its id)."""
     return [f.name for f in model._meta.concrete_fields]
@@ -262,14 +238,11 @@ def _columns(model: Any) -> list[str]:
 class OperationViewSet(KeptList, viewsets.ReadOnlyModelViewSet):
     queryset = operations_with_steps()
     # The models' and profiles' names, the restarts and their steps; of the replicas only their names,
-    # which a stamp of every replica's name stands for (kept_parts): a replica's state changed, every few
-    # seconds in a restart, reads one stamp again and finds the answer kept. Each row is kept by its
-    # values too (base/api/cached.py), so a model's edit serializes only the rows it changed.
-    kept_areas = ("models", "operations")
+    # a holder column, which raises the placement's version (versions/triggers.py, ``HOLDER``): a
+    # replica's state changed, every few seconds in a restart, reads nothing again. Each row is kept by
+    # its values too (base/api/cached.py), so a model's edit serializes only the rows it changed.
+    kept_areas = ("models", "placement", "operations")
     kept_rows = True
-
-    def kept_parts(self, request: Request) -> list[Any]:
-        return [replica_names_stamp(request._request)]
 
     def keep(self, data: Any) -> bool:
         # An active restart's "abandoned" figures are read from the clock: such a page is not kept.
