@@ -165,9 +165,9 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     rows, active = remembered(
         "operation-rows",
         [
-            "models",
+            "names",
             "operations",
-        ],  # the models' and profiles' names (no class's), the restarts and their steps
+        ],  # the models' and profiles' names (versions/triggers.py, ``NAMED``), the restarts
         [model, page_number],
         lambda: operation_rows(model, page_number),
         request=request,

@@ -52,7 +52,7 @@ puts them back after every migrate.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 # The areas, in the order counters are taken at commit (PostgreSQL), and which tables raise each.
 # What changes often is kept apart from what changes rarely, so that a write throws away only the
@@ -61,6 +61,9 @@ from typing import Any
 #               reachability and facts, which change when a node does)
 #   models      what is served: models, profiles, the engines' default releases (an editor's edits,
 #               a resize, a context change, an upgrade)
+#   names       of those, only the models' and profiles' names and which model each profile is of,
+#               and their rows made or deleted (column triggers: ``NAMED``): what the pages that
+#               name models and show nothing else of them are kept under
 #   placement   which cards each replica holds (shards: written when a replica starts, moves or ends)
 #   replicas    replicas: their states (they change every few seconds in a restart)
 #   operations  restarts, their steps, each agent's last contact (the reconciler's every pass)
@@ -75,8 +78,8 @@ FLEET, MODELS, REPLICAS, OPERATIONS, READINGS, AUDIT = (
     "readings",
     "audit",
 )
-PLACEMENT, ACCESS = "placement", "access"
-ORDER = (FLEET, MODELS, PLACEMENT, REPLICAS, OPERATIONS, READINGS, AUDIT, ACCESS)
+PLACEMENT, ACCESS, NAMES = "placement", "access", "names"
+ORDER = (FLEET, MODELS, NAMES, PLACEMENT, REPLICAS, OPERATIONS, READINGS, AUDIT, ACCESS)
 # A name for several areas at once, which a kept answer may give in their place: the catalog's
 # ``structure`` is its fleet and its models (one area until the nodes pages and the dry runs needed
 # a model's edit not to throw away what shows only the hardware, and the reverse).
@@ -100,12 +103,37 @@ BY_MODEL = {
 # history panels read; not the row changes, which the database writes beside every catalog write
 # and no kept answer reads.
 ONLY = {"audit": {"auditentry"}}
+
+
+class ColumnTrigger(NamedTuple):
+    """A trigger that raises ``area`` when some columns of a table are written (and, with ``rows``,
+    when a row is made or deleted): for an area narrower than its table's."""
+
+    # The trigger's name (PostgreSQL; SQLite adds the table, and the operation but UPDATE's). Not
+    # TRIGGER's followed by a table and an operation: ``name_sqlite_triggers_after_their_tables``
+    # would take it for a table's own and rename it.
+    name: str
+    model: tuple[str, str]
+    fields: tuple[str, ...]
+    area: str
+    rows: bool = False
+
+
 # A replica's columns that say who holds its cards (its name, its profile, its group's rendezvous port)
 # raise the placement's version too, whoever writes them: the answers that show the cards' holders and
 # not the replicas' states (the nodes' summary, the compact grid) are kept under the placement's, and
 # a state's change, the runner's every few seconds (``save(update_fields=...)``), writes none of them.
-HOLDER = (("catalog", "replica"), ("name", "profile", "rendezvous_port"), PLACEMENT)
-HOLDER_TRIGGER = "versions_touch_holder"
+HOLDER = ColumnTrigger(
+    "versions_touch_holder", ("catalog", "replica"), ("name", "profile", "rendezvous_port"), PLACEMENT
+)
+HOLDER_TRIGGER = HOLDER.name
+# A model's name, a profile's name and model, and their rows made or deleted raise the names' version
+# (besides the models'): the answers that name models and profiles and show nothing else of them (the
+# operations, the compact grid, the nodes' summary) are kept through a model's other edits.
+NAMED = (
+    ColumnTrigger("versions_names", ("catalog", "servedmodel"), ("name",), NAMES, rows=True),
+    ColumnTrigger("versions_names", ("catalog", "profile"), ("name", "model"), NAMES, rows=True),
+)
 TRIGGER = "versions_touch"  # the trigger's name on each table (PostgreSQL; SQLite adds the table and op)
 
 PG_FUNCTIONS = """
@@ -192,53 +220,74 @@ def sqlite_trigger_name(table: str, op: str) -> str:
 def install(apps: Any, schema_editor: Any) -> None:
     """The triggers on every tracked table, and the areas' rows: idempotent."""
     install_areas(apps, schema_editor, AREAS, BY_MODEL, ORDER)
-    install_holder(apps, schema_editor)
+    for trigger in (HOLDER, *NAMED):
+        install_column_trigger(trigger, apps, schema_editor)
 
 
-def holder_columns(apps: Any) -> tuple[str, list[str]] | None:
-    """The replicas' table and its holder columns (``HOLDER``) as this state of the models has them
-    (an earlier migration's may lack some), or None before the table."""
-    (label, name), fields, _ = HOLDER
+def trigger_columns(trigger: ColumnTrigger, apps: Any) -> tuple[str, list[str]] | None:
+    """The trigger's table and columns as this state of the models has them (an earlier migration's
+    may lack some), or None before the table."""
     try:
-        model = apps.get_model(label, name)
+        model = apps.get_model(*trigger.model)
     except LookupError:
         return None
     present = {f.name: f.column for f in model._meta.concrete_fields}
-    return model._meta.db_table, [present[f] for f in fields if f in present]
+    return model._meta.db_table, [present[f] for f in trigger.fields if f in present]
+
+
+def _sqlite_column_triggers(trigger: ColumnTrigger, table: str, columns: list[str]) -> dict[str, str]:
+    """Each SQLite trigger's name and what it fires on."""
+    out = {f"{trigger.name}_{table}": f"UPDATE OF {', '.join(columns)}"}
+    if trigger.rows:
+        out.update({f"{trigger.name}_{table}_{op.lower()}": op for op in ("INSERT", "DELETE")})
+    return out
+
+
+def install_column_trigger(trigger: ColumnTrigger, apps: Any, schema_editor: Any) -> None:
+    found = trigger_columns(trigger, apps)
+    if found is None:
+        return
+    table, columns = found
+    if schema_editor.connection.vendor == "postgresql":
+        on = ("INSERT OR DELETE OR " if trigger.rows else "") + f"UPDATE OF {', '.join(columns)}"
+        schema_editor.execute(
+            f"DROP TRIGGER IF EXISTS {trigger.name} ON {table};"
+            f"CREATE TRIGGER {trigger.name} AFTER {on} ON {table} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION versions_touch('{trigger.area}');",
+            params=None,
+        )
+    elif schema_editor.connection.vendor == "sqlite":
+        for name, op in _sqlite_column_triggers(trigger, table, columns).items():
+            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}", params=None)
+            schema_editor.execute(
+                SQLITE_TRIGGER.format(name=name, op=op, table=table, area=trigger.area), params=None
+            )
+
+
+def uninstall_column_trigger(trigger: ColumnTrigger, apps: Any, schema_editor: Any) -> None:
+    found = trigger_columns(trigger, apps)
+    if found is None:
+        return
+    table, columns = found
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {trigger.name} ON {table};", params=None)
+    elif schema_editor.connection.vendor == "sqlite":
+        for name in _sqlite_column_triggers(trigger, table, columns):
+            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}", params=None)
 
 
 def install_holder(apps: Any, schema_editor: Any) -> None:
     """The trigger that raises the placement's version when a replica's holder columns are written."""
-    found = holder_columns(apps)
-    if found is None:
-        return
-    table, columns = found
-    of = ", ".join(columns)
-    area = HOLDER[2]
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(
-            f"DROP TRIGGER IF EXISTS {HOLDER_TRIGGER} ON {table};"
-            f"CREATE TRIGGER {HOLDER_TRIGGER} AFTER UPDATE OF {of} ON {table} "
-            f"FOR EACH STATEMENT EXECUTE FUNCTION versions_touch('{area}');",
-            params=None,
-        )
-    elif schema_editor.connection.vendor == "sqlite":
-        name = f"{HOLDER_TRIGGER}_{table}"
-        schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}", params=None)
-        schema_editor.execute(
-            SQLITE_TRIGGER.format(name=name, op=f"UPDATE OF {of}", table=table, area=area), params=None
-        )
+    install_column_trigger(HOLDER, apps, schema_editor)
 
 
 def uninstall_holder(apps: Any, schema_editor: Any) -> None:
-    found = holder_columns(apps)
-    if found is None:
-        return
-    table = found[0]
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"DROP TRIGGER IF EXISTS {HOLDER_TRIGGER} ON {table};", params=None)
-    elif schema_editor.connection.vendor == "sqlite":
-        schema_editor.execute(f"DROP TRIGGER IF EXISTS {HOLDER_TRIGGER}_{table}", params=None)
+    uninstall_column_trigger(HOLDER, apps, schema_editor)
+
+
+def uninstall_names(apps: Any, schema_editor: Any) -> None:
+    for trigger in NAMED:
+        uninstall_column_trigger(trigger, apps, schema_editor)
 
 
 def install_areas(
@@ -279,6 +328,7 @@ def install_areas(
 
 def uninstall(apps: Any, schema_editor: Any) -> None:
     uninstall_holder(apps, schema_editor)
+    uninstall_names(apps, schema_editor)
     vendor = schema_editor.connection.vendor
     tables = tracked_tables(apps)
     if vendor == "postgresql":

@@ -237,11 +237,12 @@ def _columns(model: Any) -> list[str]:
 )
 class OperationViewSet(KeptList, viewsets.ReadOnlyModelViewSet):
     queryset = operations_with_steps()
-    # The models' and profiles' names, the restarts and their steps; of the replicas only their names,
-    # a holder column, which raises the placement's version (versions/triggers.py, ``HOLDER``): a
-    # replica's state changed, every few seconds in a restart, reads nothing again. Each row is kept by
-    # its values too (base/api/cached.py), so a model's edit serializes only the rows it changed.
-    kept_areas = ("models", "placement", "operations")
+    # The models' and profiles' names (the names' version: a model's other edits keep it), the restarts
+    # and their steps; of the replicas only their names, a holder column, which raises the placement's
+    # version (versions/triggers.py, ``HOLDER``, ``NAMED``): a replica's state changed, every few
+    # seconds in a restart, reads nothing again. Each row is kept by its values too
+    # (base/api/cached.py), so a restart's write serializes only the rows it changed.
+    kept_areas = ("names", "placement", "operations")
     kept_rows = True
 
     def keep(self, data: Any) -> bool:

@@ -52,7 +52,7 @@ def test_a_card_cordoned_by_sql_shows_on_the_nodes_pages(fleet):
     assert "cordoned" not in kept(viewer, "/nodes/?view=compact").split('id="node-results"')[1]
     assert "cordoned" not in kept(viewer, "/nodes/gpu-1/").split('<ol class="cards">')[1].split("</ol>")[0]
     sql(
-        "UPDATE catalog_card SET cordoned = true, cordon_reason = 'fan' WHERE index = 2 AND node_id = "
+        "UPDATE catalog_card SET cordoned = true, cordon_reason = 'fan' WHERE \"index\" = 2 AND node_id = "
         "(SELECT id FROM catalog_node WHERE name = 'gpu-1')"
     )
     page = kept(viewer, "/nodes/")
@@ -98,6 +98,22 @@ def test_a_replicas_state_flipped_reads_no_compact_view_again(fleet):
     sql("UPDATE catalog_replica SET state = 'loading' WHERE name = 'llama-1'")
     _, read = queries(viewer, "/nodes/?view=compact")
     assert not [q for q in read if '"catalog_card"' in q], read  # kept: nothing it shows was written
+
+
+def test_a_models_source_edited_reads_no_compact_view_and_no_operations_again(fleet):
+    """The compact view and the operations API show of the models only their names (the names'
+    version, versions/triggers.py ``NAMED``): a model's source edited reads neither again; its name
+    changed does."""
+    viewer = client()
+    kept(viewer, "/nodes/?view=compact")
+    kept(viewer, "/api/operations/")
+    _, warm = get(viewer, "/api/operations/")
+    sql("UPDATE catalog_model SET source = 'org/elsewhere' WHERE name = 'llama'")
+    _, read = queries(viewer, "/nodes/?view=compact")
+    assert not [q for q in read if '"catalog_card"' in q], read
+    assert get(viewer, "/api/operations/")[1] == warm
+    sql("UPDATE catalog_model SET name = 'llama-renamed' WHERE name = 'llama'")
+    assert 'title="card 0: llama-renamed"' in kept(viewer, "/nodes/?view=compact")
 
 
 def test_a_models_source_edited_reads_neither_readings_nor_counts_and_fills_no_grid(fleet, fills):

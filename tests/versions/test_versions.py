@@ -163,8 +163,42 @@ def test_a_replicas_holder_columns_raise_the_placement_and_its_state_does_not(au
     before = versions_of()
     committed(sql)
     after = versions_of()
-    areas = ("fleet", "models", "placement", "replicas", "operations", "readings")
+    areas = ("fleet", "models", "names", "placement", "replicas", "operations", "readings")
     assert [a for a in areas if after.get(a) != before.get(a)] == raised
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("sql", "raised"),
+    [
+        ("UPDATE catalog_model SET source = source || '~'", ["models"]),
+        ("UPDATE catalog_profile SET revision = revision + 1", ["models"]),
+        ("UPDATE catalog_model SET name = name || '-x'", ["models", "names"]),
+        ("UPDATE catalog_profile SET name = name || '-x'", ["models", "names"]),
+        (
+            "UPDATE catalog_profile SET model_id = (SELECT id FROM catalog_model WHERE name = 'other')",
+            ["models", "names"],
+        ),
+        ("DELETE FROM catalog_profile WHERE name = 'spare'", ["models", "names"]),
+    ],
+)
+def test_a_models_names_raise_the_names_and_its_other_columns_do_not(audit_flushable, sql, raised):
+    """The names' version (versions/triggers.py, ``NAMED``) moves with a model's or a profile's name,
+    a profile's model, and their rows made or deleted; not with anything else of theirs."""
+    b.llama_8b("other")
+    b.profile(b.llama_8b(), "spare")
+    before = versions_of()
+    committed(sql)
+    after = versions_of()
+    areas = ("fleet", "models", "names", "placement", "replicas", "operations", "readings")
+    assert [a for a in areas if after.get(a) != before.get(a)] == raised
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_model_made_raises_the_names(audit_flushable):
+    before = versions_of().get("names")
+    b.llama_8b("new")
+    assert versions_of().get("names") != before
 
 
 @pytest.mark.django_db(transaction=True)

@@ -164,12 +164,14 @@ def foreign_held_for(query: QueryDict) -> list[int]:
 
 
 def results_areas(query: QueryDict) -> list[str]:
-    """What the results are read from: the cards, their holders and their models, and, but in the compact
-    view, the holders' states (a holder's name, profile and rendezvous port raise the placement's
-    version: versions/triggers.py, ``HOLDER``). A state flipped in a restart, every few seconds, reads
-    no compact view again."""
-    areas = ["fleet", "models", "placement"]
-    return areas if query.get("view") == "compact" else [*areas, "replicas"]
+    """What the results are read from: the cards, their holders and their models (each held card's
+    planned need), and the holders' states. The compact view shows no state and no need: only who
+    holds each card (a holder's name, profile and rendezvous port raise the placement's version) and
+    their models' names (the names' version: versions/triggers.py, ``HOLDER``, ``NAMED``), so neither
+    a state flipped in a restart, every few seconds, nor a model's other edits read it again."""
+    if query.get("view") == "compact":  # of the models, only their names (versions/triggers.py, ``NAMED``)
+        return ["fleet", "names", "placement"]
+    return ["fleet", "models", "placement", "replicas"]
 
 
 # Where a kept part's polling attributes go: put in per request, with the stamp of what it shows.
@@ -236,12 +238,13 @@ def summary_of_fleet(
 # The summary's parts: the hardware's (cards by class and by holding profile, nodes by state, cards
 # cordoned) under the fleet's and the placement's versions (a replica's profile changed in place, as a
 # PATCH of /api/replicas/ may, raises the placement's: versions/triggers.py, ``HOLDER``); each
-# holding profile's model, by name, under the models'; its
+# holding profile's model, by name, under the names' (a model's or a profile's name, a profile's model:
+# versions/triggers.py, ``NAMED``); its
 # readings' (foreign holds, agents not answering) under the readings' (and the fleet's and
 # placement's, which say which cards are free and nodes reachable); drawn under all and the clock's
 # 10 s tick (a foreign process's reading stops counting as it ages past
 # LLMGW_TELEMETRY_STALE_SECONDS, which no write says), and kept by what it shows (``drawn_from``).
-SUMMARY_AREAS = ["fleet", "models", "placement", "readings"]
+SUMMARY_AREAS = ["fleet", "names", "placement", "readings"]
 
 
 def summary_html(request: HttpRequest) -> tuple[str, SafeString]:
@@ -257,7 +260,7 @@ def summary_html(request: HttpRequest) -> tuple[str, SafeString]:
             lambda: (fleet_counts(), cordoned_free_by_class()),
             request=request,
         )
-        holders = remembered("nodes-summary-holders", ["models"], [], holders_of, request=request)
+        holders = remembered("nodes-summary-holders", ["names"], [], holders_of, request=request)
         readings = remembered(
             "nodes-summary-readings",
             ["fleet", "placement", "readings"],
