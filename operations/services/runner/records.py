@@ -21,7 +21,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit.services import audit_record, snapshot
+from audit.services import audit_record, audit_records, snapshot
 from base.actor import Actor
 from base.secrets import profile_secrets, redact
 from catalog.models import Card, Node, Profile, Replica, Shard
@@ -105,6 +105,13 @@ class Records:
     def audit(self, **entry: Any) -> None:
         with self.clock.timed("audit_record (waits for the chain's lock)"):
             audit_record(actor=self.actor, **entry)
+
+    def audit_all(self, entries: list[dict[str, Any]]) -> None:
+        """Write ``entries`` (``record_replacement``'s, deferred) in the caller's transaction, the
+        chain's lock taken once, at its end: held for one read and one insert to the commit."""
+        if entries:
+            with self.clock.timed("audit_records (a batch of placements; waits for the chain's lock)"):
+                audit_records(entries, actor=self.actor)
 
     def said(self, text: str) -> str:
         """An audit message, naming the restart and the operator who asked for it."""
@@ -208,17 +215,22 @@ class Records:
         said: Callable[[str, int], str],
         reason: Callable[[str], str],
         locked: bool = False,
+        name: str | None = None,
+        audits: list[dict[str, Any]] | None = None,
         **fields: Any,
     ) -> Replica:
         """In the caller's transaction, record the step's replacement on ``cards`` and ``port``
         of ``node`` (rolling beside the old replica, or in place on its cards), with the spec it
         is to be sent, audited with ``said(name, port)``; the step is set starting there, with
-        ``reason(name)`` and ``fields``. ``locked``: the transaction holds the placement lock."""
+        ``reason(name)`` and ``fields``. ``locked``: the transaction holds the placement lock; ``name``:
+        the replacement's, when the caller chose it under that lock (``placement.replica_names``);
+        ``audits``: the audit entry is added there, for the caller to write in the same transaction
+        with those of the placements made with it (``audit_all``), not written here."""
         spec = replica_spec(
             profile, port=port, cards=[c.index for c in cards], ready_timeout=self.agent_timeout()
         )
         new = Replica.objects.create(
-            name=replica_name(profile.model, step, locked=locked),
+            name=name or replica_name(profile.model, step, locked=locked),
             profile=profile,
             port=port,
             state=Replica.State.STARTING,
@@ -230,7 +242,7 @@ class Records:
             else "",
         )
         Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
-        self.audit(
+        entry = dict(
             action="start",
             object_type="replica",
             object_key=new.name,
@@ -238,6 +250,10 @@ class Records:
             after=replica_after(new, [str(c) for c in cards]),
             message=self.said(said(new.name, port)),
         )
+        if audits is None:
+            self.audit(**entry)
+        else:
+            audits.append(entry)
         fields |= {
             "new_replica": new,
             "node": node.name,
