@@ -72,6 +72,12 @@ def replica_after(replica: Replica, cards: list[str]) -> dict[str, Any]:
     return {**snapshot(replica), "cards": cards}
 
 
+def engine_version(profile: Profile, node: Node) -> str:
+    """The release a replacement starts with: what its node's agent reported installed (placement
+    refused a node without the profile's release); "" where the node never said."""
+    return str((node.engines or {}).get(profile.engine, "")) if isinstance(node.engines, dict) else ""
+
+
 class Records:
     """One run's writes: its steps, its replicas and their cards, each under the lease's fence."""
 
@@ -107,8 +113,8 @@ class Records:
             audit_record(actor=self.actor, **entry)
 
     def audit_all(self, entries: list[dict[str, Any]]) -> None:
-        """Write ``entries`` (``record_replacement``'s, deferred) in the caller's transaction, the
-        chain's lock taken once, at its end: held for one read and one insert to the commit."""
+        """Write ``entries`` (a batch of placements', ``runner/placing.py``) in the caller's
+        transaction, the chain's lock taken once: held for one read and one insert to the commit."""
         if entries:
             with self.clock.timed("audit_records (a batch of placements; waits for the chain's lock)"):
                 audit_records(entries, actor=self.actor)
@@ -215,34 +221,25 @@ class Records:
         said: Callable[[str, int], str],
         reason: Callable[[str], str],
         locked: bool = False,
-        name: str | None = None,
-        audits: list[dict[str, Any]] | None = None,
         **fields: Any,
     ) -> Replica:
         """In the caller's transaction, record the step's replacement on ``cards`` and ``port``
         of ``node`` (rolling beside the old replica, or in place on its cards), with the spec it
         is to be sent, audited with ``said(name, port)``; the step is set starting there, with
-        ``reason(name)`` and ``fields``. ``locked``: the transaction holds the placement lock; ``name``:
-        the replacement's, when the caller chose it under that lock (``placement.replica_names``);
-        ``audits``: the audit entry is added there, for the caller to write in the same transaction
-        with those of the placements made with it (``audit_all``), not written here."""
+        ``reason(name)`` and ``fields``. ``locked``: the transaction holds the placement lock."""
         spec = replica_spec(
             profile, port=port, cards=[c.index for c in cards], ready_timeout=self.agent_timeout()
         )
         new = Replica.objects.create(
-            name=name or replica_name(profile.model, step, locked=locked),
+            name=replica_name(profile.model, step, locked=locked),
             profile=profile,
             port=port,
             state=Replica.State.STARTING,
             revision=profile.revision,
-            # The release it starts with: what its node's agent reported installed (placement refused
-            # a node without the profile's release); "" where the node never said.
-            engine_version=str((node.engines or {}).get(profile.engine, ""))
-            if isinstance(node.engines, dict)
-            else "",
+            engine_version=engine_version(profile, node),
         )
         Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
-        entry = dict(
+        self.audit(
             action="start",
             object_type="replica",
             object_key=new.name,
@@ -250,10 +247,6 @@ class Records:
             after=replica_after(new, [str(c) for c in cards]),
             message=self.said(said(new.name, port)),
         )
-        if audits is None:
-            self.audit(**entry)
-        else:
-            audits.append(entry)
         fields |= {
             "new_replica": new,
             "node": node.name,
