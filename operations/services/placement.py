@@ -8,8 +8,9 @@ domain, a rank a node (``group_best_fit``). Ports are the highest in use (a
 serving or a rendezvous port) on the node's host + 1, from
 ``LLMGW_REPLICA_PORT_BASE``; a group's two are free on every host it touches
 (``group_ports``).
-Placements are made one at a time (``lock_placement``), so two steps never
-pick the same cards or port.
+Placements are made one transaction at a time (``lock_placement``, held to the
+commit), so two steps never pick the same cards or port; a run's rolling placements
+asked meanwhile are made together in one such transaction (``runner/placing.py``).
 """
 
 from __future__ import annotations

@@ -6,18 +6,20 @@ for the audit chain's lock that every audited write holds to its commit. One pla
 transaction, sixteen steps side by side started a hold apart each, the sixteenth of a wave sixteen
 holds after the first (docs/benchmarks.md, "Issue 25, item 4 again"). Here a run's step threads
 hand their placements to one queue (``together.py``): the thread that finds none being made makes
-every placement queued, its own and those asked while the last batch was made, in one transaction:
-one hold of the operation's row, one read of the profile, the foreign-held cards and the hosts
-before the lock, one wait for the lock, one for the audit chain's, one commit; a host's port and
-the model's replica names are read once a batch and counted on from there (the lock keeps every
-other placement out until the commit). Each placement and its audit entry stay in one transaction,
-as do those made with it; placements of other runs and other workers still wait for the lock.
+every placement queued, its own and those asked while the last batch was made, in one transaction
+with the queries of one placement: one hold of the operation's row; the profile, the foreign-held
+cards and the hosts read before the lock; one wait for the lock; every plan's cards in one read; a
+host's port and the model's replica names read once and counted on (the lock keeps every other
+placement out until the commit); the replicas, their cards and their steps each in one write; the
+audit entries last, in one insert (the chain's lock held from there to the commit only). Each
+placement and its audit entry stay in one transaction, as do those made with it; placements of
+other runs and other workers still wait for the lock.
 
-Within a batch each placement is made as it would be alone and in turn, so a later one reads the
-cards an earlier one took (its rows are the transaction's own): the plan's cards when still free,
-or the best fit. A batch that fails (a name taken by a replica made by hand meanwhile, the lease
-lost) is made again one placement a transaction, each by its own step's thread, so one that cannot
-be made fails its own step only.
+Within a batch the placements are chosen in turn, as one at a time: a plan whose cards an earlier
+one of the batch took is refused as a taken card would be, and a best fit (no plan) reads the rows
+of those chosen before it, written first. A batch that fails (a name taken by a replica made by
+hand meanwhile, the lease lost, an old replica removed) is made again one placement a
+transaction, each by its own step's thread, so one that cannot be made fails its own step only.
 """
 
 from __future__ import annotations
