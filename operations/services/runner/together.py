@@ -28,15 +28,16 @@ class Together(Generic[T, R]):
             self._queued.append(item)
             while self._busy and not item.done:
                 self._changed.wait()
-            if not item.done:
+            lead = not item.done  # no batch under way, and this item in none yet: this thread does one
+            if lead:
                 self._busy = True
                 batch, self._queued = self._queued, []
-        if not item.done:
+        if lead:
             try:
                 outcomes = do_all([i.value for i in batch])
                 for one, outcome in zip(batch, outcomes, strict=True):
                     one.outcome = outcome
-            except Exception as exc:
+            except BaseException as exc:  # each thread of the batch raises it, none reads "not done"
                 for one in batch:
                     one.error = exc
             finally:
@@ -60,4 +61,4 @@ class _Item(Generic[T, R]):
         self.value = value
         self.done = False
         self.outcome: R | None = None
-        self.error: Exception | None = None
+        self.error: BaseException | None = None
