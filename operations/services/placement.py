@@ -8,11 +8,15 @@ domain, a rank a node (``group_best_fit``). Ports are the highest in use (a
 serving or a rendezvous port) on the node's host + 1, from
 ``LLMGW_REPLICA_PORT_BASE``; a group's two are free on every host it touches
 (``group_ports``).
-Placements are made one at a time (``lock_placement``), so two steps never
-pick the same cards or port.
+Placements are made one transaction at a time (``lock_placement``, held to the
+commit), so two steps never pick the same cards or port; a run's rolling placements
+asked meanwhile are made together in one such transaction (``runner/placing.py``).
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
 
 from django.conf import settings
 from django.db.models import Max
@@ -224,13 +228,19 @@ def replica_name(model: ServedModel, step: RestartStep | None = None, *, locked:
     query to check it."""
     if not locked:
         lock_placement()
+    return next(replica_names(model))
+
+
+def replica_names(model: ServedModel) -> Iterator[str]:
+    """The model's next replica names, in turn (``replica_name``'s, read once, then counted on):
+    for placements made together under the placement lock the caller's transaction holds."""
     prefix = f"{model.name}-"
     tails = [
         int(tail)
         for name in Replica.objects.filter(name__startswith=prefix).values_list("name", flat=True)
         if (tail := name[len(prefix) :]).isdigit()
     ]
-    return f"{prefix}{max(tails, default=0) + 1}"
+    return (f"{prefix}{n}" for n in itertools.count(max(tails, default=0) + 1))
 
 
 def in_place_cards(profile: Profile, old: Replica, node: Node) -> list[int] | str:

@@ -31,6 +31,7 @@ class _Tally:
     count: int = 0
     total: float = 0.0
     longest: float = 0.0
+    unit: str = "s"
 
     def add(self, seconds: float) -> None:
         self.count += 1
@@ -39,7 +40,8 @@ class _Tally:
 
     def __str__(self) -> str:
         mean = self.total / self.count if self.count else 0.0
-        return f"n={self.count} total={self.total:.3f}s mean={mean:.4f}s max={self.longest:.3f}s"
+        u = self.unit
+        return f"n={self.count} total={self.total:.3f}{u} mean={mean:.4f}{u} max={self.longest:.3f}{u}"
 
 
 @dataclass
@@ -120,10 +122,11 @@ class RunClock:
 
     # -- locks, writes and agent calls --
 
-    def add(self, what: str, seconds: float) -> None:
+    def add(self, what: str, seconds: float, *, unit: str = "s") -> None:
+        """Count ``seconds`` under ``what`` (or another figure, in ``unit``: "" for a count)."""
         if self.enabled:
             with self._lock:
-                self._tallies.setdefault(what, _Tally()).add(seconds)
+                self._tallies.setdefault(what, _Tally(unit=unit)).add(seconds)
 
     @contextlib.contextmanager
     def timed(self, what: str) -> Iterator[None]:

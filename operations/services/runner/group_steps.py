@@ -97,7 +97,7 @@ def _best_fit(profile: Profile, old: Replica) -> Fit | None:
 
 def _planned_fit(profile: Profile, planned: list[dict[str, Any]]) -> Fit | None:
     """The cards the restart's plan gave each rank, when every one is still free (not cordoned, held
-    by no foreign process or orphan engine, as ``rolling._planned_cards`` asks) on a ready node whose
+    by no foreign process or orphan engine, as ``placing.planned_cards`` asks) on a ready node whose
     agent answers and whose release floors pass; None otherwise."""
     fit: Fit = []
     per_rank = profile.cards // max(profile.nodes, 1)

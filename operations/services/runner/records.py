@@ -21,7 +21,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit.services import audit_record, snapshot
+from audit.services import audit_record, audit_records, snapshot
 from base.actor import Actor
 from base.secrets import profile_secrets, redact
 from catalog.models import Card, Node, Profile, Replica, Shard
@@ -72,6 +72,12 @@ def replica_after(replica: Replica, cards: list[str]) -> dict[str, Any]:
     return {**snapshot(replica), "cards": cards}
 
 
+def engine_version(profile: Profile, node: Node) -> str:
+    """The release a replacement starts with: what its node's agent reported installed (placement
+    refused a node without the profile's release); "" where the node never said."""
+    return str((node.engines or {}).get(profile.engine, "")) if isinstance(node.engines, dict) else ""
+
+
 class Records:
     """One run's writes: its steps, its replicas and their cards, each under the lease's fence."""
 
@@ -105,6 +111,13 @@ class Records:
     def audit(self, **entry: Any) -> None:
         with self.clock.timed("audit_record (waits for the chain's lock)"):
             audit_record(actor=self.actor, **entry)
+
+    def audit_all(self, entries: list[dict[str, Any]]) -> None:
+        """Write ``entries`` (a batch of placements', ``runner/placing.py``) in the caller's
+        transaction, the chain's lock taken once: held for one read and one insert to the commit."""
+        if entries:
+            with self.clock.timed("audit_records (a batch of placements; waits for the chain's lock)"):
+                audit_records(entries, actor=self.actor)
 
     def said(self, text: str) -> str:
         """An audit message, naming the restart and the operator who asked for it."""
@@ -223,11 +236,7 @@ class Records:
             port=port,
             state=Replica.State.STARTING,
             revision=profile.revision,
-            # The release it starts with: what its node's agent reported installed (placement refused
-            # a node without the profile's release); "" where the node never said.
-            engine_version=str((node.engines or {}).get(profile.engine, ""))
-            if isinstance(node.engines, dict)
-            else "",
+            engine_version=engine_version(profile, node),
         )
         Shard.objects.bulk_create(Shard(replica=new, card=c) for c in cards)
         self.audit(

@@ -5,27 +5,15 @@ replacement that fails is stopped, and the old replica keeps serving."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from django.db import transaction
-from django.utils import timezone
-
-from catalog.models import Card, Node, Profile, Replica
-from catalog.selectors import release_of
+from catalog.models import Node, Replica
 from operations.models import RestartStep
-from operations.services.placement import (
-    best_fit,
-    foreign_held_card_ids,
-    free_port,
-    node_hosts,
-    orphan_cards,
-    release_refusal,
-    replica_placement,
-)
+from operations.services.placement import replica_placement
 from operations.services.reconcile import node_unreachable
 from operations.services.runner.groups import launch_and_settle, said_ranks
 from operations.services.runner.parts import RunParts
+from operations.services.runner.placing import BatchFailed, Placing, place_together
 from operations.services.runner.records import StepFailed, replaced, replacement
 from operations.services.runner.stops import stop_confirmed, stop_replacement
 
@@ -42,89 +30,14 @@ def place_beside(
 ) -> bool:
     """Record the replacement on free cards beside the old replica: on the
     ``planned`` node and cards when given, else the best fit; False when
-    there is no room (or the planned cards are no longer free)."""
-    records = run.records
-    locked_at: list[float] = []  # when the placement lock was taken: how long it was held, timed
-
-    @transaction.atomic
-    def write() -> bool:
-        records.hold()
-        # What no placement changes is read before the placement lock, which every step's
-        # placement waits for in turn (each query under it is a round trip every other step
-        # waits for): the profile, its release, the cards a foreign process holds (the sampler's,
-        # not a placement's), the nodes' hosts. Whether the cards are still free, the port and the
-        # name, after.
-        profile = Profile.objects.select_related("model", "gpu_class").get(pk=records.op.profile_id)
-        foreign = foreign_held_card_ids() if planned is not None else None
-        release = release_of(profile) if planned is not None else None
-        hosts = node_hosts()
-        records.lock_placement()
-        locked_at.append(time.monotonic())
-        fit = (
-            _planned_cards(profile, *planned, foreign=foreign or set(), release=release)
-            if planned is not None
-            else best_fit(profile, replacing=step.old_replica)
-        )
-        if fit is None:
-            return False
-        node, cards = fit
-        old = replaced(step)
-        records.record_replacement(
-            step,
-            profile,
-            node,
-            cards,
-            port=free_port(node, hosts=hosts),
-            said=lambda new, port: (
-                f"started {new} on {node.name} cards {[c.index for c in cards]} port {port}, "
-                f"revision {profile.revision}, to replace {old.name}"
-            ),
-            reason=lambda new: f"starting {new} on {node.name} beside {old.name}",
-            started_at=timezone.now(),
-            old_spec=old_spec,
-            in_place=False,
-            locked=True,
-        )
-        return True
-
-    with records.clock.timed("write: placing a replacement (transaction)"):
-        placed = write()
-    if locked_at:  # every other placement waited this long: the lock is held to the commit
-        records.clock.add(
-            "hold: the placement lock (a rolling placement, to its commit)", time.monotonic() - locked_at[0]
-        )
-    if placed:
-        records.clock.mark(step.pk, "placed")
-    return placed
-
-
-def _planned_cards(
-    profile: Profile, node_name: str, indices: list[int], *, foreign: set[int], release: str | None = None
-) -> tuple[Node, list[Card]] | None:
-    """The cards the restart's plan gave the step, when they are still free on a ready node (and
-    are as many as the profile takes, none in ``foreign``: held by a foreign process, and the node
-    able to run ``release``, the profile's); None otherwise."""
-    cards = list(
-        Card.objects.filter(
-            node__name=node_name,
-            node__state=Node.State.READY,
-            node__reachable=True,
-            gpu_class_id=profile.gpu_class_id,
-            shard__isnull=True,
-            cordoned=False,
-            index__in=indices,
-        )
-        .exclude(pk__in=foreign)  # a foreign process took one since the plan
-        .select_related("node")
-        .order_by("index")
-    )
-    if len(cards) != len(indices) or len(cards) != profile.cards:
-        return None
-    if release_refusal(profile, cards[0].node, release=release) is not None:
-        return None  # the node's agent since reported facts the release's floors refuse
-    if orphan_cards(cards[0].node) & set(indices):
-        return None  # an orphan engine runs there: the best fit stands in
-    return cards[0].node, cards
+    there is no room (or the planned cards are no longer free). Made with the other steps'
+    placements asked meanwhile, in one transaction (``placing.py``); alone again when that fails."""
+    asked = Placing(step, old_spec, planned)
+    try:
+        return run.placing.do(asked, lambda batch: place_together(run.records, batch))
+    except BatchFailed:
+        step.refresh_from_db()  # an earlier placement of the batch may have set it, then rolled back
+        return place_together(run.records, [asked])[0]
 
 
 def roll(run: RunParts, step: RestartStep, *, tries: int = 1) -> str:
