@@ -131,10 +131,13 @@ def use_html(use: CardUse | None, planned: int | None, *, old: bool = False) -> 
             return ""
         return f'<span class="use muted">planned {_gib(planned)} GiB · not measured</span>'
     used_at = min(100, round(100 * use.used_mib / use.total_mib))
-    marks = [f'<span class="used" style="width: {used_at}%"></span>']
+    # Written short (no space in the styles, no aria-hidden on a bar with no text, which a screen
+    # reader passes over): the tile repeats 400 times a page, whose 200 kB bar a reading on every
+    # card had pushed to 206 kB.
+    marks = [f'<span class="used" style="width:{used_at}%"></span>']
     if planned is not None:
         marks.append(
-            f'<span class="planned" style="left: {min(100, round(100 * planned / use.total_mib))}%"></span>'
+            f'<span class="planned" style="left:{min(100, round(100 * planned / use.total_mib))}%"></span>'
         )
     words = [f"used {_gib(use.used_mib)} of {_gib(use.total_mib)} GiB"]
     if planned is not None:
@@ -152,7 +155,7 @@ def use_html(use: CardUse | None, planned: int | None, *, old: bool = False) -> 
     )
     stale = " stale" if old else ""
     return (
-        f'<span class="usebar{stale}" aria-hidden="true">{"".join(marks)}</span>'
+        f'<span class="usebar{stale}">{"".join(marks)}</span>'
         f'<span class="use{stale}">{" · ".join(words)}</span>{foreign}'
     )
 

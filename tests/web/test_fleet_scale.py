@@ -274,6 +274,22 @@ def test_the_nodes_page_pages_the_grid_and_keeps_the_first_page_small(bench):
     second = bench.get("/nodes/?page=2").content.decode()
     assert second.count('<section class="node ') == 10 and "gen-node-0059" in second
     assert len(first.content) < 200_000  # the first page is 50 nodes whatever the fleet
+    # And once every card has a reading, its longest (memory, utilization and temperature, two digits
+    # each): each card's line and bar, 400 a page.
+    now = timezone.now()
+    CardReading.objects.bulk_create(
+        CardReading(
+            card=card,
+            at=now,
+            memory_used_mib=73_728,
+            memory_total_mib=81_559,
+            utilization_percent=88,
+            temperature_c=67,
+        )
+        for card in Card.objects.all()
+    )
+    read = bench.get("/nodes/")
+    assert "used 72.0 of 79.6 GiB" in read.content.decode() and len(read.content) < 200_000
 
 
 @pytest.mark.parametrize(
