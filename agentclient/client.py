@@ -20,7 +20,7 @@ from django.conf import settings
 from agentclient import answers, transport
 from base.errors import DomainError
 from base.secrets import redact
-from catalog.agent_address import checked_address
+from catalog.agent_address import checked_address, plaintext_refusal
 from catalog.models import Node
 
 # DELETE answers only once the process is gone: SIGTERM, ``grace`` seconds,
@@ -240,6 +240,8 @@ class AgentClient:
             raise AgentCallFailed(
                 "agent_address", f"{who} was not called while {what}: {exc.message}"
             ) from None
+        if (plain := plaintext_refusal(self.url, target)) is not None:
+            raise AgentCallFailed("agent_address", f"{who} was not called while {what}: {plain}.")
         connect = min(timeout, 5.0)
         try:
             return transport.request(

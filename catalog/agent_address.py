@@ -186,6 +186,27 @@ def checked_address(url: str) -> AgentAddress:
     return AgentAddress(host=host, port=port, address=addresses[0])
 
 
+PLAIN_SETTING = "LLMGW_AGENT_PLAIN_HTTP_NETWORKS"
+
+
+def plaintext_refusal(url: str, target: AgentAddress) -> str | None:
+    """Why ``url`` may not be called as it is written, or None: plain http carries the agent token in
+    clear, allowed only to an address inside ``LLMGW_AGENT_PLAIN_HTTP_NETWORKS`` (loopback by default)."""
+    if urlsplit(url).scheme != "http":
+        return None
+    networks = _networks(tuple(settings.LLMGW_AGENT_PLAIN_HTTP_NETWORKS))
+    if any(target.address in n for n in networks):
+        return None
+    names = ", ".join(str(n) for n in networks) or "none"
+    return (
+        f"the URL is plain http to {target.address}, outside the networks {PLAIN_SETTING} allows "
+        f"({names}), and the agent token would cross the network in clear; serve the agent over https "
+        "(LLMGW_AGENT_TLS_CERT_FILE and LLMGW_AGENT_TLS_KEY_FILE on the node) and write https:// in the "
+        f"node's agent URL, or, on a network trusted as the token is, add it (e.g. "
+        f"{_network_of(target.address)}) to {PLAIN_SETTING}"
+    )
+
+
 def validate_agent_url(url: str) -> AgentAddress:
     """http(s), a plain base URL, to a host ``LLMGW_AGENT_HOSTS`` allows (when set) whose every
     address is inside ``LLMGW_AGENT_NETWORKS``; ``refused_agent_url`` otherwise."""

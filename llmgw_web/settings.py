@@ -418,6 +418,17 @@ try:
     parse_networks(LLMGW_AGENT_NETWORKS)
 except ValueError as exc:
     raise ImproperlyConfigured(f"LLMGW_AGENT_NETWORKS: {exc}.") from None
+# The networks where an agent may be called over plain http (its token in every request, in clear):
+# CIDRs or "private", comma-separated. By default loopback only (the demo, the tests, an agent on the
+# control plane's own host); elsewhere an agent is reached over https (the agent's
+# LLMGW_AGENT_TLS_CERT_FILE and LLMGW_AGENT_TLS_KEY_FILE) unless its network is named here, for a
+# fleet network the operator trusts as it trusts the token (catalog/agent_address.py,
+# plaintext_refusal).
+LLMGW_AGENT_PLAIN_HTTP_NETWORKS = env_list("LLMGW_AGENT_PLAIN_HTTP_NETWORKS", ["127.0.0.0/8", "::1/128"])
+try:
+    parse_networks(LLMGW_AGENT_PLAIN_HTTP_NETWORKS)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"LLMGW_AGENT_PLAIN_HTTP_NETWORKS: {exc}.") from None
 # A CA bundle (PEM) to trust for https agent URLs; empty: the system's.
 LLMGW_AGENT_CA_BUNDLE = env_str("LLMGW_AGENT_CA_BUNDLE") or ""
 if LLMGW_AGENT_CA_BUNDLE and not Path(LLMGW_AGENT_CA_BUNDLE).is_file():

@@ -243,3 +243,41 @@ def test_a_name_that_resolves_elsewhere_after_it_was_saved_is_checked_again_at_e
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_plain_http_is_called_only_inside_the_networks_that_allow_it_and_https_everywhere(settings):
+    """The agent token goes in every request: over plain http only to an address inside
+    LLMGW_AGENT_PLAIN_HTTP_NETWORKS (loopback by default). Outside it the call is refused before any
+    connection, saying why and how to allow it; once the network is named, the same call goes through.
+    (The server is on 127.0.0.2; the setting is narrowed to 127.0.0.1 to stand for a fleet network.)"""
+    from catalog.agent_address import plaintext_refusal, validate_agent_url
+
+    seen: list[dict[str, str]] = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), type("Agent", (_Agent,), {"seen": seen}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        settings.LLMGW_AGENT_NETWORKS = ["127.0.0.0/8"]
+        settings.LLMGW_AGENT_PLAIN_HTTP_NETWORKS = ["127.0.0.1/32"]
+        node = Node(name="gpu-x", agent_url=f"http://127.0.0.2:{port}", agent_token=TOKEN)
+        with pytest.raises(AgentCallFailed) as caught:
+            AgentClient.for_node(node).node_info()
+        message = caught.value.message
+        assert caught.value.code == "agent_address"
+        assert "plain http to 127.0.0.2" in message and "in clear" in message
+        assert "https://" in message and "LLMGW_AGENT_PLAIN_HTTP_NETWORKS" in message
+        assert seen == []  # refused before any connection
+        settings.LLMGW_AGENT_PLAIN_HTTP_NETWORKS = ["127.0.0.0/8"]
+        assert AgentClient.for_node(node).node_info()["node"] == "gpu-x"
+        assert len(seen) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    # https carries the token inside TLS: never refused for it (checked without a connection: the
+    # address is text only).
+    settings.LLMGW_AGENT_NETWORKS = ["private"]
+    settings.LLMGW_AGENT_PLAIN_HTTP_NETWORKS = ["127.0.0.0/8", "::1/128"]
+    assert plaintext_refusal("https://10.1.2.3:9101", validate_agent_url("https://10.1.2.3:9101")) is None
+    assert "10.1.2.3" in (
+        plaintext_refusal("http://10.1.2.3:9101", validate_agent_url("http://10.1.2.3:9101")) or ""
+    )
