@@ -180,9 +180,11 @@ class CheckedForm(forms.ModelForm):
 
 
 class NodeAdminForm(CheckedForm):
-    # Agents listen on the fleet's own network, usually plain http.
+    # Agents listen on the fleet's own network, over https unless LLMGW_AGENT_PLAIN_HTTP_NETWORKS names it.
     agent_url = forms.URLField(
-        assume_scheme="http", help_text="Base URL of the node agent, e.g. http://10.0.0.5:9101"
+        assume_scheme="https",
+        help_text="Base URL of the node agent, e.g. https://10.0.0.5:9101 (plain http:// is called only "
+        "inside LLMGW_AGENT_PLAIN_HTTP_NETWORKS, loopback by default: the agent token would go in clear)",
     )
     # Write-only: never rendered back; left empty on a change, the token stays as it is.
     agent_token = forms.CharField(
