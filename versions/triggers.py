@@ -244,21 +244,21 @@ def _sqlite_column_triggers(trigger: ColumnTrigger, table: str, columns: list[st
 
 
 def install_column_trigger(trigger: ColumnTrigger, apps: Any, schema_editor: Any) -> None:
+    """The trigger made anew (dropped first: idempotent)."""
     found = trigger_columns(trigger, apps)
     if found is None:
         return
+    uninstall_column_trigger(trigger, apps, schema_editor)
     table, columns = found
     if schema_editor.connection.vendor == "postgresql":
         on = ("INSERT OR DELETE OR " if trigger.rows else "") + f"UPDATE OF {', '.join(columns)}"
         schema_editor.execute(
-            f"DROP TRIGGER IF EXISTS {trigger.name} ON {table};"
             f"CREATE TRIGGER {trigger.name} AFTER {on} ON {table} "
             f"FOR EACH STATEMENT EXECUTE FUNCTION versions_touch('{trigger.area}');",
             params=None,
         )
     elif schema_editor.connection.vendor == "sqlite":
         for name, op in _sqlite_column_triggers(trigger, table, columns).items():
-            schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}", params=None)
             schema_editor.execute(
                 SQLITE_TRIGGER.format(name=name, op=op, table=table, area=trigger.area), params=None
             )

@@ -8,6 +8,7 @@ resolve where they need (no /etc/hosts); the one real server is on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import socket
@@ -154,18 +155,23 @@ class _Agent(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def loopback_agent() -> Iterator[tuple[int, list[dict[str, str]]]]:
+@contextlib.contextmanager
+def _agent_at(address: str) -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """A server answering as an agent on ``address`` (a loopback one): its port, and what it was asked."""
     seen: list[dict[str, str]] = []
-    handler = type("Agent", (_Agent,), {"seen": seen})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = http.server.ThreadingHTTPServer((address, 0), type("Agent", (_Agent,), {"seen": seen}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield server.server_address[1], seen
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def loopback_agent() -> Iterator[tuple[int, list[dict[str, str]]]]:
+    with _agent_at("127.0.0.1") as found:
+        yield found
 
 
 def test_a_node_recorded_with_a_loopback_url_is_not_called_and_its_log_page_says_why(
@@ -218,11 +224,7 @@ def test_a_name_that_resolves_elsewhere_after_it_was_saved_is_checked_again_at_e
     """Saved while it resolved inside the networks, the name later resolves outside them (to another
     loopback address, where a server of the test's own listens): the call is refused, and nothing
     reaches that server."""
-    seen: list[dict[str, str]] = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), type("Agent", (_Agent,), {"seen": seen}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    try:
+    with _agent_at("127.0.0.2") as (port, seen):
         settings.LLMGW_AGENT_NETWORKS = ["127.0.0.1/32"]
         answers = iter(["127.0.0.1"])
         real = socket.getaddrinfo
@@ -240,9 +242,6 @@ def test_a_name_that_resolves_elsewhere_after_it_was_saved_is_checked_again_at_e
             AgentClient.for_node(node).node_info()
         assert caught.value.code == "agent_address" and "127.0.0.2" in caught.value.message
         assert seen == []
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_plain_http_is_called_only_inside_the_networks_that_allow_it_and_https_everywhere(settings):
@@ -252,11 +251,7 @@ def test_plain_http_is_called_only_inside_the_networks_that_allow_it_and_https_e
     (The server is on 127.0.0.2; the setting is narrowed to 127.0.0.1 to stand for a fleet network.)"""
     from catalog.agent_address import plaintext_refusal, validate_agent_url
 
-    seen: list[dict[str, str]] = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), type("Agent", (_Agent,), {"seen": seen}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    try:
+    with _agent_at("127.0.0.2") as (port, seen):
         settings.LLMGW_AGENT_NETWORKS = ["127.0.0.0/8"]
         settings.LLMGW_AGENT_PLAIN_HTTP_NETWORKS = ["127.0.0.1/32"]
         node = Node(name="gpu-x", agent_url=f"http://127.0.0.2:{port}", agent_token=TOKEN)
@@ -270,9 +265,6 @@ def test_plain_http_is_called_only_inside_the_networks_that_allow_it_and_https_e
         settings.LLMGW_AGENT_PLAIN_HTTP_NETWORKS = ["127.0.0.0/8"]
         assert AgentClient.for_node(node).node_info()["node"] == "gpu-x"
         assert len(seen) == 1
-    finally:
-        server.shutdown()
-        server.server_close()
     # https carries the token inside TLS: never refused for it (checked without a connection: the
     # address is text only).
     settings.LLMGW_AGENT_NETWORKS = ["private"]
