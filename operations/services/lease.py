@@ -235,11 +235,15 @@ class Lease:
         """In a write's transaction: lock the operation's row while this worker holds it;
         ``OperationLost`` (and nothing written) once another worker has claimed it.
 
-        On PostgreSQL the steps' writes share the lock (``FOR SHARE``): they commit side by side
-        rather than one after the other, and a claim (``FOR UPDATE``) still waits for every one
-        of them, so none commits once another worker holds the operation. ``alone``: the row
-        locked for this write only (``FOR UPDATE``), for a write that changes the row itself
-        (the run's end): a shared lock would have to be raised, and two raising deadlock."""
+        On PostgreSQL the steps' writes share the lock (``FOR KEY SHARE``): they commit side by
+        side rather than one after the other, and a claim or a cancel (``FOR UPDATE``) still waits
+        for every one of them, so none commits once another worker holds the operation. The
+        heartbeat's update (``FOR NO KEY UPDATE``) waits for none of them, nor they for it: under
+        ``FOR SHARE`` it queued behind the writes under way and every new write queued behind it,
+        so one beat stalled the whole run for up to 1.8 s (docs/benchmarks.md, the fan-out at
+        16). ``alone``: the row locked for this write only (``FOR UPDATE``), for a write that
+        changes the row itself (the run's end): a shared lock would have to be raised, and two
+        raising deadlock."""
         if self.lost.is_set():
             raise OperationLost()
         mine = RestartOperation.objects.filter(self._mine()).values_list("pk")
@@ -248,7 +252,7 @@ class Lease:
         else:
             sql, params = mine.query.sql_with_params()
             with connection.cursor() as cursor:
-                cursor.execute(f"{sql} FOR SHARE", params)
+                cursor.execute(f"{sql} FOR KEY SHARE", params)
                 held = cursor.fetchone() is not None
         if not held:
             self._lose()
