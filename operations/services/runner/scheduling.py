@@ -16,8 +16,10 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from queue import Empty, SimpleQueue
+from threading import Lock
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from catalog.models import Shard
 from operations.models import RestartOperation, RestartStep
@@ -47,6 +49,12 @@ class Scheduler:
         # ``loading``: the steps holding a slot; ``under_way``: every step not ended.
         self.loading: set[int] = set()
         self.under_way: set[int] = set()
+        # The step threads' connections, each kept for the thread's next step and closed at the
+        # run's end: a new one a step cost a backend started anew and its caches filled cold
+        # (the tables', the triggers' compiled functions), on the path between a freed slot and
+        # the next engine's start.
+        self._connections: list[BaseDatabaseWrapper] = []
+        self._connections_lock = Lock()
 
     def schedule(self, run_step: RunStep) -> bool:
         """Run the operation's steps with ``run_step`` until none is left to start and every step
@@ -60,10 +68,13 @@ class Scheduler:
             state == RestartStep.State.FAILED for _, state in steps
         )
         if self.threaded:
-            with ThreadPoolExecutor(
-                max_workers=2 * op.max_parallel, thread_name_prefix=f"restart-{op.pk}"
-            ) as pool:
-                self._side_by_side(pool, run_step)
+            try:
+                with ThreadPoolExecutor(
+                    max_workers=2 * op.max_parallel, thread_name_prefix=f"restart-{op.pk}"
+                ) as pool:
+                    self._side_by_side(pool, run_step)
+            finally:
+                self._close_connections()
         else:
             self._one_at_a_time(run_step)
         self.lease.tick()
@@ -131,13 +142,31 @@ class Scheduler:
         self.clock.slots(len(self.loading))
 
     def _run_in_thread(self, run_step: RunStep, step_id: int) -> None:
+        self._keep_connection()
         try:
             outcome: str | Exception = run_step(step_id)
         except Exception as exc:  # OperationLost, or worse: the run loop raises it
             outcome = exc
         finally:
-            connection.close()  # each thread has its own connection
+            # Each thread has its own connection, kept for its next step unless it is broken.
+            connection.close_if_unusable_or_obsolete()
         self._events.put((step_id, True, outcome))
+
+    def _keep_connection(self) -> None:
+        """Note this thread's connection (once), to be closed by the run loop at the run's end."""
+        own = connections[DEFAULT_DB_ALIAS]
+        with self._connections_lock:
+            if any(kept is own for kept in self._connections):
+                return
+            own.inc_thread_sharing()  # closed from the run loop's thread, once the pool is done
+            self._connections.append(own)
+
+    def _close_connections(self) -> None:
+        with self._connections_lock:
+            kept, self._connections = self._connections, []
+        for own in kept:
+            own.close()
+            own.dec_thread_sharing()
 
     def _next_events(self) -> list[Event]:
         """What the step threads said (a slot freed, a step ended) within a heartbeat's interval:
