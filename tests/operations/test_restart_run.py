@@ -236,13 +236,50 @@ def test_the_next_step_starts_once_a_replacement_is_ready_while_its_old_replica_
         # Ready by its agent's word (the slot frees then, before the worker records it).
         ready = datetime.fromisoformat(fleet.agents["gpu-a"].replica(one.new_replica.name)["ready_at"])
         stopped = AuditEntry.objects.get(object_key="llama-1", action="stop").at
-        assert ready <= two.started_at < stopped <= one.finished_at
+        # The step ends in the old replica's stop's own transaction: its end, then the stop's entry.
+        assert ready <= two.started_at < one.finished_at <= stopped
         assert (stopped - ready).total_seconds() >= 1.5  # the grace, then SIGKILL
         first.refresh_from_db()
         assert first.state == "stopped" and not Shard.objects.filter(replica=first).exists()
         assert sum(fleet.ready_on_agents().values()) == 2
         assert verify_chain() == []
         assert_nothing_half_done()
+
+
+@pytest.mark.postgres  # SQLite runs the steps one after the other, in the run's own thread
+def test_the_step_threads_keep_their_connections_from_step_to_step_and_the_run_closes_them(
+    tmp_path, actor, monkeypatch
+):
+    # Four steps one at a time run on at most two step threads (2 × max_parallel): each thread's
+    # connection is kept for its next step (a connection a step started a PostgreSQL backend
+    # anew for each), and none is left open once the run ends.
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    opened: list[int] = []
+    connect = DatabaseWrapper.get_new_connection
+
+    def counted(self, params):
+        opened.append(threading.get_ident())
+        return connect(self, params)
+
+    def open_here() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+            return cursor.fetchone()[0]
+
+    with fleet_of(tmp_path) as fleet:
+        for i, (node, card) in enumerate([("gpu-a", 0), ("gpu-a", 1), ("gpu-b", 0), ("gpu-b", 1)]):
+            fleet.start(f"llama-{i + 1}", node, [card])
+        fleet.change_profile(args=["--max-num-seqs", "8"])
+        op = restart_start(model_name=MODEL, max_parallel=1, ready_timeout=30, settle_seconds=0)
+        before = open_here()
+        monkeypatch.setattr(DatabaseWrapper, "get_new_connection", counted)
+        assert run_operation(op.pk) == "succeeded"
+        monkeypatch.undo()
+        assert [s.state for s in steps_of(op)] == ["succeeded"] * 4
+        # The heartbeat's thread opens one; the step threads one each, at most two.
+        assert len(opened) <= 3, opened
+        assert _when(lambda: open_here() == before, within=5)
 
 
 @pytest.mark.postgres  # a row held locked beside the runner's writes: SQLite locks the whole database

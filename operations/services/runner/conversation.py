@@ -154,11 +154,18 @@ class AgentConversation:
         agent = self.agent(node)
         self.check_node_policy(node, agent, replica)
         replica, state = self._start(step, node, agent, replica, spec)
+        said = ""
         if step.state == RestartStep.State.STARTING:
+            # With what the agent answered, if it said anything: one write, not two in a row.
+            said = _coming_up(state)
             self.records.set_step(
-                step, state=RestartStep.State.WAITING, reason=f"waiting for {replica.name} to be ready"
+                step,
+                state=RestartStep.State.WAITING,
+                reason=_waiting_for(replica, state, said)
+                if said
+                else f"waiting for {replica.name} to be ready",
             )
-        self._until_ready(step, node, agent, replica, state, ready)
+        self._until_ready(step, node, agent, replica, state, ready, said=said)
 
     def _start(
         self, step: RestartStep, node: Node, agent: AgentClient, replica: Replica, spec: dict[str, Any]
@@ -208,27 +215,34 @@ class AgentConversation:
         replica: Replica,
         state: dict[str, Any],
         ready: Callable[[], None] | None,
+        *,
+        said: str = "",
     ) -> None:
         """Follow the replica's state from ``state`` (the start's answer), each change recorded,
-        until ready within the restart's ready_timeout; StepFailed otherwise."""
+        until ready within the restart's ready_timeout; StepFailed otherwise. ``said``: the
+        agent's reason the step already says."""
         deadline = time.monotonic() + self.op.ready_timeout
         away_since = None
         recorded = Replica.objects.get(pk=replica.pk).state
-        said = ""
         while True:
             self.lease.tick()
             now_state = state.get("state")
             if now_state == "ready" and ready is not None:
                 ready()
+            reason = _coming_up(state)
             if now_state in Replica.LIVE_STATES and now_state != recorded:
+                # The step's reason, when the agent gave a new one, in the replica's transaction.
+                progress = bool(reason) and reason != said
                 self.records.replica_change(
                     replica.pk,
                     state=now_state,
                     action=now_state,
                     message=f"{replica.name} is {now_state} on {node.name}",
                     memory=dict(state.get("memory") or {}) if now_state == "ready" else None,
+                    step=step if progress else None,
+                    step_fields={"reason": _waiting_for(replica, state, reason)} if progress else None,
                 )
-                recorded = now_state
+                recorded, said = now_state, reason or said
             if now_state == "ready":
                 self.clock.mark(step.pk, "ready")
                 return
@@ -239,10 +253,10 @@ class AgentConversation:
                     f"{replica.name} was stopped on {node.name} before it was ready "
                     f"({state.get('reason') or 'no reason given'})."
                 )
-            reason = str(state.get("reason") or "")
-            if reason and reason != said and now_state in Replica.COMING_UP_STATES:
+            if reason and reason != said:
                 said = reason
-                self.records.set_step(step, reason=f"waiting for {replica.name}: {now_state}: {reason}")
+                self.records.set_step(step, reason=_waiting_for(replica, state, reason))
+            reason = str(state.get("reason") or "")
             if time.monotonic() >= deadline:
                 raise StepFailed(
                     f"{replica.name} was not ready within {self.op.ready_timeout:g} s "
@@ -367,3 +381,12 @@ def stop_note(reason: str) -> str:
     if parts is None:
         return said.strip("; ")
     return "; ".join(x.strip() for x in parts.groups() if x and x.strip())
+
+
+def _coming_up(state: dict[str, Any]) -> str:
+    """The agent's reason for a replica still coming up (starting, loading); '' otherwise."""
+    return str(state.get("reason") or "") if state.get("state") in Replica.COMING_UP_STATES else ""
+
+
+def _waiting_for(replica: Replica, state: dict[str, Any], reason: str) -> str:
+    return f"waiting for {replica.name}: {state.get('state')}: {reason}"

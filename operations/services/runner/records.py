@@ -4,8 +4,8 @@ Every write first holds the operation's row where worker, epoch and state are
 still this run's (``Lease.hold``, in the write's own transaction): a worker
 taken over writes nothing more, and nothing is written after the operation
 ended. The steps' writes hold that row together, not one at a time (on
-PostgreSQL ``FOR SHARE``: steps side by side write side by side, and a claim
-still waits for every write under way); the end, which changes the row
+PostgreSQL ``FOR KEY SHARE``: steps side by side write side by side, a claim
+still waits for every write under way, and the heartbeat for none); the end, which changes the row
 itself, holds it alone (``finishing.py``). Every row written here is audited
 in the same transaction, by the worker, with the operator who asked named in
 the message. A reason kept on a step or a replica has the profile's secrets
@@ -129,20 +129,36 @@ class Records:
         return RestartStep.objects.select_related("old_replica", "new_replica").get(pk=step_id)
 
     def set_step(self, step: RestartStep, **fields: Any) -> None:
+        with self.clock.timed("write: a step's state (transaction)"), transaction.atomic():
+            self.hold()
+            self._write_step(step, fields)
+        self._kept_on(step, fields)
+
+    def _write_step(self, step: RestartStep, fields: dict[str, Any]) -> None:
+        """In the caller's transaction, under the fence."""
         if isinstance(fields.get("reason"), str):
             # An engine's log tail or an agent's sentence may echo a secret of the profile's.
             fields["reason"] = redact(fields["reason"], self.secrets)
-        with self.clock.timed("write: a step's state (transaction)"), transaction.atomic():
-            self.hold()
-            RestartStep.objects.filter(pk=step.pk).update(**fields)
+        RestartStep.objects.filter(pk=step.pk).update(**fields)
+
+    @staticmethod
+    def _kept_on(step: RestartStep, fields: dict[str, Any]) -> None:
+        """Once committed: the step object says what its row says."""
         for name, value in fields.items():
             setattr(step, name, value)
 
     def finish_step(self, step: RestartStep, state: str, reason: str) -> str:
-        reason = redact(reason, self.secrets)
-        self.set_step(step, state=state, reason=reason, finished_at=timezone.now())
-        log.info("restart #%s step %s: %s: %s", self.op.pk, step.pk, state, reason)
+        self.set_step(step, **self.finished(state, reason))
+        self.said_finished(step)
         return state
+
+    def finished(self, state: str, reason: str) -> dict[str, Any]:
+        """A step's fields once it ends ``state`` for ``reason`` (``finish_step``, or a replica's
+        write that ends its step in the same transaction: ``replica_change(step=...)``)."""
+        return {"state": state, "reason": redact(reason, self.secrets), "finished_at": timezone.now()}
+
+    def said_finished(self, step: RestartStep) -> None:
+        log.info("restart #%s step %s: %s: %s", self.op.pk, step.pk, step.state, step.reason)
 
     # -- replicas --------------------------------------------------------------------------------
 
@@ -158,15 +174,26 @@ class Records:
         hold_ranks: list[tuple[int, Node, list[int]]] | None = None,
         memory: dict[str, Any] | None = None,
         reason: str | None = None,
+        step: RestartStep | None = None,
+        step_fields: dict[str, Any] | None = None,
     ) -> Replica:
         """Set a replica's state, release or take its cards (``hold``: on one node; ``hold_ranks``:
         each rank's on its node), and audit it, in one transaction; with ``memory`` (the agent's report, once ready), keep what
-        its cards were planned to hold beside what the engine and card reported."""
+        its cards were planned to hold beside what the engine and card reported. ``step_fields``:
+        ``step``'s own change that goes with the replica's (its state or reason), written in the
+        same transaction rather than one of its own: a step's writes wait for the database's
+        round trips and the cards' and audit chain's turns, which at sixteen steps at once are
+        most of what stands between a freed slot and the next engine's start."""
 
         @transaction.atomic
         def write() -> Replica:
             self.hold()
-            replica = Replica.objects.select_for_update().get(pk=replica_id)
+            # With its profile and model, which the audit entry's snapshot names (two queries less).
+            replica = (
+                Replica.objects.select_for_update(of=("self",))
+                .select_related("profile__model")
+                .get(pk=replica_id)
+            )
             held = [str(s.card) for s in Shard.objects.filter(replica=replica).select_related("card__node")]
             before = replica_after(replica, held)
             fields = ["state"]
@@ -196,6 +223,8 @@ class Records:
                 cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
                 Shard.objects.bulk_create(Shard(replica=replica, card=c, rank=rank) for c in cards)
                 held += [str(c) for c in cards]
+            if step is not None and step_fields:
+                self._write_step(step, step_fields)
             self.audit(
                 action=action,
                 object_type="replica",
@@ -208,7 +237,10 @@ class Records:
             return replica
 
         with self.clock.timed("write: a replica's state (transaction)"):
-            return write()
+            written = write()
+        if step is not None and step_fields:
+            self._kept_on(step, step_fields)
+        return written
 
     def record_replacement(
         self,

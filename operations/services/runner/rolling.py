@@ -79,30 +79,33 @@ def stop_old(run: RunParts, step: RestartStep) -> str:
     old, (new, _) = replaced(step), replacement(step)
     records = run.records
     run.slot_free(step)
-    if step.state != RestartStep.State.STOPPING:
-        records.set_step(
-            step, state=RestartStep.State.STOPPING, reason=f"{new.name} is ready; stopping {old.name}"
-        )
+    replaced_by = f"{old.name} replaced by {new.name} {_where(step)}"
     old = Replica.objects.get(pk=old.pk)
-    if old.state in Replica.HOLDING_STATES:
-        node, _ = replica_placement(old)
-        left = stop_confirmed(
-            run.agents, old, node, end=Replica.State.STOPPED, why=f"{new.name} replaces it and is ready"
-        )
-        records.clock.mark(step.pk, "stopped")
-        if left:
-            return records.finish_step(
-                step,
-                RestartStep.State.SUCCEEDED,
-                f"{old.name} replaced by {new.name} {_where(step)}, but {old.name}'s stop "
-                f"is not confirmed: {left} It is recorded as stopping and keeps its cards until its agent "
-                "confirms the stop (the reconciler asks again).",
-            )
-    return records.finish_step(
-        step,
-        RestartStep.State.SUCCEEDED,
-        f"{old.name} replaced by {new.name} {_where(step)}.",
+    if old.state not in Replica.HOLDING_STATES:
+        return records.finish_step(step, RestartStep.State.SUCCEEDED, f"{replaced_by}.")
+    node, _ = replica_placement(old)
+    # The step's stopping and its end go with the old replica's drain and stop, not apart.
+    left = stop_confirmed(
+        run.agents,
+        old,
+        node,
+        end=Replica.State.STOPPED,
+        why=f"{new.name} replaces it and is ready",
+        step=step,
+        before=None
+        if step.state == RestartStep.State.STOPPING
+        else {"state": RestartStep.State.STOPPING, "reason": f"{new.name} is ready; stopping {old.name}"},
+        succeeded=f"{replaced_by}.",
     )
+    records.clock.mark(step.pk, "stopped")
+    if left:
+        return records.finish_step(
+            step,
+            RestartStep.State.SUCCEEDED,
+            f"{replaced_by}, but {old.name}'s stop is not confirmed: {left} It is recorded as stopping "
+            "and keeps its cards until its agent confirms the stop (the reconciler asks again).",
+        )
+    return RestartStep.State.SUCCEEDED
 
 
 def _where(step: RestartStep) -> str:

@@ -4,6 +4,8 @@ holding its cards, for the reconciler to ask again."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 
 from catalog.models import Node, Replica
@@ -14,16 +16,36 @@ from operations.services.runner.records import StepFailed, replacement
 
 
 def stop_confirmed(
-    agents: AgentConversation, replica: Replica, node: Node | None, *, end: str, why: str
+    agents: AgentConversation,
+    replica: Replica,
+    node: Node | None,
+    *,
+    end: str,
+    why: str,
+    step: RestartStep | None = None,
+    before: dict[str, Any] | None = None,
+    succeeded: str | None = None,
 ) -> str:
     """Stop ``replica`` and, once its agent confirmed it, record it ``end`` with its cards freed;
     a stop not confirmed leaves it stopping, holding its cards (the reconciler asks again).
     '' when confirmed, else why not. A ready replica stopped for good is recorded stopping first
-    (``drain_first``). A replica across nodes is stopped on every rank's agent (``_stop_group``)."""
+    (``drain_first``). A replica across nodes is stopped on every rank's agent (``_stop_group``).
+
+    For ``step``, whose old replica this is: ``before``, its fields written before the agent is
+    asked (with the drain when there is one); ``succeeded``, the reason it ends succeeded with,
+    written with the confirmed stop. One transaction each rather than two in a row."""
+    records = agents.records
     if spans(replica):
-        return _stop_group(agents, replica, end=end, why=why)
+        if step is not None and before:
+            records.set_step(step, **before)
+        left = _stop_group(agents, replica, end=end, why=why)
+        if not left and step is not None and succeeded is not None:
+            records.finish_step(step, RestartStep.State.SUCCEEDED, succeeded)
+        return left
     if node is not None and end == Replica.State.STOPPED and replica.state == Replica.State.READY:
-        drain_first(agents, replica, why)
+        drain_first(agents, replica, why, step=step, step_fields=before)
+    elif step is not None and before:
+        records.set_step(step, **before)
     failure = agents.confirm_stop(node, replica.name) if node is not None else None
     if failure is not None:
         agents.records.replica_change(
@@ -36,14 +58,23 @@ def stop_confirmed(
         )
         return failure.message
     said = with_stop_note(why, agents.stop_said(replica.name))
-    agents.records.replica_change(
+    finish = (
+        records.finished(RestartStep.State.SUCCEEDED, succeeded)
+        if step is not None and succeeded is not None
+        else None
+    )
+    records.replica_change(
         replica.pk,
         state=end,
         action="stop" if end == Replica.State.STOPPED else "fail",
         release=True,
         reason=said,
         message=f"stopped {replica.name}: {said}",
+        step=step if finish else None,
+        step_fields=finish,
     )
+    if step is not None and finish:
+        records.said_finished(step)
     return ""
 
 
@@ -86,7 +117,14 @@ def with_stop_note(why: str, note: str) -> str:
     return f"{why} ({note})" if note else why
 
 
-def drain_first(agents: AgentConversation, replica: Replica, why: str) -> None:
+def drain_first(
+    agents: AgentConversation,
+    replica: Replica,
+    why: str,
+    *,
+    step: RestartStep | None = None,
+    step_fields: dict[str, Any] | None = None,
+) -> None:
     """Stop sending it work before it stops: recorded ``stopping`` (no longer live, so no longer
     counted serving, and dropped by whatever routes from the catalog), audited, before the agent is
     asked; the agent then waits up to LLMGW_STOP_DRAIN_SECONDS for the engine's requests in flight
@@ -99,6 +137,8 @@ def drain_first(agents: AgentConversation, replica: Replica, why: str) -> None:
         reason=f"draining before it stops: {why}",
         message=f"{replica.name} takes no new work and is being stopped ({why}): its agent lets the "
         f"requests in flight finish, for up to {drain:g} s, then stops it",
+        step=step,
+        step_fields=step_fields,
     )
 
 
