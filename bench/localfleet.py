@@ -21,6 +21,13 @@ SECRET = "bench-only-secret-key-not-for-any-deployment-0123456789abcdef"
 PORT_BASE = int(os.environ.get("BENCH_PORT_BASE", "20000"))
 
 
+def keep_bytecode() -> None:
+    """The benchmark's processes (workers, web servers, agents, engines) keep their bytecode caches
+    as a deployment's do, whatever this environment says: with PYTHONDONTWRITEBYTECODE each one
+    compiles Django and the rest from source again as it starts (.ci/run unsets it too)."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
 def scratch_database(url: str) -> dict[str, str]:
     """Point Django at ``url`` (dropped and created anew, migrated) and set it up; the
     environment the benchmark's own processes need."""
@@ -33,6 +40,7 @@ def scratch_database(url: str) -> dict[str, str]:
         "LLMGW_AGENT_NETWORKS": "private,127.0.0.0/8",
     }
     os.environ.update(env)
+    keep_bytecode()
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "agent"))  # agent_testing: real agents, as the tests start them
     from bench.pages import _create_database

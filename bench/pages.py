@@ -444,6 +444,9 @@ def _arguments() -> argparse.Namespace:
 def _setup(args: argparse.Namespace) -> dict[str, str]:
     """Django on the benchmark's database (created when missing), migrated, with the generated
     fleet of ``args``' sizes; the environment ``make serve`` is given."""
+    from bench.localfleet import keep_bytecode
+
+    keep_bytecode()
     env = {
         **os.environ,
         "DATABASE_URL": args.database_url,

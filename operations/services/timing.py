@@ -106,7 +106,10 @@ class RunClock:
     def _log_step(self, step_id: int) -> None:
         step = self._steps[step_id]
         began = step.marks.get("began", step.submitted)
-        parts = [f"thread after {began - step.submitted:.3f}s"]
+        parts = [
+            f"began {began - self._began:.3f}s into the run",
+            f"thread after {began - step.submitted:.3f}s",
+        ]
         last = began
         for name in STEP_MARKS[1:]:
             if name in step.marks:
