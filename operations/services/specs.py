@@ -176,36 +176,39 @@ def started_spec(replica: Replica) -> dict[str, Any] | None:
 
 
 def running_spec(
-    replica: Replica, *, node_cards: list[int] | None = None, ready_timeout: float = 600
+    replica: Replica,
+    *,
+    node_cards: list[int] | None = None,
+    ready_timeout: float = 600,
+    profile: Profile | None = None,
+    then_kept: dict[tuple[int, int], dict[str, Any] | None] | None = None,
 ) -> dict[str, Any] | None:
     """The spec ``replica`` runs, as well as the catalog knows it; None when it does not.
 
     From the restart step that started it (exact); else from its profile when
     it runs the current revision; else from the profile as it was at the
     replica's revision, which the audit log keeps (every profile save records
-    the whole profile).
+    the whole profile). ``profile``: the replica's, with its model, when the caller has it;
+    ``then_kept``: the profiles as they were at a revision, read from the log once for a run's
+    steps (a restart's old replicas mostly share one).
     """
     started = started_spec(replica)
     if started:
         return started
-    profile = Profile.objects.select_related("model").get(pk=replica.profile_id)
+    if profile is None or profile.pk != replica.profile_id:
+        profile = Profile.objects.select_related("model").get(pk=replica.profile_id)
     cards = node_cards if node_cards is not None else replica_placement(replica)[1]
     if replica.revision == profile.revision:
         return replica_spec(profile, port=replica.port, cards=cards, ready_timeout=ready_timeout)
-    # By the snapshot's own fields, whatever the entry's key looks like.
-    entry = (
-        AuditEntry.objects.filter(
-            object_type="profile",
-            after__model=profile.model.name,
-            after__name=profile.name,
-            after__revision=replica.revision,
-        )
-        .order_by("-id")
-        .first()
-    )
-    if entry is None or not isinstance(entry.after, dict):
+    key = (profile.pk, replica.revision)
+    if then_kept is not None and key in then_kept:
+        then = then_kept[key]
+    else:
+        then = _profile_then(profile, replica.revision)
+        if then_kept is not None:
+            then_kept[key] = then
+    if then is None:
         return None
-    then = entry.after
     try:
         return build_spec(
             engine=then["engine"],
@@ -219,3 +222,19 @@ def running_spec(
         )
     except (KeyError, TypeError, ValueError, DomainError):
         return None
+
+
+def _profile_then(profile: Profile, revision: int) -> dict[str, Any] | None:
+    """``profile`` as its last save at ``revision`` recorded it in the audit log; None when none
+    did. By the snapshot's own fields, whatever the entry's key looks like."""
+    entry = (
+        AuditEntry.objects.filter(
+            object_type="profile",
+            after__model=profile.model.name,
+            after__name=profile.name,
+            after__revision=revision,
+        )
+        .order_by("-id")
+        .first()
+    )
+    return entry.after if entry is not None and isinstance(entry.after, dict) else None

@@ -40,9 +40,14 @@ from operations.services.specs import rank_specs, running_ranks
 Fit = list[tuple[int, Node, list[Card]]]
 
 
-def is_group_step(profile: Profile, old: Replica) -> bool:
-    """The step's replacement spans nodes (its profile's ``nodes`` > 1), or its old replica does."""
-    return max(profile.nodes, 1) > 1 or spans(old)
+def is_group_step(
+    profile: Profile, old: Replica, *, ranks: list[tuple[int, Node, list[int]]] | None = None
+) -> bool:
+    """The step's replacement spans nodes (its profile's ``nodes`` > 1), or its old replica does
+    (read from ``ranks``, its ``replica_ranks``, when given)."""
+    if max(profile.nodes, 1) > 1:
+        return True
+    return any(rank > 0 for rank, _, _ in ranks) if ranks is not None else spans(old)
 
 
 def old_ranks(run: RunParts, old: Replica) -> list[RankRecord]:

@@ -11,7 +11,8 @@ from django.db.models import Q
 from catalog.models import Card, Node, Profile, Replica
 from operations.models import RestartStep
 from operations.services.lease import OperationLost
-from operations.services.placement import in_place_cards, release_refusals, replica_placement
+from operations.services.placement import in_place_cards, release_refusals
+from operations.services.placement import replica_ranks as ranks_placed
 from operations.services.runner.group_steps import in_place_refusal, is_group_step, old_ranks, place_group
 from operations.services.runner.groups import replica_ranks, said_ranks, spans
 from operations.services.runner.in_place import begin_in_place, restore, stop_then_start, wait_in_place
@@ -61,17 +62,24 @@ def _begin(run: RunParts, step: RestartStep) -> str:
             RestartStep.State.CANCELLED,
             f"{old.name if old else 'The replica'} is {state}: nothing to restart.",
         )
-    node, cards = replica_placement(old)
-    if node is None:
+    ranks = ranks_placed(old)  # its places, and whether it spans nodes, in one read
+    if not ranks:
         return records.finish_step(
             step,
             RestartStep.State.FAILED,
             f"{old.name} holds no cards, so there is no node to restart it on.",
         )
     profile = Profile.objects.select_related("model", "gpu_class").get(pk=op.profile_id)
-    if is_group_step(profile, old):
+    if is_group_step(profile, old, ranks=ranks):
         return _begin_group(run, step, old, profile)
-    old_spec = running_spec(old, node_cards=cards, ready_timeout=records.agent_timeout())
+    _, node, cards = ranks[0]
+    old_spec = running_spec(
+        old,
+        node_cards=cards,
+        ready_timeout=records.agent_timeout(),
+        profile=profile,
+        then_kept=records.profiles_then,
+    )
     if step.planned_node:
         return _follow_plan(run, step, old, node, old_spec)
     if not op.in_place:
