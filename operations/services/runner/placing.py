@@ -46,6 +46,7 @@ from operations.services.placement import (
     replica_names,
 )
 from operations.services.runner.records import Records, engine_version, replaced, replica_after
+from operations.services.runner.together import BatchFailed
 from operations.services.specs import replica_spec
 
 
@@ -56,10 +57,6 @@ class Placing:
     step: RestartStep
     old_spec: dict[str, Any] | None
     planned: tuple[str, list[int]] | None
-
-
-class BatchFailed(Exception):
-    """A batch of more than one placement failed: each is made again alone."""
 
 
 def place_together(records: Records, asked: list[Placing]) -> list[bool]:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import audit_record, audit_records, snapshot
@@ -29,6 +30,7 @@ from catalog.services.fit import planned_with_release, profile_memory
 from operations.models import RestartOperation, RestartStep
 from operations.services.lease import Lease
 from operations.services.placement import free_port, lock_placement, replica_name
+from operations.services.runner.together import BatchFailed, Together
 from operations.services.specs import replica_spec
 from operations.services.timing import RunClock
 
@@ -78,6 +80,23 @@ def engine_version(profile: Profile, node: Node) -> str:
     return str((node.engines or {}).get(profile.engine, "")) if isinstance(node.engines, dict) else ""
 
 
+@dataclass(frozen=True)
+class ReplicaChange:
+    """One replica's change asked of ``Records.replica_change``."""
+
+    replica_id: int
+    state: str
+    action: str
+    message: str
+    release: bool
+    hold: tuple[Node, list[int]] | None
+    hold_ranks: list[tuple[int, Node, list[int]]] | None
+    memory: dict[str, Any] | None
+    reason: str | None
+    step: RestartStep | None
+    step_fields: dict[str, Any] | None
+
+
 class Records:
     """One run's writes: its steps, its replicas and their cards, each under the lease's fence."""
 
@@ -91,6 +110,10 @@ class Records:
             for profile in Profile.objects.filter(model_id=op.model_id)
             for secret in profile_secrets(profile.engine, profile.env or {})
         ]
+        # The profiles as they were at a revision, from the audit log (``specs.running_spec``):
+        # read once for the run's steps, whose old replicas mostly ran the same one.
+        self.profiles_then: dict[tuple[int, int], dict[str, Any] | None] = {}
+        self._replica_writes: Together[ReplicaChange, Replica] = Together()
 
     def agent_timeout(self) -> float:
         """The deadline a spec gives its agent to have the replica ready."""
@@ -178,69 +201,108 @@ class Records:
         step_fields: dict[str, Any] | None = None,
     ) -> Replica:
         """Set a replica's state, release or take its cards (``hold``: on one node; ``hold_ranks``:
-        each rank's on its node), and audit it, in one transaction; with ``memory`` (the agent's report, once ready), keep what
-        its cards were planned to hold beside what the engine and card reported. ``step_fields``:
-        ``step``'s own change that goes with the replica's (its state or reason), written in the
-        same transaction rather than one of its own: a step's writes wait for the database's
-        round trips and the cards' and audit chain's turns, which at sixteen steps at once are
-        most of what stands between a freed slot and the next engine's start."""
+        each rank's on its node), and audit it, in one transaction; with ``memory`` (the agent's
+        report, once ready), keep what its cards were planned to hold beside what the engine and
+        card reported. ``step_fields``: ``step``'s own change that goes with the replica's (its
+        state or reason), written in the same transaction rather than one of its own.
 
-        @transaction.atomic
-        def write() -> Replica:
-            self.hold()
-            # With its profile and model, which the audit entry's snapshot names (two queries less).
-            replica = (
-                Replica.objects.select_for_update(of=("self",))
-                .select_related("profile__model")
-                .get(pk=replica_id)
-            )
-            held = [str(s.card) for s in Shard.objects.filter(replica=replica).select_related("card__node")]
-            before = replica_after(replica, held)
-            fields = ["state"]
-            if replica.state != state:
-                replica.state, replica.state_changed_at = state, timezone.now()
-                fields.append("state_changed_at")
-            if reason is not None:
-                replica.reason = redact(reason, self.secrets)
-                fields.append("reason")
-            if memory is not None:
-                profile = Profile.objects.select_related("model", "gpu_class").get(pk=replica.profile_id)
-                planned = profile_memory(profile, profile.model)
-                replica.planned_memory = planned_with_release(profile, planned)
-                replica.measured_memory = memory
-                replica.measured_at = timezone.now() if memory else None
-                fields += ["planned_memory", "measured_memory", "measured_at"]
-            replica.save(update_fields=fields)
-            if release:
-                Shard.objects.filter(replica=replica).delete()
-                held = []
-            if hold is not None:
-                node, indices = hold
-                cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
-                Shard.objects.bulk_create(Shard(replica=replica, card=c) for c in cards)
-                held = [str(c) for c in cards]
-            for rank, node, indices in hold_ranks or []:
-                cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
-                Shard.objects.bulk_create(Shard(replica=replica, card=c, rank=rank) for c in cards)
-                held += [str(c) for c in cards]
-            if step is not None and step_fields:
-                self._write_step(step, step_fields)
-            self.audit(
-                action=action,
-                object_type="replica",
-                object_key=replica.name,
-                object_repr=str(replica),
-                before=before,
-                after=replica_after(replica, held),
-                message=self.said(message),
-            )
-            return replica
-
+        The writes other step threads ask for meanwhile go in the same transaction (``Together``,
+        as the placements do): at sixteen steps at once a wave's replacements turn ready, their
+        old replicas drain and stop within a second, each write holding the audit chain's lock,
+        which every audited write of the fleet waits for, the next wave's placements included.
+        Written together, they take that lock once a batch. A batch that fails is written again
+        one change a transaction, so one that cannot be written fails its own step only; a caller
+        already in a transaction has its change written in it, alone."""
+        asked = ReplicaChange(
+            replica_id, state, action, message, release, hold, hold_ranks, memory, reason, step, step_fields
+        )
         with self.clock.timed("write: a replica's state (transaction)"):
-            written = write()
+            if connection.in_atomic_block:
+                written = self._write_replicas([asked])[0]
+            else:
+                try:
+                    written = self._replica_writes.do(asked, self._write_replicas)
+                except BatchFailed:
+                    written = self._write_replicas([asked])[0]
         if step is not None and step_fields:
             self._kept_on(step, step_fields)
         return written
+
+    def _write_replicas(self, batch: list[ReplicaChange]) -> list[Replica]:
+        """Each change of ``batch`` in one transaction, its outcome in the batch's order; more than
+        one and failing: BatchFailed."""
+        try:
+            return self._write_together(batch)
+        except Exception as exc:
+            if len(batch) == 1:
+                raise
+            raise BatchFailed(str(exc)) from exc
+
+    @transaction.atomic
+    def _write_together(self, batch: list[ReplicaChange]) -> list[Replica]:
+        self.hold()
+        written: dict[int, Replica] = {}
+        entries = []
+        # In the replicas' order, as every batch locks them, so two batches never wait on each other
+        # in a circle.
+        for i in sorted(range(len(batch)), key=lambda i: batch[i].replica_id):
+            written[i], entry = self._write_one(batch[i])
+            entries.append(entry)
+        # The entries last, in one insert: the chain's lock held from there to the commit only.
+        with self.clock.timed("audit_records (replicas' writes made together; waits for the chain's lock)"):
+            audit_records(entries, actor=self.actor)
+        self.clock.add("replicas' writes made in one transaction (n: transactions)", len(batch), unit="")
+        return [written[i] for i in range(len(batch))]
+
+    def _write_one(self, change: ReplicaChange) -> tuple[Replica, dict[str, Any]]:
+        """One replica's change, in the caller's transaction; its audit entry, to be written."""
+        # With its profile and model, which the audit entry's snapshot names (two queries less).
+        replica = (
+            Replica.objects.select_for_update(of=("self",))
+            .select_related("profile__model")
+            .get(pk=change.replica_id)
+        )
+        held = [str(s.card) for s in Shard.objects.filter(replica=replica).select_related("card__node")]
+        before = replica_after(replica, held)
+        fields = ["state"]
+        if replica.state != change.state:
+            replica.state, replica.state_changed_at = change.state, timezone.now()
+            fields.append("state_changed_at")
+        if change.reason is not None:
+            replica.reason = redact(change.reason, self.secrets)
+            fields.append("reason")
+        if change.memory is not None:
+            profile = Profile.objects.select_related("model", "gpu_class").get(pk=replica.profile_id)
+            planned = profile_memory(profile, profile.model)
+            replica.planned_memory = planned_with_release(profile, planned)
+            replica.measured_memory = change.memory
+            replica.measured_at = timezone.now() if change.memory else None
+            fields += ["planned_memory", "measured_memory", "measured_at"]
+        replica.save(update_fields=fields)
+        if change.release:
+            Shard.objects.filter(replica=replica).delete()
+            held = []
+        if change.hold is not None:
+            node, indices = change.hold
+            cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
+            Shard.objects.bulk_create(Shard(replica=replica, card=c) for c in cards)
+            held = [str(c) for c in cards]
+        for rank, node, indices in change.hold_ranks or []:
+            cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
+            Shard.objects.bulk_create(Shard(replica=replica, card=c, rank=rank) for c in cards)
+            held += [str(c) for c in cards]
+        if change.step is not None and change.step_fields:
+            self._write_step(change.step, change.step_fields)
+        entry = dict(
+            action=change.action,
+            object_type="replica",
+            object_key=replica.name,
+            object_repr=str(replica),
+            before=before,
+            after=replica_after(replica, held),
+            message=self.said(change.message),
+        )
+        return replica, entry
 
     def record_replacement(
         self,

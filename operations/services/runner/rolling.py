@@ -13,9 +13,10 @@ from operations.services.placement import replica_placement
 from operations.services.reconcile import node_unreachable
 from operations.services.runner.groups import launch_and_settle, said_ranks
 from operations.services.runner.parts import RunParts
-from operations.services.runner.placing import BatchFailed, Placing, place_together
+from operations.services.runner.placing import Placing, place_together
 from operations.services.runner.records import StepFailed, replaced, replacement
 from operations.services.runner.stops import stop_confirmed, stop_replacement
+from operations.services.runner.together import BatchFailed
 
 # Nodes a replacement is placed on in turn when each one's agent turns out to be down.
 PLACE_TRIES = 3

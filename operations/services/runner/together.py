@@ -1,4 +1,5 @@
-"""Work handed in by a run's step threads and done in batches (``placing.py``'s placements)."""
+"""Work handed in by a run's step threads and done in batches (``placing.py``'s placements, the
+replicas' writes of ``records.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class BatchFailed(Exception):
+    """A batch of more than one item failed: each is done again alone, so that one that cannot be
+    done fails its own step only."""
 
 
 class Together(Generic[T, R]):
