@@ -1,7 +1,8 @@
 """The restart fan-out against its ideal: 64 replicas over 16 local agents, a 2 s engine load.
 
 Run: `make bench` (after bench/pages.py), or
-`.venv/bin/python bench/fanout.py [--database-url URL] [--parallel 1,4,8,16] [--load-seconds 2]`.
+`.venv/bin/python bench/fanout.py [--database-url URL] [--parallel 1,4,8,16] [--load-seconds 2] [--busy N]`
+(``--busy 2``: two more processes spinning on the two cores meanwhile, a loaded machine).
 
 Sixteen real node agents on 127.0.0.1 (ports below the kernel's ephemeral range), eight cards
 each, the stand-in engine for vLLM; one model whose one-card profile has 64 ready replicas, four
@@ -20,13 +21,16 @@ The database is the benchmark's own (created anew at the start): BENCH_FANOUT_DA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +49,12 @@ def main() -> None:
     parser.add_argument(
         "--compare-poll", action="store_true", help="also run each with the worker polling every second"
     )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="processes kept busy on the CPU through the restarts (a loaded machine: each adds about 1 to the load)",
+    )
     parser.add_argument("--out", default=str(ROOT / "var" / "bench" / "fanout.json"))
     args = parser.parse_args()
     parallels = [int(p) for p in args.parallel.split(",")]
@@ -58,14 +68,17 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="llmgw-fanout-"))
     actor = Actor(via="cli", name="bench")
     results = []
-    with local_fleet(
-        tmp,
-        nodes=NODES,
-        cards=CARDS,
-        models={"fanout": REPLICAS},
-        load_seconds=args.load_seconds,
-        actor=actor,
-    ) as fleet:
+    with (
+        busy_processes(args.busy),
+        local_fleet(
+            tmp,
+            nodes=NODES,
+            cards=CARDS,
+            models={"fanout": REPLICAS},
+            load_seconds=args.load_seconds,
+            actor=actor,
+        ) as fleet,
+    ):
         print(f"{REPLICAS} replicas ready on {NODES} agents", flush=True)
         # With --compare-poll each parallelism runs twice, back to back: the worker waiting on the
         # agent (the default) and polling it every second (LLMGW_AGENT_WAIT_SECONDS=0, as before),
@@ -124,6 +137,22 @@ def main() -> None:
         raise SystemExit(
             f"{len(failed)} of {len(results)} restarts did not succeed; their times do not count"
         )
+
+
+@contextlib.contextmanager
+def busy_processes(count: int) -> Iterator[None]:
+    """``count`` processes spinning on the CPU meanwhile (other work on a shared machine), at the
+    same priority as the worker, the database, the agents and their engines."""
+    spinning = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for one in spinning:
+            one.kill()
+            one.wait(timeout=10)
 
 
 def restart_all(fleet, p: int, run: int, load_seconds: float, actor, worker_pid: int) -> dict:
