@@ -159,10 +159,14 @@ class Records:
 
     def _write_step(self, step: RestartStep, fields: dict[str, Any]) -> None:
         """In the caller's transaction, under the fence."""
+        RestartStep.objects.filter(pk=step.pk).update(**self._redacted(fields))
+
+    def _redacted(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """``fields`` (a step's) with its reason's secrets masked, in place: an engine's log tail
+        or an agent's sentence may echo a secret of the profile's."""
         if isinstance(fields.get("reason"), str):
-            # An engine's log tail or an agent's sentence may echo a secret of the profile's.
             fields["reason"] = redact(fields["reason"], self.secrets)
-        RestartStep.objects.filter(pk=step.pk).update(**fields)
+        return fields
 
     @staticmethod
     def _kept_on(step: RestartStep, fields: dict[str, Any]) -> None:
@@ -240,69 +244,82 @@ class Records:
 
     @transaction.atomic
     def _write_together(self, batch: list[ReplicaChange]) -> list[Replica]:
+        """The batch's changes in one transaction, with the statements of one change: the replicas locked in one read (in their ids' order, as every batch locks them, so
+        that two never wait on each other in a circle) with their profiles and models (the audit
+        snapshot names them), their cards in one, their rows in one update, the cards released in
+        one delete, the steps' changes in one update each kind, the audit entries last in one
+        insert (the chain's lock held from there to the commit only). A change that takes cards
+        (in place) writes them as it comes."""
         self.hold()
-        written: dict[int, Replica] = {}
-        entries = []
-        # In the replicas' order, as every batch locks them, so two batches never wait on each other
-        # in a circle.
-        for i in sorted(range(len(batch)), key=lambda i: batch[i].replica_id):
-            written[i], entry = self._write_one(batch[i])
-            entries.append(entry)
-        # The entries last, in one insert: the chain's lock held from there to the commit only.
-        with self.clock.timed("audit_records (replicas' writes made together; waits for the chain's lock)"):
-            audit_records(entries, actor=self.actor)
-        self.clock.add("replicas' writes made in one transaction (n: transactions)", len(batch), unit="")
-        return [written[i] for i in range(len(batch))]
-
-    def _write_one(self, change: ReplicaChange) -> tuple[Replica, dict[str, Any]]:
-        """One replica's change, in the caller's transaction; its audit entry, to be written."""
-        # With its profile and model, which the audit entry's snapshot names (two queries less).
-        replica = (
-            Replica.objects.select_for_update(of=("self",))
+        ids = sorted({c.replica_id for c in batch})
+        rows = {
+            r.pk: r
+            for r in Replica.objects.select_for_update(of=("self",))
             .select_related("profile__model")
-            .get(pk=change.replica_id)
-        )
-        held = [str(s.card) for s in Shard.objects.filter(replica=replica).select_related("card__node")]
-        before = replica_after(replica, held)
-        fields = ["state"]
+            .filter(pk__in=ids)
+            .order_by("pk")
+        }
+        gone = [pk for pk in ids if pk not in rows]
+        if gone:
+            raise Replica.DoesNotExist(f"Replica {gone[0]} is no longer in the catalog.")
+        held: dict[int, list[str]] = {pk: [] for pk in ids}
+        for shard in Shard.objects.filter(replica_id__in=ids).select_related("card__node"):
+            held[shard.replica_id].append(str(shard.card))
+        written = _Written(rows)
+        # In the replicas' order; a replica's changes in the order they were asked.
+        for i in sorted(range(len(batch)), key=lambda i: batch[i].replica_id):
+            self._apply(batch[i], rows[batch[i].replica_id], held, written)
+        written.flush()
+        with self.clock.timed("audit_records (replicas' writes made together; waits for the chain's lock)"):
+            audit_records(written.entries, actor=self.actor)
+        self.clock.add("replicas' writes made in one transaction (n: transactions)", len(batch), unit="")
+        return [rows[c.replica_id] for c in batch]
+
+    def _apply(
+        self, change: ReplicaChange, replica: Replica, held: dict[int, list[str]], written: _Written
+    ) -> None:
+        """``change`` to ``replica`` in memory, its writes noted in ``written`` (cards taken are
+        written at once), its audit entry kept."""
+        before = replica_after(replica, held[replica.pk])
+        fields = {"state"}
         if replica.state != change.state:
             replica.state, replica.state_changed_at = change.state, timezone.now()
-            fields.append("state_changed_at")
+            fields.add("state_changed_at")
         if change.reason is not None:
             replica.reason = redact(change.reason, self.secrets)
-            fields.append("reason")
+            fields.add("reason")
         if change.memory is not None:
-            profile = Profile.objects.select_related("model", "gpu_class").get(pk=replica.profile_id)
+            profile = written.profile(replica.profile_id)
             planned = profile_memory(profile, profile.model)
             replica.planned_memory = planned_with_release(profile, planned)
             replica.measured_memory = change.memory
             replica.measured_at = timezone.now() if change.memory else None
-            fields += ["planned_memory", "measured_memory", "measured_at"]
-        replica.save(update_fields=fields)
+            fields |= {"planned_memory", "measured_memory", "measured_at"}
+        written.fields |= fields
         if change.release:
-            Shard.objects.filter(replica=replica).delete()
-            held = []
-        if change.hold is not None:
-            node, indices = change.hold
-            cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
-            Shard.objects.bulk_create(Shard(replica=replica, card=c) for c in cards)
-            held = [str(c) for c in cards]
-        for rank, node, indices in change.hold_ranks or []:
-            cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
-            Shard.objects.bulk_create(Shard(replica=replica, card=c, rank=rank) for c in cards)
-            held += [str(c) for c in cards]
+            written.released.add(replica.pk)
+            held[replica.pk] = []
+        if change.hold is not None or change.hold_ranks:
+            written.release_now(replica.pk)  # a release asked before, then the cards taken
+            takes = [(0, *change.hold)] if change.hold is not None else []
+            held[replica.pk] = [] if change.hold is not None else held[replica.pk]
+            for rank, node, indices in takes + list(change.hold_ranks or []):
+                cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
+                Shard.objects.bulk_create(Shard(replica=replica, card=c, rank=rank) for c in cards)
+                held[replica.pk] += [str(c) for c in cards]
         if change.step is not None and change.step_fields:
-            self._write_step(change.step, change.step_fields)
-        entry = dict(
-            action=change.action,
-            object_type="replica",
-            object_key=replica.name,
-            object_repr=str(replica),
-            before=before,
-            after=replica_after(replica, held),
-            message=self.said(change.message),
+            written.step(change.step, self._redacted(change.step_fields))
+        written.entries.append(
+            dict(
+                action=change.action,
+                object_type="replica",
+                object_key=replica.name,
+                object_repr=str(replica),
+                before=before,
+                after=replica_after(replica, held[replica.pk]),
+                message=self.said(change.message),
+            )
         )
-        return replica, entry
 
     def record_replacement(
         self,
@@ -408,3 +425,39 @@ class Records:
             return row, moved
 
         return write()
+
+
+class _Written:
+    """What a batch of replica changes writes once all are applied: the replicas' rows in one
+    update of every field any of them changed (the others keep the values just read, under their
+    rows' locks), the cards released in one delete, the steps' changes in one update for each set
+    of fields, and the audit entries."""
+
+    def __init__(self, rows: dict[int, Replica]):
+        self.rows = rows
+        self.fields: set[str] = set()
+        self.released: set[int] = set()
+        self.entries: list[dict[str, Any]] = []
+        self._steps: dict[frozenset[str], dict[int, RestartStep]] = {}
+        self._profiles: dict[int, Profile] = {}
+
+    def profile(self, pk: int) -> Profile:
+        if pk not in self._profiles:
+            self._profiles[pk] = Profile.objects.select_related("model", "gpu_class").get(pk=pk)
+        return self._profiles[pk]
+
+    def release_now(self, replica_id: int) -> None:
+        if replica_id in self.released:
+            Shard.objects.filter(replica_id=replica_id).delete()
+            self.released.discard(replica_id)
+
+    def step(self, step: RestartStep, fields: dict[str, Any]) -> None:
+        # A row of its own with only these fields: the step object is told once they are committed.
+        self._steps.setdefault(frozenset(fields), {})[step.pk] = RestartStep(pk=step.pk, **fields)
+
+    def flush(self) -> None:
+        Replica.objects.bulk_update(list(self.rows.values()), sorted(self.fields))
+        if self.released:
+            Shard.objects.filter(replica_id__in=sorted(self.released)).delete()
+        for fields, steps in self._steps.items():
+            RestartStep.objects.bulk_update(list(steps.values()), sorted(fields))
