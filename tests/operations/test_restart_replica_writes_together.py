@@ -121,3 +121,64 @@ def test_a_change_that_cannot_be_written_fails_alone_and_the_others_of_its_batch
     # The batch that failed was written again one change a transaction.
     assert len(set(drained.values())) == 3
     assert verify_chain() == []
+
+
+def test_a_batch_of_different_changes_leaves_each_replica_as_its_change_alone_would(actor):
+    # One batch: a stop that frees its cards and ends its step, a ready with the engine's memory
+    # report, and an in-place start that frees its cards and takes another; each replica ends as
+    # its change alone leaves it, each entry says what it was before and after.
+    from catalog.models import Node, Shard
+    from operations.models import RestartStep
+    from operations.services.runner.records import ReplicaChange
+
+    run, replicas = _claimed_run(actor)
+    records = run.records
+    stopped, readied, moved = replicas[0], replicas[1], replicas[2]
+    step = records.step(RestartStep.objects.filter(old_replica=stopped).get().pk)
+    gpu = Node.objects.get(name="gpu-1")
+
+    def change(replica: Replica, state: str, action: str, **kw) -> ReplicaChange:
+        fields = dict(
+            release=False, hold=None, hold_ranks=None, memory=None, reason=None, step=None, step_fields=None
+        )
+        return ReplicaChange(replica.pk, state, action, f"{replica.name} {action}", **{**fields, **kw})
+
+    ended = records.finished("succeeded", "llama-1 replaced")
+    outcome = records._write_replicas(
+        [
+            change(stopped, "stopped", "stop", release=True, reason="replaced", step=step, step_fields=ended),
+            change(readied, "ready", "ready", memory={"kv_cache_gib": 12.5}),
+            change(moved, "starting", "start", release=True, hold=(gpu, [6])),
+        ]
+    )
+    assert [r.name for r in outcome] == [stopped.name, readied.name, moved.name]
+
+    by_name = {r.name: r for r in Replica.objects.filter(pk__in=[r.pk for r in replicas])}
+    assert (by_name["llama-1"].state, by_name["llama-1"].reason) == ("stopped", "replaced")
+    assert by_name["llama-2"].state == "ready" and by_name["llama-2"].measured_memory == {
+        "kv_cache_gib": 12.5
+    }
+    assert by_name["llama-2"].planned_memory  # what its cards were planned to hold, kept beside it
+    assert by_name["llama-3"].state == "starting"
+    assert by_name["llama-4"].state == "ready"  # not in the batch
+    held = {
+        name: sorted(Shard.objects.filter(replica__name=name).values_list("card__index", flat=True))
+        for name in by_name
+    }
+    assert held == {"llama-1": [], "llama-2": [1], "llama-3": [6], "llama-4": [3]}
+    assert RestartStep.objects.filter(pk=step.pk).values_list("state", "reason").get() == (
+        "succeeded",
+        "llama-1 replaced",
+    )
+
+    entries = {
+        e.object_key: e
+        for e in AuditEntry.objects.filter(object_type="replica", action__in=["stop", "ready", "start"])
+    }
+    assert len({e.txid for e in entries.values()}) == 1
+    assert entries["llama-1"].before["cards"] == ["gpu-1#0"] and entries["llama-1"].after["cards"] == []
+    assert entries["llama-3"].before["cards"] == ["gpu-1#2"] and entries["llama-3"].after["cards"] == [
+        "gpu-1#6"
+    ]
+    assert entries["llama-2"].before["state"] == "ready" and entries["llama-2"].after["cards"] == ["gpu-1#1"]
+    assert verify_chain() == []
