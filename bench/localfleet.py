@@ -63,13 +63,15 @@ class LocalFleet:
     replicas: dict[str, list[Any]] = field(default_factory=dict)  # model name: its replicas
 
     def launches(self, name: str) -> int:
-        """How many times the agents started a process for replica ``name`` (their logs' headers)."""
-        count = 0
-        for agent in self.agents.values():
-            log = agent.log_dir / f"{name}.log"
-            if log.exists():
-                count += log.read_text(errors="replace").count(f"llmgw-agent: starting replica {name} ")
-        return count
+        """How many times the agents started a process for replica ``name``: each start is an
+        attempt with a log of its own, numbered from 1 (``llmgw_agent/attempts.py``; the older
+        ones may be pruned, the numbers go on), so the highest number on each agent."""
+        from llmgw_agent.attempts import attempts_of
+
+        return sum(
+            max((number for number, _ in attempts_of(agent.log_dir, name)), default=0)
+            for agent in self.agents.values()
+        )
 
 
 def made_stale(profile: Any, run: int) -> Any:
