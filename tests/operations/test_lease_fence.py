@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -117,8 +120,6 @@ def test_the_steps_writes_hold_the_fence_side_by_side_and_a_takeover_waits_for_t
     # Every write of a run first holds the operation's row: exclusively, the steps running in
     # threads wrote one after the other (half of a fan-out's time went waiting there). Shared,
     # they write at once, and a takeover still cannot come between a write's check and its commit.
-    import threading
-
     from django.db import connection, transaction
 
     first = claim(operation.pk, "worker:first-1")
@@ -126,29 +127,12 @@ def test_the_steps_writes_hold_the_fence_side_by_side_and_a_takeover_waits_for_t
     RestartOperation.objects.filter(pk=operation.pk).update(
         heartbeat_at=timezone.now() - timedelta(seconds=60)  # stale: another worker may claim it
     )
-    holding, release = threading.Event(), threading.Event()
-
-    def a_step_writing() -> None:
-        try:
-            with transaction.atomic():
-                lease.hold()
-                holding.set()
-                release.wait(timeout=30)
-        finally:
-            connection.close()
-
-    writer = threading.Thread(target=a_step_writing)
-    writer.start()
-    try:
-        assert holding.wait(timeout=10)
+    with _a_step_writing(lease):
         with transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL lock_timeout = '2s'")
             lease.hold()  # another step's write, while the first is under way: not kept waiting
         assert claim(operation.pk, "worker:second-2") is None  # a write is under way: not now
-    finally:
-        release.set()
-        writer.join(timeout=30)
     second = claim(operation.pk, "worker:second-2")
     assert second is not None and second.attempts == first.attempts + 1
     with pytest.raises(OperationLost), transaction.atomic():
@@ -161,8 +145,6 @@ def test_the_heartbeat_goes_through_while_a_step_writes_and_a_cancel_waits_for_t
     # The steps' writes hold the operation's row FOR KEY SHARE: the heartbeat's update of the same
     # row does not conflict with it (under FOR SHARE it waited for every write under way, 6.7 s at
     # sixteen steps at once), while a cancel's FOR UPDATE still waits for the write's commit.
-    import threading
-
     from django.db import connection, transaction
     from django.db.utils import OperationalError
 
@@ -170,21 +152,7 @@ def test_the_heartbeat_goes_through_while_a_step_writes_and_a_cancel_waits_for_t
 
     first = claim(operation.pk, "worker:first-1")
     lease = Lease(operation.pk, "worker:first-1", epoch=first.attempts)
-    holding, release = threading.Event(), threading.Event()
-
-    def a_step_writing() -> None:
-        try:
-            with transaction.atomic():
-                lease.hold()
-                holding.set()
-                release.wait(timeout=30)
-        finally:
-            connection.close()
-
-    writer = threading.Thread(target=a_step_writing)
-    writer.start()
-    try:
-        assert holding.wait(timeout=10)
+    with _a_step_writing(lease):
         beat_before = RestartOperation.objects.get(pk=operation.pk).heartbeat_at
         with transaction.atomic():
             with connection.cursor() as cursor:
@@ -196,8 +164,32 @@ def test_the_heartbeat_goes_through_while_a_step_writes_and_a_cancel_waits_for_t
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL lock_timeout = '500ms'")
             operation_cancel(operation_id=operation.pk)
+    assert not RestartOperation.objects.get(pk=operation.pk).cancel_requested  # nothing half-written
+    assert operation_cancel(operation_id=operation.pk).cancel_requested
+
+
+@contextlib.contextmanager
+def _a_step_writing(lease: Lease) -> Iterator[None]:
+    """A step's write under way meanwhile, from a thread of its own: its transaction holds the
+    fence (``lease.hold()``) until the block ends."""
+    from django.db import connection, transaction
+
+    holding, release = threading.Event(), threading.Event()
+
+    def write() -> None:
+        try:
+            with transaction.atomic():
+                lease.hold()
+                holding.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()  # the thread's own
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert holding.wait(timeout=10)
+        yield
     finally:
         release.set()
         writer.join(timeout=30)
-    assert not RestartOperation.objects.get(pk=operation.pk).cancel_requested  # nothing half-written
-    assert operation_cancel(operation_id=operation.pk).cancel_requested

@@ -276,10 +276,22 @@ def test_the_step_threads_keep_their_connections_from_step_to_step_and_the_run_c
         monkeypatch.setattr(DatabaseWrapper, "get_new_connection", counted)
         assert run_operation(op.pk) == "succeeded"
         monkeypatch.undo()
-        assert [s.state for s in steps_of(op)] == ["succeeded"] * 4
+        steps = steps_of(op)
+        assert [s.state for s in steps] == ["succeeded"] * 4
         # The heartbeat's thread opens one; the step threads one each, at most two.
         assert len(opened) <= 3, opened
         assert _when(lambda: open_here() == before, within=5)
+        # Each step ended in its old replica's stop's own transaction: the step row's last writer
+        # (xmin, 32 bits) is the transaction of the stop's audit entry (txid_current, 64 bits).
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, xmin::text FROM operations_restartstep WHERE id = ANY(%s)",
+                [[s.pk for s in steps]],
+            )
+            last_writer = {pk: int(xmin) for pk, xmin in cursor.fetchall()}
+        for step in steps:
+            stop = AuditEntry.objects.get(object_key=step.old_replica.name, action="stop")
+            assert stop.txid is not None and stop.txid % 2**32 == last_writer[step.pk], step.reason
 
 
 @pytest.mark.postgres  # a row held locked beside the runner's writes: SQLite locks the whole database

@@ -256,11 +256,11 @@ class AgentConversation:
             if reason and reason != said:
                 said = reason
                 self.records.set_step(step, reason=_waiting_for(replica, state, reason))
-            reason = str(state.get("reason") or "")
             if time.monotonic() >= deadline:
+                told = str(state.get("reason") or "")
                 raise StepFailed(
                     f"{replica.name} was not ready within {self.op.ready_timeout:g} s "
-                    f"({now_state}{': ' + reason if reason else ''})."
+                    f"({now_state}{': ' + told if told else ''})."
                 )
             left = max(deadline - time.monotonic(), 0.01)
             wait = min(self.wait, left, self.lease.interval)

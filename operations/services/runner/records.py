@@ -244,12 +244,13 @@ class Records:
 
     @transaction.atomic
     def _write_together(self, batch: list[ReplicaChange]) -> list[Replica]:
-        """The batch's changes in one transaction, with the statements of one change: the replicas locked in one read (in their ids' order, as every batch locks them, so
-        that two never wait on each other in a circle) with their profiles and models (the audit
-        snapshot names them), their cards in one, their rows in one update, the cards released in
-        one delete, the steps' changes in one update each kind, the audit entries last in one
-        insert (the chain's lock held from there to the commit only). A change that takes cards
-        (in place) writes them as it comes."""
+        """The batch's changes in one transaction, with the statements of one change: the
+        replicas locked in one read (in their ids' order, as every batch locks them, so that two
+        never wait on each other in a circle) with their profiles and models (the audit snapshot
+        names them), their cards in one, their rows in one update, the cards released in one
+        delete, the steps' changes in one update each kind, the audit entries last in one insert
+        (the chain's lock held from there to the commit only). A change that takes cards (in
+        place) writes them as it comes."""
         self.hold()
         ids = sorted({c.replica_id for c in batch})
         rows = {
@@ -299,11 +300,13 @@ class Records:
         if change.release:
             written.released.add(replica.pk)
             held[replica.pk] = []
-        if change.hold is not None or change.hold_ranks:
+        takes = list(change.hold_ranks or [])
+        if change.hold is not None:  # on one node, as rank 0: what it held before is let go
+            takes.insert(0, (0, *change.hold))
+            held[replica.pk] = []
+        if takes:
             written.release_now(replica.pk)  # a release asked before, then the cards taken
-            takes = [(0, *change.hold)] if change.hold is not None else []
-            held[replica.pk] = [] if change.hold is not None else held[replica.pk]
-            for rank, node, indices in takes + list(change.hold_ranks or []):
+            for rank, node, indices in takes:
                 cards = list(Card.objects.filter(node=node, index__in=indices).select_related("node"))
                 Shard.objects.bulk_create(Shard(replica=replica, card=c, rank=rank) for c in cards)
                 held[replica.pk] += [str(c) for c in cards]

@@ -48,7 +48,7 @@ def stop_confirmed(
         records.set_step(step, **before)
     failure = agents.confirm_stop(node, replica.name) if node is not None else None
     if failure is not None:
-        agents.records.replica_change(
+        records.replica_change(
             replica.pk,
             state=Replica.State.STOPPING,
             action="stop_unconfirmed",
