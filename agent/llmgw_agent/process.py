@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
+import threading
 import time
 from typing import Protocol
 
@@ -45,24 +47,83 @@ class ProcessHandle(Protocol):
         ...
 
 
+class ExitSignal:
+    """A process's pidfd (Linux 5.3 and later, ``os.pidfd_open``): it becomes readable when the
+    process ends, so a wait is one poll(2) that sleeps until then. Without it a wait polls:
+    ``Popen.wait(timeout)`` calls waitpid every 1 to 50 ms, some 15 wake-ups a replica for
+    every poll of the agent's watcher, for as long as the replica lives.
+
+    ``gone`` is None when the kernel or platform has no pidfd (or the process was not there to
+    open one for), and the caller polls as before. The descriptor is closed once the process
+    is known gone and no thread is still waiting on it (a closed number can be given to the
+    next file opened, and a wait on it would watch that file instead)."""
+
+    def __init__(self, pid: int):
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._ended = False
+        self._fd: int | None = None
+        opener = getattr(os, "pidfd_open", None)
+        if opener is not None:
+            with contextlib.suppress(OSError):
+                self._fd = opener(pid)
+
+    def gone(self, timeout: float) -> bool | None:
+        """Whether the process ends within ``timeout`` seconds; None: this cannot tell."""
+        with self._lock:
+            if self._fd is None:
+                return True if self._ended else None
+            fd = self._fd
+            self._waiting += 1
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return bool(poller.poll(max(timeout, 0) * 1000))
+        finally:
+            with self._lock:
+                self._waiting -= 1
+                self._close_if_done()
+
+    def ended(self) -> None:
+        """The process is gone (reaped, or seen gone): the descriptor is closed when nobody waits."""
+        with self._lock:
+            self._ended = True
+            self._close_if_done()
+
+    def _close_if_done(self) -> None:
+        if self._ended and self._waiting == 0 and self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class ChildProcess:
     """A process this agent started: it can be waited for and has an exit code."""
 
     def __init__(self, popen: subprocess.Popen[bytes]):
         self.popen = popen
         self.pid = popen.pid
+        # Opened before anything reaps the child, so the pid is still this process's.
+        self._exit = ExitSignal(popen.pid)
 
     def exited(self) -> bool:
-        return self.popen.poll() is not None
+        if self.popen.poll() is None:
+            return False
+        self._exit.ended()
+        return True
 
     def exit_code(self) -> int | None:
         return self.popen.returncode
 
     def wait(self, timeout: float) -> bool:
+        gone = self._exit.gone(timeout)
+        if gone is False:
+            return False
         try:
-            self.popen.wait(timeout=max(timeout, 0))
+            # Ended: reaps it at once. No pidfd: waits as Popen does.
+            self.popen.wait(timeout=max(timeout, 0) if gone is None else None)
         except subprocess.TimeoutExpired:
             return False
+        self._exit.ended()
         return True
 
 
@@ -74,15 +135,26 @@ class AdoptedProcess:
     def __init__(self, pid: int, starttime: int):
         self.pid = pid
         self.starttime = starttime
+        self._exit = ExitSignal(pid)
+        # The pid may have been reused between the start time's check and the pidfd's opening:
+        # checked again now that the pidfd holds whichever process it names.
+        if self.exited():
+            self._exit.ended()
 
     def exited(self) -> bool:
         stat = proc_stat(self.pid)
-        return stat is None or stat[1] != self.starttime or stat[0] in "ZX"
+        gone = stat is None or stat[1] != self.starttime or stat[0] in "ZX"
+        if gone:
+            self._exit.ended()
+        return gone
 
     def exit_code(self) -> int | None:
         return None
 
     def wait(self, timeout: float) -> bool:
+        gone = self._exit.gone(timeout)
+        if gone is not None:
+            return gone or self.exited()
         deadline = time.monotonic() + timeout
         while not self.exited():
             left = deadline - time.monotonic()
