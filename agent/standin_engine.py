@@ -65,12 +65,14 @@ import signal
 import sys
 import threading
 import time
-import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
-import standin_ranks  # beside this file
+import standin_http  # beside this file
+
+# Not typing's own: importing typing costs a stand-in's start 2 ms of its CPU (mypy reads the name).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 CRASH_EXIT_CODE = 137
 
@@ -160,10 +162,8 @@ class Engine:
         return not self.args.never_ready and time.monotonic() - self.started >= self.args.load_seconds
 
 
-class StandinHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class StandinHandler(standin_http.Handler):
     server_version = "llmgw-standin/0.1"
-    sys_version = ""
     engine: Engine  # set on the subclass made in main()
 
     def do_GET(self) -> None:
@@ -260,6 +260,8 @@ class StandinHandler(BaseHTTPRequestHandler):
             if path == "/v1/completions"
             else {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": finish}
         )
+        import uuid  # here, not at the start: a stand-in's start is part of its load
+
         self._json(
             200,
             {
@@ -308,9 +310,6 @@ class StandinHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        pass  # the readiness polls would drown the log
 
 
 def _text(content: Any) -> str:
@@ -379,7 +378,7 @@ def metrics_text(model: str, running: int) -> str:
     )
 
 
-def drain_then_shutdown(engine: Engine, server: ThreadingHTTPServer) -> None:
+def drain_then_shutdown(engine: Engine, server: standin_http.Server) -> None:
     """On SIGTERM: refuse new requests, let those in flight finish, then stop serving."""
     had = engine.flight.running
     if had:
@@ -488,25 +487,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, lambda *_: log("SIGTERM received and ignored"))
 
-    try:
-        group = standin_ranks.group_of(unknown)
-        link = None if group is None else standin_ranks.rendezvous(group, standin_ranks.join_seconds(), log)
-    except (ValueError, standin_ranks.RendezvousFailed) as exc:
-        log(f"error: {exc}")
-        return standin_ranks.EXIT_CODE
-    if link is not None:
-        link.watch(log)
-        if link.group.headless:
-            return run_headless(args, unknown)
+    if any(arg == "--nnodes" or arg.startswith("--nnodes=") for arg in unknown):
+        # Imported only for a replica across nodes: an engine's start is a stand-in's load
+        # time, and a fleet's benchmark starts many of them on the machine that it measures.
+        import standin_ranks  # beside this file
+
+        try:
+            group = standin_ranks.group_of(unknown)
+            link = (
+                None if group is None else standin_ranks.rendezvous(group, standin_ranks.join_seconds(), log)
+            )
+        except (ValueError, standin_ranks.RendezvousFailed) as exc:
+            log(f"error: {exc}")
+            return standin_ranks.EXIT_CODE
+        if link is not None:
+            link.watch(log)
+            if link.group.headless:
+                return run_headless(args, unknown)
 
     engine = Engine(args, [sys.argv[0], *argv])
     handler = type("Handler", (StandinHandler,), {"engine": engine})
     try:
-        server = ThreadingHTTPServer((args.host, args.port), handler)
+        server = standin_http.Server((args.host, args.port), handler)
     except OSError as exc:
         log(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         return 1
-    server.daemon_threads = True
 
     if not args.ignore_sigterm:
 

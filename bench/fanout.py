@@ -111,7 +111,9 @@ def main() -> None:
                 print(
                     f"  CPU during the restart: the worker {r['worker_cpu_seconds']} s "
                     f"({r['worker_cpu_share']} of one core), the agents and their engines "
-                    f"{r['fleet_cpu_seconds']} s, the machine {r['machine_busy_share']} busy",
+                    f"{r['fleet_cpu_seconds']} s (the agents {r['cpu_seconds_by_part']['agents']}, "
+                    f"the engines {r['cpu_seconds_by_part']['engines']}), the database "
+                    f"{r['cpu_seconds_by_part']['database']} s, the machine {r['machine_busy_share']} busy",
                     flush=True,
                 )
                 print("  from the records (mean / median / max, s):", flush=True)
@@ -175,7 +177,7 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor, worker_pid:
     load_before = _load()
     agents = [agent.process.pid for agent in fleet.agents.values()]
     cpu_before, machine_before, clock_before = _cpu_seconds(worker_pid), _machine(), time.monotonic()
-    fleet_before = _tree_cpu(agents)
+    parts_before = _cpu_parts(agents)
     while True:
         op = RestartOperation.objects.get(pk=op.pk)
         if op.state not in ("queued", "running"):
@@ -183,7 +185,7 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor, worker_pid:
         time.sleep(0.2)
     wall = time.monotonic() - asked
     cpu = _cpu_seconds(worker_pid) - cpu_before
-    fleet_cpu = _tree_cpu(agents) - fleet_before
+    parts = {part: round(seconds - parts_before[part], 2) for part, seconds in _cpu_parts(agents).items()}
     (busy_after, total_after), (busy_before, total_before) = _machine(), machine_before
     measured = time.monotonic() - clock_before
     assert op.finished_at is not None and op.started_at is not None, op.state
@@ -205,7 +207,8 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor, worker_pid:
         "worker_cpu_seconds": round(cpu, 2),
         "worker_cpu_share": round(cpu / measured, 2) if measured else None,
         # The sixteen agents and the engines they ran (the stand-ins' interpreters, their probes).
-        "fleet_cpu_seconds": round(fleet_cpu, 2),
+        "fleet_cpu_seconds": round(parts["agents"] + parts["engines"], 2),
+        "cpu_seconds_by_part": parts,
         "machine_busy_share": round((busy_after - busy_before) / (total_after - total_before), 2)
         if total_after > total_before
         else None,
@@ -221,21 +224,29 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _tree_cpu(parents: list[int]) -> float:
-    """CPU seconds of the ``parents`` with their children: their own, their children's that ended
-    (reaped: cutime, cstime), and their live children's (an engine's own)."""
-    total = 0.0
-    wanted = set(parents)
+def _cpu_parts(agents: list[int]) -> dict[str, float]:
+    """CPU seconds so far of the agents (their own), their engines (the live ones' own and
+    the reaped ones', counted in their agent's cutime and cstime), and the database (PostgreSQL's
+    processes: the backends' own and the ended ones', counted in the postmaster's)."""
+    parts = {"agents": 0, "engines": 0, "database": 0}
+    wanted = set(agents)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            raw = (entry / "stat").read_text()
         except OSError:
             continue
-        if int(entry.name) in wanted or int(fields[1]) in wanted:  # the process, or its parent
-            total += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
-    return total / os.sysconf("SC_CLK_TCK")
+        name, fields = raw.split("(", 1)[1].rsplit(")", 1)[0], raw.rsplit(")", 1)[1].split()
+        own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+        if int(entry.name) in wanted:
+            parts["agents"] += own
+            parts["engines"] += reaped
+        elif int(fields[1]) in wanted:  # an engine: its parent is an agent
+            parts["engines"] += own + reaped
+        elif name == "postgres":
+            parts["database"] += own + reaped
+    return {part: ticks / os.sysconf("SC_CLK_TCK") for part, ticks in parts.items()}
 
 
 def _machine() -> tuple[int, int]:

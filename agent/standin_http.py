@@ -1,0 +1,108 @@
+"""Just enough HTTP/1.1 for the stand-in engine, on ``socketserver`` alone (standard library only,
+imported by standin_engine.py, beside it).
+
+Not ``http.server``: importing it (with the ``email`` and ``http.client`` modules it imports) is
+some 25 ms of a stand-in's CPU at its start, the largest part of it, and the fan-out benchmark
+starts sixteen stand-ins at once on the two cores it measures the control plane on. What the
+stand-in's handler uses of ``BaseHTTPRequestHandler`` is here: ``command``, ``path``,
+``headers.get`` (a header's name in any case), ``rfile``, ``wfile``, ``send_response``,
+``send_header`` and ``end_headers``, and the ``do_<METHOD>`` methods; connections persist as
+HTTP/1.1 has them, closed after an answer when the client asks for it or speaks HTTP/1.0. An
+answer goes out in one write once its method returns.
+"""
+
+from __future__ import annotations
+
+import socketserver
+import time
+from http import HTTPStatus
+
+MAX_LINE = 65536
+MAX_HEADERS = 100
+
+
+class Headers(dict[str, str]):
+    """A request's headers by lower-cased name."""
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return super().get(name.lower(), default)
+
+
+class Handler(socketserver.StreamRequestHandler):
+    """One connection: requests read and answered in turn until either side closes it."""
+
+    server_version = "standin/0"
+    wbufsize = -1  # buffered: the status line, headers and body leave together at the flush
+
+    command = ""
+    path = ""
+    headers: Headers
+
+    def handle(self) -> None:
+        while self._one():
+            pass
+
+    def _one(self) -> bool:
+        line = self.rfile.readline(MAX_LINE + 1)
+        if not line:
+            return False
+        words = line.decode("latin-1").split()
+        self._close = True
+        if len(words) != 3 or not words[2].startswith("HTTP/"):
+            self._refuse(HTTPStatus.BAD_REQUEST, f"bad request line {line[:80]!r}")
+            return False
+        self.command, self.path, version = words
+        self.headers = Headers()
+        for _ in range(MAX_HEADERS + 1):
+            raw = self.rfile.readline(MAX_LINE + 1)
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            name, colon, value = raw.decode("latin-1").partition(":")
+            if not colon:
+                self._refuse(HTTPStatus.BAD_REQUEST, f"bad header line {raw[:80]!r}")
+                return False
+            self.headers[name.strip().lower()] = value.strip()
+        else:
+            self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "too many headers")
+            return False
+        asked = (self.headers.get("Connection") or "").lower()
+        self._close = version == "HTTP/1.0" and asked != "keep-alive" or asked == "close"
+        method = getattr(self, f"do_{self.command}", None)
+        if method is None:
+            self._refuse(HTTPStatus.NOT_IMPLEMENTED, f"no method {self.command}")
+        else:
+            method()
+        self.wfile.flush()
+        return not self._close
+
+    def send_response(self, status: int) -> None:
+        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+        self.wfile.write(f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1"))
+        self.send_header("Server", self.server_version)
+        self.send_header("Date", time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime()))
+
+    def send_header(self, name: str, value: str) -> None:
+        self.wfile.write(f"{name}: {value}\r\n".encode("latin-1"))
+
+    def end_headers(self) -> None:
+        if self._close:
+            self.send_header("Connection", "close")
+        self.wfile.write(b"\r\n")
+
+    def _refuse(self, status: HTTPStatus, why: str) -> None:
+        payload = why.encode()
+        self._close = True
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+        self.wfile.flush()
+
+
+class Server(socketserver.ThreadingTCPServer):
+    """A thread per connection, none kept alive past the process's end, the port reusable at once
+    (as ``http.server.ThreadingHTTPServer``)."""
+
+    allow_reuse_address = True
+    daemon_threads = True

@@ -1,0 +1,115 @@
+"""The stand-in engine's HTTP (standin_http.py, in place of http.server for its start's cost): what
+the agent's probes, the control plane and a gateway's clients send it is answered as HTTP/1.1
+has it. A real stand-in process over 127.0.0.1, standard library only like the agent."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import unittest
+
+from agent_testing import STANDIN, free_port, wait_until
+
+
+class StandinHttpTest(unittest.TestCase):
+    port: int
+    process: subprocess.Popen[bytes]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.port = free_port()
+        cls.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(STANDIN),
+                "--port",
+                str(cls.port),
+                "--served-model-name",
+                "m",
+                "--load-seconds",
+                "0",
+            ],
+            env={**os.environ, "VLLM_API_KEY": "sk-standin"},
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(lambda: cls._answers(cls.port), timeout=20, what="the stand-in to listen")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.process.kill()
+        cls.process.wait()
+
+    @staticmethod
+    def _answers(port: int) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def test_one_connection_carries_several_requests(self) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        self.addCleanup(connection.close)
+        bodies = []
+        for _ in range(3):
+            connection.request("GET", "/health")
+            answer = connection.getresponse()
+            bodies.append((answer.status, json.loads(answer.read()), answer.getheader("Connection")))
+        self.assertEqual(bodies, [(200, {"status": "ok"}, None)] * 3)
+        body = json.dumps({"model": "m", "prompt": "hello there", "max_tokens": 1})
+        connection.request(
+            "POST",
+            "/v1/completions",
+            body=body,
+            headers={"AUTHORIZATION": "Bearer sk-standin", "content-type": "application/json"},
+        )
+        answer = connection.getresponse()
+        self.assertEqual(answer.status, 200)
+        self.assertEqual(json.loads(answer.read())["choices"][0]["text"], "echo:")
+
+    def test_a_client_asking_to_close_is_answered_then_closed(self) -> None:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            received = _until_closed(sock)
+        head, _, body = received.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 401 Unauthorized\r\n"), head)
+        self.assertIn(b"\r\nConnection: close", head)
+        self.assertEqual(json.loads(body), {"error": "Unauthorized"})
+
+    def test_http_1_0_is_closed_after_its_answer(self) -> None:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
+            sock.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+            received = _until_closed(sock)
+        self.assertTrue(received.startswith(b"HTTP/1.1 200 OK\r\n"), received)
+        self.assertTrue(received.endswith(b'{"status": "ok"}'), received)
+
+    def test_a_request_line_that_is_not_http_is_refused_and_closed(self) -> None:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
+            sock.sendall(b"HELLO\r\n\r\n")
+            received = _until_closed(sock)
+        self.assertTrue(received.startswith(b"HTTP/1.1 400 Bad Request\r\n"), received)
+        self.assertIn(b"bad request line", received)
+
+    def test_a_method_it_does_not_serve_answers_501(self) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        self.addCleanup(connection.close)
+        connection.request("DELETE", "/v1/models")
+        answer = connection.getresponse()
+        self.assertEqual((answer.status, answer.read()), (501, b"no method DELETE"))
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a timeout fails the test)."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+if __name__ == "__main__":
+    unittest.main()
