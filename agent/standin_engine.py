@@ -378,6 +378,15 @@ def metrics_text(model: str, running: int) -> str:
     )
 
 
+def say_when_loaded(engine: Engine) -> None:
+    """A line in the log the moment the model is loaded, as an engine's server logs its start once
+    it serves (the agent probes a replica as soon as its log grows)."""
+    left = engine.args.load_seconds - (time.monotonic() - engine.started)
+    timer = threading.Timer(max(left, 0.0) + 0.001, log, (f"loaded: serving {engine.model}",))
+    timer.daemon = True
+    timer.start()
+
+
 def drain_then_shutdown(engine: Engine, server: standin_http.Server) -> None:
     """On SIGTERM: refuse new requests, let those in flight finish, then stop serving."""
     had = engine.flight.running
@@ -543,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         held = hold_card_memory(unknown)
     else:
         held = play_startup(args, unknown)
+    if not args.never_ready:
+        say_when_loaded(engine)
     state = "never ready" if args.never_ready else f"ready in {args.load_seconds:g}s"
     if args.generation_fails:
         state += ", every completion failing"

@@ -11,11 +11,12 @@ from __future__ import annotations
 import time
 import unittest
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from agent_cases import WithAnAgent
+from agent_cases import InATemporaryDirectory, WithAnAgent
 from agent_http import TransportError, request
-from agent_testing import free_port, process_gone, standin_spec, wait_until
+from agent_testing import free_port, process_gone, running_agent, standin_spec, wait_until
 from llmgw_agent.probe import in_flight, probe
 
 
@@ -70,6 +71,22 @@ class Readiness(WithAnAgent):
         assert probe(port, "standin-model", api_key="wrong-key") == ("loading", "/v1/models answered 401")
         assert probe(port, "standin-model", api_key=key) == ("ready", "ready")
         assert key not in str(self.agent.replica("r1"))
+
+
+class ReadyWhenItsEngineSaysSo(InATemporaryDirectory):
+    def test_a_replica_is_probed_when_its_engine_writes_to_its_log_not_only_at_each_poll(self) -> None:
+        # Polled every 10 s, the replica would be seen ready 10 s after its start at the earliest;
+        # the stand-in logs a line the moment it has loaded (0.5 s), and the agent probes then.
+        agent = self.enterContext(running_agent(self.tmp_path / "agent", ready_poll_seconds=10))
+        http = self.enterContext(agent.client())
+        spec = standin_spec(port=free_port(), engine="standin", load_seconds=0.5)
+        began = time.monotonic()
+        assert http.put("/v1/replicas/r1", json=spec).status_code == 201
+        ready = agent.wait_for_state("r1", "ready", timeout=15)
+        took = time.monotonic() - began
+        assert took < 5, f"seen ready {took:.1f}s after its start, at a poll rather than at its log's line"
+        assert ready["reason"] == "ready"
+        assert "loaded: serving standin-model" in Path(ready["log_file"]).read_text()
 
 
 class Draining(WithAnAgent):

@@ -112,7 +112,9 @@ def local_fleet(
                     cards=spec_cards,
                     engines={"standin": standin_command()},
                     stop_grace_seconds=2,
-                    ready_poll_seconds=0.1,
+                    # The agent's default (0.5 s): a replica is probed as soon as its engine writes
+                    # to its log besides, so the stand-in's line once loaded is seen at once.
+                    ready_poll_seconds=0.5,
                 )
             )
         cls = b.gpu_class()

@@ -4,7 +4,10 @@ ready, notice when they die, and stop them with their whole process tree.
 One lock guards the replica table and every record in it. Each live replica
 has a watcher thread that waits on its process (so an exit is seen at once)
 and, until the replica is ready, probes its HTTP endpoints every
-``ready_poll_seconds``.
+``ready_poll_seconds``, and as soon as the engine writes to its log (looked
+at every ``LOG_LOOK_SECONDS``; probes at most every ``PROBE_GAP_SECONDS``):
+an engine's server logs its start as it comes up, so a replica's readiness
+is seen then rather than at the next poll, whatever the engine's words.
 
 Engines run in their own session (``start_new_session``), so they survive a
 restart of the agent. The table is written to a state file on every change;
@@ -54,6 +57,11 @@ LOG_MIN_INTERVAL = 0.5  # seconds between two reads of one replica's log, howeve
 # The longest a reader may wait for a replica to change (GET ...?wait=): bounded, so a connection
 # is never held open for long, whatever the caller asked.
 MAX_WAIT_SECONDS = 30.0
+# Until a replica is ready its watcher looks at its log's size this often, and probes it when the
+# log has grown (at most every PROBE_GAP_SECONDS: an engine writing all the time while it loads
+# is probed ten times a second, no more); it probes every ready_poll_seconds besides.
+LOG_LOOK_SECONDS = 0.02
+PROBE_GAP_SECONDS = 0.1
 
 
 class Supervisor:
@@ -411,13 +419,24 @@ class Supervisor:
         handle = record.handle
         assert handle is not None
         poll = self.config.ready_poll_seconds
-        while not handle.wait(poll):
+        starting = True
+        # The log's size when last probed (the agent's header line, to begin with), when that was,
+        # and when the next poll is due.
+        log_seen, probed = _size(record.log_path), time.monotonic()
+        due = probed + poll
+        while not handle.wait(min(poll, LOG_LOOK_SECONDS) if starting else poll):
             with self._lock:
-                if record.stopping or record.timed_out or record.state not in (STARTING, LOADING):
+                starting = not (record.stopping or record.timed_out) and record.state in (STARTING, LOADING)
+                if not starting:
                     continue
                 overdue = time.time() > record.ready_deadline
                 if overdue:
                     record.timed_out = True
+            now = time.monotonic()
+            log_size = _size(record.log_path)
+            if not overdue and now < due and (log_size == log_seen or now - probed < PROBE_GAP_SECONDS):
+                continue
+            log_seen, probed, due = log_size, now, now + poll
             if overdue:
                 log.warning(
                     "replica %s: not ready within %gs; stopping it", record.id, record.spec.ready_timeout
@@ -586,3 +605,13 @@ class Supervisor:
         if record is None:
             raise AgentError(404, "not_found", f"No replica {replica_id[:140]!r} on node {self.config.node}.")
         return record
+
+
+def _size(path: Path | None) -> int:
+    """The size of a replica's log, -1 when it cannot be read (a probe is then never asked early)."""
+    if path is None:
+        return -1
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
