@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         state += ", every completion failing"
     log(f"listening on {args.host}:{args.port}, serving {args.served_model_name} ({state})")
     with contextlib.suppress(KeyboardInterrupt):
-        server.serve_forever(poll_interval=0.1)
+        server.serve_forever()
     server.server_close()
     if held is not None:
         with contextlib.suppress(OSError):

@@ -7,10 +7,13 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import unittest
+from pathlib import Path
 
 from agent_testing import STANDIN, free_port, wait_until
 
@@ -101,6 +104,49 @@ class StandinHttpTest(unittest.TestCase):
         connection.request("DELETE", "/v1/models")
         answer = connection.getresponse()
         self.assertEqual((answer.status, answer.read()), (501, b"no method DELETE"))
+
+
+class StandinAsleepTest(unittest.TestCase):
+    def test_an_idle_stand_in_sleeps_until_a_request_and_ends_on_sigterm(self) -> None:
+        port = free_port()
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                str(STANDIN),
+                "--port",
+                str(port),
+                "--served-model-name",
+                "m",
+                "--load-seconds",
+                "0",
+            ],
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.addCleanup(process.wait)
+        self.addCleanup(process.kill)
+        wait_until(lambda: StandinHttpTest._answers(port), timeout=20, what="the stand-in to listen")
+        time.sleep(0.3)  # the connection above answered
+        before = _wakeups(process.pid)
+        time.sleep(1.0)
+        # Polling for its shutdown, socketserver's loop woke ten times a second.
+        self.assertLessEqual(
+            _wakeups(process.pid) - before, 2, "the idle stand-in's main thread kept waking up"
+        )
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        connection.request("GET", "/health")
+        self.assertEqual(connection.getresponse().status, 200)
+        connection.close()
+        process.send_signal(signal.SIGTERM)
+        self.assertEqual(process.wait(timeout=10), 0)
+
+
+def _wakeups(pid: int) -> int:
+    """How many times the process's main thread has gone to sleep and woken (voluntary switches)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no voluntary_ctxt_switches in /proc/{pid}/status")
 
 
 def _until_closed(sock: socket.socket) -> bytes:
