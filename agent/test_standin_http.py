@@ -25,35 +25,12 @@ class StandinHttpTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
         cls.port = free_port()
-        cls.process = subprocess.Popen(
-            [
-                sys.executable,
-                str(STANDIN),
-                "--port",
-                str(cls.port),
-                "--served-model-name",
-                "m",
-                "--load-seconds",
-                "0",
-            ],
-            env={**os.environ, "VLLM_API_KEY": "sk-standin"},
-            stdin=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_until(lambda: cls._answers(cls.port), timeout=20, what="the stand-in to listen")
+        cls.process = listening_standin(cls.port, {"VLLM_API_KEY": "sk-standin"})
 
     @classmethod
     def tearDownClass(cls) -> None:
         cls.process.kill()
         cls.process.wait()
-
-    @staticmethod
-    def _answers(port: int) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-        except OSError:
-            return False
 
     def test_one_connection_carries_several_requests(self) -> None:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
@@ -109,23 +86,9 @@ class StandinHttpTest(unittest.TestCase):
 class StandinAsleepTest(unittest.TestCase):
     def test_an_idle_stand_in_sleeps_until_a_request_and_ends_on_sigterm(self) -> None:
         port = free_port()
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                str(STANDIN),
-                "--port",
-                str(port),
-                "--served-model-name",
-                "m",
-                "--load-seconds",
-                "0",
-            ],
-            stdin=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        process = listening_standin(port)
         self.addCleanup(process.wait)
         self.addCleanup(process.kill)
-        wait_until(lambda: StandinHttpTest._answers(port), timeout=20, what="the stand-in to listen")
         time.sleep(0.3)  # the connection above answered
         before = _wakeups(process.pid)
         time.sleep(1.0)
@@ -139,6 +102,35 @@ class StandinAsleepTest(unittest.TestCase):
         connection.close()
         process.send_signal(signal.SIGTERM)
         self.assertEqual(process.wait(timeout=10), 0)
+
+
+def listening_standin(port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A stand-in serving model "m" on ``port``, loaded at once, once it accepts connections."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(STANDIN),
+            "--port",
+            str(port),
+            "--served-model-name",
+            "m",
+            "--load-seconds",
+            "0",
+        ],
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def answers() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    wait_until(answers, timeout=20, what="the stand-in to listen")
+    return process
 
 
 def _wakeups(pid: int) -> int:

@@ -1,13 +1,17 @@
-"""Readiness: whether an engine on 127.0.0.1 answers, serves its model, and generates; and, for a
-stop that drains, how many requests it has in flight (its own metrics)."""
+"""Readiness: whether an engine on 127.0.0.1 answers, serves its model, and generates, and when to
+ask (``ProbeSchedule``); and, for a stop that drains, how many requests it has in flight (its own
+metrics)."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from .record import LOADING, READY, STARTING
 
@@ -15,6 +19,12 @@ PROBE_TIMEOUT = 2.0
 # The one-token completion may be an engine's first request (a warm-up, a compile): given longer.
 GENERATE_TIMEOUT = 20.0
 GENERATE_PROMPT = "Hello"
+
+# Until a replica is ready its watcher looks at its log's size this often, and probes it when the
+# log has grown (at most every PROBE_GAP_SECONDS: an engine writing all the time while it loads
+# is probed ten times a second, no more); it probes every ready_poll_seconds besides.
+LOG_LOOK_SECONDS = 0.02
+PROBE_GAP_SECONDS = 0.1
 
 # Readiness probes go straight to 127.0.0.1, never through a proxy from the
 # agent's environment.
@@ -80,6 +90,37 @@ def generates(base: str, model: str, auth: dict[str, str], timeout: float) -> tu
     if not isinstance(choices, list) or not choices:
         return LOADING, f"{what} answered 200 without a choice"
     return READY, "ready"
+
+
+class ProbeSchedule:
+    """When a starting replica is probed: every ``poll`` seconds, and as soon as its engine has
+    written to its log (an engine's server logs its start once it serves, so the replica's
+    readiness is seen then, whatever the engine's words), at most every ``PROBE_GAP_SECONDS``.
+    Its watcher wakes every ``look`` seconds to ask ``due``."""
+
+    def __init__(self, log_path: Path, poll: float):
+        self.log_path, self.poll = log_path, poll
+        self.look = min(poll, LOG_LOOK_SECONDS)
+        # The log's size at the last probe (the agent's header line, to begin with), and when.
+        self._seen, self._probed = _size(log_path), time.monotonic()
+
+    def due(self) -> bool:
+        """Whether to probe now: a poll is due, or the log grew since the last probe (not too
+        soon after it). A True counts as the probe made."""
+        now, size = time.monotonic(), _size(self.log_path)
+        since = now - self._probed
+        if since < self.poll and (size == self._seen or since < PROBE_GAP_SECONDS):
+            return False
+        self._seen, self._probed = size, now
+        return True
+
+
+def _size(path: Path) -> int:
+    """The size of a replica's log, -1 when it cannot be read (a probe is then never asked early)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
 
 
 # -- requests in flight, for a stop that drains --------------------------------------------------

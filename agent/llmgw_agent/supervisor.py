@@ -4,13 +4,12 @@ ready, notice when they die, and stop them with their whole process tree.
 One lock guards the replica table and every record in it. Each live replica
 has a watcher thread that waits on its process (so an exit is seen at once)
 and, until the replica is ready, probes its HTTP endpoints every
-``ready_poll_seconds``, and as soon as the engine writes to its log (looked
-at every ``LOG_LOOK_SECONDS``; probes at most every ``PROBE_GAP_SECONDS``):
-an engine's server logs its start as it comes up, so a replica's readiness
-is seen then rather than at the next poll, whatever the engine's words.
+``ready_poll_seconds`` and as soon as the engine writes to its log
+(``probe.ProbeSchedule``).
 
 Engines run in their own session (``start_new_session``), so they survive a
-restart of the agent. The table is written to a state file on every change;
+restart of the agent. The table is written to a state file on every change
+(``state_file.py``);
 an agent that starts again re-adopts the replicas whose processes are still
 alive (checked by pid *and* start time, so that a reused pid is not mistaken
 for the engine), and marks the others failed.
@@ -18,7 +17,6 @@ for the engine), and marks the others failed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -27,15 +25,14 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from llmgw_policy import Policy, check_spec, default_policy
 
-from . import attempts, ranks, stopping
+from . import attempts, ranks, state_file, stopping
 from .config import AgentConfig, CardConfig
-from .probe import in_flight, probe
+from .probe import ProbeSchedule, in_flight, probe
 from .process import (
     AdoptedProcess,
     ChildProcess,
@@ -57,11 +54,6 @@ LOG_MIN_INTERVAL = 0.5  # seconds between two reads of one replica's log, howeve
 # The longest a reader may wait for a replica to change (GET ...?wait=): bounded, so a connection
 # is never held open for long, whatever the caller asked.
 MAX_WAIT_SECONDS = 30.0
-# Until a replica is ready its watcher looks at its log's size this often, and probes it when the
-# log has grown (at most every PROBE_GAP_SECONDS: an engine writing all the time while it loads
-# is probed ten times a second, no more); it probes every ready_poll_seconds besides.
-LOG_LOOK_SECONDS = 0.02
-PROBE_GAP_SECONDS = 0.1
 
 
 class Supervisor:
@@ -418,13 +410,9 @@ class Supervisor:
     def _watch(self, record: Replica) -> None:
         handle = record.handle
         assert handle is not None
-        poll = self.config.ready_poll_seconds
+        schedule = ProbeSchedule(record.log_path, self.config.ready_poll_seconds)
         starting = True
-        # The log's size when last probed (the agent's header line, to begin with), when that was,
-        # and when the next poll is due.
-        log_seen, probed = _size(record.log_path), time.monotonic()
-        due = probed + poll
-        while not handle.wait(min(poll, LOG_LOOK_SECONDS) if starting else poll):
+        while not handle.wait(schedule.look if starting else schedule.poll):
             with self._lock:
                 starting = not (record.stopping or record.timed_out) and record.state in (STARTING, LOADING)
                 if not starting:
@@ -432,11 +420,8 @@ class Supervisor:
                 overdue = time.time() > record.ready_deadline
                 if overdue:
                     record.timed_out = True
-            now = time.monotonic()
-            log_size = _size(record.log_path)
-            if not overdue and now < due and (log_size == log_seen or now - probed < PROBE_GAP_SECONDS):
+            if not (overdue or schedule.due()):
                 continue
-            log_seen, probed, due = log_size, now, now + poll
             if overdue:
                 log.warning(
                     "replica %s: not ready within %gs; stopping it", record.id, record.spec.ready_timeout
@@ -509,23 +494,8 @@ class Supervisor:
     def adopt(self) -> int:
         """Load the state file of an earlier run: re-adopt the engines that are
         still running, mark the others failed. Returns how many were adopted."""
-        path = self.config.state_file
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            entries = data["replicas"]
-            records = [self._from_state(entry) for entry in entries]
-        except FileNotFoundError:
-            return 0
-        except (OSError, ValueError, KeyError, TypeError, AgentError) as exc:
-            aside = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
-            with contextlib.suppress(OSError):
-                path.rename(aside)
-            log.error(
-                "state file %s cannot be read (%s); moved it to %s and starting with no replicas",
-                path,
-                exc,
-                aside,
-            )
+        records = state_file.read(self.config.state_file, self._secrets)
+        if records is None:
             return 0
         adopted = 0
         with self._lock:
@@ -558,40 +528,11 @@ class Supervisor:
             self._save()
         return adopted
 
-    def _from_state(self, entry: Mapping[str, Any]) -> Replica:
-        spec = parse_spec(entry["spec"])
-        return Replica(
-            id=entry["id"],
-            spec=spec,
-            secrets=self._secrets(spec),
-            state=entry["state"],
-            log_path=Path(entry["log_path"]),
-            log_offset=int(entry["log_offset"]),
-            started_at=entry["started_at"],
-            ready_deadline=float(entry["ready_deadline"]),
-            pid=entry.get("pid"),
-            starttime=entry.get("starttime"),
-            ready_at=entry.get("ready_at"),
-            finished_at=entry.get("finished_at"),
-            exit_code=entry.get("exit_code"),
-            reason=entry.get("reason", ""),
-        )
-
     def _save(self) -> None:
         """Write the table (lock held), atomically: a crash mid-write leaves the
         previous version; and wake the readers waiting for a change."""
         self._lock.notify_all()
-        path = self.config.state_file
-        tmp = path.with_name(f".{path.name}.tmp")
-        data = {"node": self.config.node, "replicas": [rec.as_state() for rec in self._replicas.values()]}
-        try:
-            # Mode 600: a spec's environment may carry an engine's API key.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(data, fh, indent=1)
-            os.replace(tmp, path)
-        except OSError as exc:
-            log.error("could not write the state file %s: %s", path, exc)
+        state_file.write(self.config.state_file, self.config.node, self._replicas.values())
 
     def _prune(self) -> None:
         finished = [rec for rec in self._replicas.values() if not rec.holds_resources]
@@ -605,13 +546,3 @@ class Supervisor:
         if record is None:
             raise AgentError(404, "not_found", f"No replica {replica_id[:140]!r} on node {self.config.node}.")
         return record
-
-
-def _size(path: Path | None) -> int:
-    """The size of a replica's log, -1 when it cannot be read (a probe is then never asked early)."""
-    if path is None:
-        return -1
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return -1
