@@ -25,6 +25,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -94,7 +95,7 @@ def main() -> None:
                 w = worker("bench-worker", {**env, "LOG_LEVEL": "DEBUG", **extra}, log)
                 try:
                     results.append(
-                        restart_all(fleet, p, run, args.load_seconds, actor, w.pid) | {"mode": mode}
+                        restart_all(fleet, p, run, args.load_seconds, actor, w.pid, tmp) | {"mode": mode}
                     )
                 finally:
                     w.kill()
@@ -157,7 +158,7 @@ def busy_processes(count: int) -> Iterator[None]:
             one.wait(timeout=10)
 
 
-def restart_all(fleet, p: int, run: int, load_seconds: float, actor, worker_pid: int) -> dict:
+def restart_all(fleet, p: int, run: int, load_seconds: float, actor, worker_pid: int, tmp: Path) -> dict:
     """Make every replica stale, restart them all ``p`` at a time, and time it; with the CPU the
     worker (all its threads) used meanwhile, and how busy the machine's cores were."""
     from base.actor import acting_as
@@ -195,7 +196,7 @@ def restart_all(fleet, p: int, run: int, load_seconds: float, actor, worker_pid:
         "operation": op.pk,
         "load_before": load_before,
         "load_after": _load(),
-        "breakdown": breakdown(op),
+        "breakdown": breakdown(op) | hand_over(tmp, op),
         "max_parallel": p,
         "state": op.state,
         "steps_succeeded": op.steps.filter(state="succeeded").count(),
@@ -331,6 +332,48 @@ def breakdown(op) -> dict[str, str]:
         [seconds(ends[k - p], steps[k].started_at) for k in range(p, len(steps))]
     )
     return out
+
+
+AGENT_LINE = re.compile(r"^(\S+ \S+) INFO llmgw_agent: replica (\S+): (started pid|ready)\b")
+
+
+def hand_over(tmp: Path, op) -> dict[str, str]:
+    """From the agents' own logs (millisecond stamps, one clock): each replacement's engine started
+    (its process spawned) and ready (its agent's probe said so), and from those the run's
+    turnaround: the k-th engine of the run started after the (k-p)-th replacement was ready, the
+    p slots taken in turn. What lies between is the whole hand-over: the agent's word reaching the
+    worker (the long poll), the next step's reads, its placement, the PUT, and the agent's spawn.
+    The first p started within a spread that every later wave inherits."""
+    names = set(op.steps.filter(state="succeeded").values_list("new_replica__name", flat=True))
+    started: dict[str, float] = {}
+    ready: dict[str, float] = {}
+    for log in tmp.glob("node-*/agent-output.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            m = AGENT_LINE.match(line)
+            if m and m.group(2) in names:
+                at = (
+                    time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S"))
+                    + int(m.group(1)[20:]) / 1000
+                )
+                (started if m.group(3) == "started pid" else ready).setdefault(m.group(2), at)
+    p = op.max_parallel
+    starts = sorted(started.values())
+    readies = sorted(ready.values())
+    if len(starts) <= p or len(readies) < len(starts) - p:
+        return {}
+
+    def figures(values: list[float]) -> str:
+        return f"{statistics.mean(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"
+
+    return {
+        "engine started → ready (its agent's word)": figures(
+            [ready[n] - started[n] for n in started if n in ready]
+        ),
+        "a replacement ready → the next engine started (the hand-over)": figures(
+            [starts[k] - readies[k - p] for k in range(p, len(starts))]
+        ),
+        f"the first {p} engines started within": f"{starts[p - 1] - starts[0]:.3f}",
+    }
 
 
 def timing_lines(log: Path, operation: int) -> list[str]:

@@ -51,12 +51,35 @@ from operations.services.specs import replica_spec
 
 
 @dataclass(frozen=True)
+class FirstReads:
+    """What a placement reads before the placement lock: the profile, its release, the cards a
+    foreign process holds (the sampler's, not a placement's), and the nodes' hosts."""
+
+    profile: Profile
+    release: str
+    foreign: set[int]
+    hosts: dict[int, str]
+
+
+def read_first(records: Records, profile: Profile | None = None) -> FirstReads:
+    """The reads before the placement lock, by a step's own thread before it hands its placement
+    in (``profile``: the one the step read). Read in the batch instead, the leader made them in
+    turn while the steps that came meanwhile waited for its batch to end: four round trips of
+    every batch's, in the wait of every step between a slot freed and its engine started."""
+    if profile is None:
+        profile = Profile.objects.select_related("model", "gpu_class").get(pk=records.op.profile_id)
+    return FirstReads(profile, release_of(profile), foreign_held_card_ids(), node_hosts())
+
+
+@dataclass(frozen=True)
 class Placing:
-    """One rolling step's placement asked: beside its old replica, on the plan's cards when given."""
+    """One rolling step's placement asked: beside its old replica, on the plan's cards when given;
+    with what its step read before (``read_first``), or None for the batch to read it."""
 
     step: RestartStep
     old_spec: dict[str, Any] | None
     planned: tuple[str, list[int]] | None
+    first: FirstReads | None = None
 
 
 def place_together(records: Records, asked: list[Placing]) -> list[bool]:
@@ -68,14 +91,20 @@ def place_together(records: Records, asked: list[Placing]) -> list[bool]:
     def write() -> list[bool]:
         records.hold()
         # What no placement changes is read before the placement lock, which every placement of
-        # the fleet waits for in turn: the profile, its release, the cards a foreign process holds
-        # (the sampler's, not a placement's), the nodes' hosts. Whether the cards are still free,
-        # the port and the name, after.
-        profile = Profile.objects.select_related("model", "gpu_class").get(pk=records.op.profile_id)
+        # the fleet waits for in turn (``FirstReads``), by each step before it handed its placement
+        # in: the profile, release and hosts of the first, and a card any of them saw a foreign
+        # process hold is held. Whether the cards are still free, the port and the name, after.
         plans = [one.planned for one in asked if one.planned is not None]
-        foreign = foreign_held_card_ids() if plans else set()
-        release = release_of(profile) if plans else None
-        hosts = node_hosts()
+        firsts = [one.first for one in asked if one.first is not None]
+        release: str | None
+        if len(firsts) == len(asked):
+            profile, release, hosts = firsts[0].profile, firsts[0].release, firsts[0].hosts
+            foreign = set().union(*(first.foreign for first in firsts))
+        else:
+            profile = Profile.objects.select_related("model", "gpu_class").get(pk=records.op.profile_id)
+            foreign = foreign_held_card_ids() if plans else set()
+            release = release_of(profile) if plans else None
+            hosts = node_hosts()
         records.lock_placement()
         locked_at.append(time.monotonic())
         batch = _Batch(records, profile, hosts)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from catalog.models import Node, Replica
+from catalog.models import Node, Profile, Replica
 from operations.models import RestartStep
 from operations.services.placement import replica_placement
 from operations.services.reconcile import node_unreachable
 from operations.services.runner.groups import launch_and_settle, said_ranks
 from operations.services.runner.parts import RunParts
-from operations.services.runner.placing import Placing, place_together
+from operations.services.runner.placing import Placing, place_together, read_first
 from operations.services.runner.records import StepFailed, replaced, replacement
 from operations.services.runner.stops import stop_confirmed, stop_replacement
 from operations.services.runner.together import BatchFailed
@@ -28,12 +28,14 @@ def place_beside(
     old_spec: dict[str, Any] | None,
     *,
     planned: tuple[str, list[int]] | None = None,
+    profile: Profile | None = None,
 ) -> bool:
     """Record the replacement on free cards beside the old replica: on the
     ``planned`` node and cards when given, else the best fit; False when
     there is no room (or the planned cards are no longer free). Made with the other steps'
-    placements asked meanwhile, in one transaction (``placing.py``); alone again when that fails."""
-    asked = Placing(step, old_spec, planned)
+    placements asked meanwhile, in one transaction (``placing.py``); alone again when that fails.
+    What is read before the placement lock is read here first (``profile``: the step's own)."""
+    asked = Placing(step, old_spec, planned, read_first(run.records, profile))
     try:
         return run.placing.do(asked, lambda batch: place_together(run.records, batch))
     except BatchFailed:

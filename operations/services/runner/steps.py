@@ -81,9 +81,9 @@ def _begin(run: RunParts, step: RestartStep) -> str:
         then_kept=records.profiles_then,
     )
     if step.planned_node:
-        return _follow_plan(run, step, old, node, old_spec)
+        return _follow_plan(run, step, old, node, old_spec, profile)
     if not op.in_place:
-        if place_beside(run, step, old_spec):
+        if place_beside(run, step, old_spec, profile=profile):
             return roll(run, step)
         if op.in_place is False:
             return records.finish_step(
@@ -120,7 +120,7 @@ def _begin_group(run: RunParts, step: RestartStep, old: Replica, profile: Profil
         if group:
             return place_group(run, step, planned=planned)
         at = (planned[0]["node"], list(planned[0]["cards"])) if planned else None
-        return place_beside(run, step, old_spec, planned=at)
+        return place_beside(run, step, old_spec, planned=at, profile=profile)
 
     if step.planned_node or step.planned_ranks:
         planned = step.planned_ranks or [
@@ -182,7 +182,12 @@ def _in_place_cards(run: RunParts, old: Replica, node: Node) -> list[int] | str:
 
 
 def _follow_plan(
-    run: RunParts, step: RestartStep, old: Replica, node: Node, old_spec: dict[str, Any] | None
+    run: RunParts,
+    step: RestartStep,
+    old: Replica,
+    node: Node,
+    old_spec: dict[str, Any] | None,
+    profile: Profile,
 ) -> str:
     """The step as the restart's plan placed it (restart_start played the whole
     restart through); when the fleet changed since, the step fails saying how."""
@@ -206,8 +211,8 @@ def _follow_plan(
         return begin_in_place(run, step, old, node, planned, old_spec)
     # The plan assumed the steps before this one succeeded; when one did not (or the fleet moved),
     # the best fit now stands in for it.
-    placed = place_beside(run, step, old_spec, planned=(step.planned_node, planned))
-    if placed or place_beside(run, step, old_spec):
+    placed = place_beside(run, step, old_spec, planned=(step.planned_node, planned), profile=profile)
+    if placed or place_beside(run, step, old_spec, profile=profile):
         return roll(run, step)
     return run.records.finish_step(
         step,
