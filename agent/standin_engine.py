@@ -100,8 +100,8 @@ class Args:
             if not port.isdigit():
                 raise usage_error("no port: pass --port or set LLMGW_REPLICA_PORT")
         self.port = int(port)
-        self.served_model_name: str = (
-            given.get("served_model_name") or os.environ.get("LLMGW_SERVED_MODEL", "").strip() or "standin"
+        self.served_model_name: str = given.get(
+            "served_model_name", os.environ.get("LLMGW_SERVED_MODEL", "").strip() or "standin"
         )
         loads = given.get("load_seconds", _env_float("STANDIN_LOAD_SECONDS", 2.0))
         self.load_seconds: float = 2.0 if loads is None else loads
