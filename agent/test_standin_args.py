@@ -1,4 +1,4 @@
-"""The stand-in engine's own flags, parsed by hand (standin_engine.parse_args): as argparse's
+"""The stand-in engine's own flags, parsed by hand (standin_args.parse_args): as argparse's
 ``parse_known_args`` did, names in full, ``--flag value`` or ``--flag=value``, a wrong value an
 error (exit status 2), and every argument it does not know passed through in its order, so that a
 real engine's flags reach it unchanged. A stand-in's start imports neither argparse nor, without
@@ -20,19 +20,19 @@ from unittest import mock
 AGENT = Path(__file__).resolve().parent
 sys.path.insert(0, str(AGENT))
 
-import standin_engine  # noqa: E402  (beside this file)
+import standin_args  # noqa: E402  (beside this file)
 
 
 class StandinArgsTest(unittest.TestCase):
     def _refused(self, argv: list[str]) -> str:
         said = io.StringIO()
         with contextlib.redirect_stderr(said), self.assertRaises(SystemExit) as ended:
-            standin_engine.parse_args(argv)
+            standin_args.parse_args(argv)
         self.assertEqual(ended.exception.code, 2)
         return said.getvalue()
 
     def test_its_flags_are_read_and_a_real_engines_pass_through_in_order(self) -> None:
-        args, unknown = standin_engine.parse_args(
+        args, unknown = standin_args.parse_args(
             [
                 "--model",
                 "meta-llama/Llama-3.1-8B-Instruct",
@@ -74,7 +74,7 @@ class StandinArgsTest(unittest.TestCase):
             "STANDIN_IGNORE_SIGTERM": "yes",
         }
         with mock.patch.dict(os.environ, env, clear=True):
-            args, unknown = standin_engine.parse_args(["--served-model-name", "mistral"])
+            args, unknown = standin_args.parse_args(["--served-model-name", "mistral"])
         self.assertEqual(unknown, [])
         self.assertEqual((args.port, args.served_model_name, args.load_seconds), (8102, "mistral", 1.5))
         self.assertEqual((args.ignore_sigterm, args.never_ready, args.crash_after), (True, False, None))
@@ -93,7 +93,7 @@ class StandinArgsTest(unittest.TestCase):
     def test_a_name_given_in_part_is_not_taken_for_the_stand_ins_own(self) -> None:
         # argparse was told allow_abbrev=False: a real engine's --load-format is not --load-seconds.
         with mock.patch.dict(os.environ, {}, clear=True):
-            args, unknown = standin_engine.parse_args(["--port", "1", "--load", "x", "--port-offset", "2"])
+            args, unknown = standin_args.parse_args(["--port", "1", "--load", "x", "--port-offset", "2"])
         self.assertEqual((args.port, args.load_seconds), (1, 2.0))
         self.assertEqual(unknown, ["--load", "x", "--port-offset", "2"])
 

@@ -17,7 +17,7 @@ from catalog.models import Profile, Replica, Shard
 from operations.services.lease import Lease, claim
 from operations.services.placement import replica_name
 from operations.services.runner import OperationRun
-from operations.services.runner.placing import Placing, place_together
+from operations.services.runner.placing import Placing, place_together, read_first
 from operations.services.runner.rolling import place_beside
 from operations.services.start import restart_start
 from tests.support import builders as b
@@ -90,9 +90,9 @@ def test_placements_made_together_never_share_a_card_a_port_or_a_name(actor):
     run = OperationRun(held, Lease(op.pk, "w1", epoch=held.attempts), actor)
     a, c, d = (run.records.step(pk) for pk in op.steps.order_by("id").values_list("pk", flat=True))
     asked = [
-        Placing(a, None, ("gpu-1", [4])),
-        Placing(c, None, ("gpu-1", [4])),  # a stale plan: the card the first took
-        Placing(d, None, None),  # the best fit, after both
+        Placing(a, None, ("gpu-1", [4]), read_first(run.records)),
+        Placing(c, None, ("gpu-1", [4]), read_first(run.records)),  # a stale plan: the card the first took
+        Placing(d, None, None, read_first(run.records)),  # the best fit, after both
     ]
     assert place_together(run.records, asked) == [True, False, True]
     new = {s.pk: Replica.objects.get(pk=s.new_replica_id) for s in (a, d)}

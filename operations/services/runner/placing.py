@@ -7,8 +7,8 @@ transaction, sixteen steps side by side started a hold apart each, the sixteenth
 holds after the first (docs/benchmarks.md, "Issue 25, item 4 again"). Here a run's step threads
 hand their placements to one queue (``together.py``): the thread that finds none being made makes
 every placement queued, its own and those asked while the last batch was made, in one transaction
-with the queries of one placement: one hold of the operation's row; the profile, the foreign-held
-cards and the hosts read before the lock; one wait for the lock; every plan's cards in one read; a
+with the queries of one placement: one hold of the operation's row (the profile, its release, the
+foreign-held cards and the hosts each step read before, ``read_first``); one wait for the lock; every plan's cards in one read; a
 host's port and the model's replica names read once and counted on (the lock keeps every other
 placement out until the commit); the replicas, their cards and their steps each in one write; the
 audit entries last, in one insert (the chain's lock held from there to the commit only). Each
@@ -74,12 +74,12 @@ def read_first(records: Records, profile: Profile | None = None) -> FirstReads:
 @dataclass(frozen=True)
 class Placing:
     """One rolling step's placement asked: beside its old replica, on the plan's cards when given;
-    with what its step read before (``read_first``), or None for the batch to read it."""
+    with what its step read before (``read_first``)."""
 
     step: RestartStep
     old_spec: dict[str, Any] | None
     planned: tuple[str, list[int]] | None
-    first: FirstReads | None = None
+    first: FirstReads
 
 
 def place_together(records: Records, asked: list[Placing]) -> list[bool]:
@@ -95,16 +95,8 @@ def place_together(records: Records, asked: list[Placing]) -> list[bool]:
         # in: the profile, release and hosts of the first, and a card any of them saw a foreign
         # process hold is held. Whether the cards are still free, the port and the name, after.
         plans = [one.planned for one in asked if one.planned is not None]
-        firsts = [one.first for one in asked if one.first is not None]
-        release: str | None
-        if len(firsts) == len(asked):
-            profile, release, hosts = firsts[0].profile, firsts[0].release, firsts[0].hosts
-            foreign = set().union(*(first.foreign for first in firsts))
-        else:
-            profile = Profile.objects.select_related("model", "gpu_class").get(pk=records.op.profile_id)
-            foreign = foreign_held_card_ids() if plans else set()
-            release = release_of(profile) if plans else None
-            hosts = node_hosts()
+        profile, release, hosts = asked[0].first.profile, asked[0].first.release, asked[0].first.hosts
+        foreign = set().union(*(one.first.foreign for one in asked))
         records.lock_placement()
         locked_at.append(time.monotonic())
         batch = _Batch(records, profile, hosts)
