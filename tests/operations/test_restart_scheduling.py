@@ -1,5 +1,5 @@
 """The scheduler starts a wave of steps from one question, not one a step: the same steps, in the
-same order, as asking step by step gives, in three queries whatever the wave's size.
+same order, as asking step by step gives, in two queries whatever the wave's size.
 
 No agent is needed: the steps are chosen, not run.
 """
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 def _scheduler(op: RestartOperation) -> Scheduler:
     """A run's scheduler as ``schedule`` sets it up (no lease: nothing here waits on it)."""
     scheduler = Scheduler(op, lease=None, clock=RunClock(op.pk, op.max_parallel), threaded=True)  # type: ignore[arg-type]
-    scheduler.queue.extend(op.steps.order_by("id").values_list("pk", flat=True))
+    scheduler.read_steps()
     return scheduler
 
 
@@ -43,7 +43,7 @@ def _one_by_one(scheduler: Scheduler, free: int) -> list[int]:
 
 
 @pytest.mark.parametrize("cards", [8, 16])
-def test_a_wave_is_chosen_as_one_by_one_in_three_queries(actor, cards):
+def test_a_wave_is_chosen_as_one_by_one_in_two_queries(actor, cards):
     gpu = b.node("gpu-1", cards=cards)
     profile = b.profile(b.llama_8b("llama"), "h100")
     for i in range(6):
@@ -54,7 +54,8 @@ def test_a_wave_is_chosen_as_one_by_one_in_three_queries(actor, cards):
     at_once = _scheduler(op)
     with CaptureQueriesContext(connection) as seen:
         wave = at_once._startable(6)
-    assert len(seen.captured_queries) == 3  # the cancel flag, the steps, the cards their old replicas hold
+    # The cancel flag and the cards the old replicas hold; each step's plan was read with the steps.
+    assert len(seen.captured_queries) == 2
     assert wave == _one_by_one(_scheduler(op), 6)
     planned = {s.pk: s.planned_cards for s in op.steps.all()}
     if cards == 8:

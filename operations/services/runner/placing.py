@@ -33,6 +33,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from base.db import update_rows
 from catalog.models import Card, Node, Profile, Replica, Shard
 from catalog.selectors import release_of
 from operations.models import RestartStep
@@ -211,7 +212,7 @@ class _Batch:
             }
             for name, value in fields.items():
                 setattr(step, name, value)
-        RestartStep.objects.bulk_update([one.step for one, *_ in made], list(fields))
+        update_rows(RestartStep, [one.step for one, *_ in made], list(fields))
 
 
 def _free_planned(

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from audit.services import audit_record, audit_records, snapshot
 from base.actor import Actor
+from base.db import update_rows
 from base.secrets import profile_secrets, redact
 from catalog.models import Card, Node, Profile, Replica, Shard
 from catalog.services.fit import planned_with_release, profile_memory
@@ -459,8 +460,8 @@ class _Written:
         self._steps.setdefault(frozenset(fields), {})[step.pk] = RestartStep(pk=step.pk, **fields)
 
     def flush(self) -> None:
-        Replica.objects.bulk_update(list(self.rows.values()), sorted(self.fields))
+        update_rows(Replica, self.rows.values(), sorted(self.fields))
         if self.released:
             Shard.objects.filter(replica_id__in=sorted(self.released)).delete()
         for fields, steps in self._steps.items():
-            RestartStep.objects.bulk_update(list(steps.values()), sorted(fields))
+            update_rows(RestartStep, steps.values(), sorted(fields))

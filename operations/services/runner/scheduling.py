@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from queue import Empty, SimpleQueue
 from threading import Lock
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -49,6 +50,9 @@ class Scheduler:
         # ``loading``: the steps holding a slot; ``under_way``: every step not ended.
         self.loading: set[int] = set()
         self.under_way: set[int] = set()
+        # Each step's planned places and the replica it restarts, as the restart's plan wrote
+        # them (never changed after): read with the steps, not again at every slot freed.
+        self._places: dict[int, tuple[list[tuple[str, list[int]]], int | None]] = {}
         # The step threads' connections, each kept for the thread's next step and closed at the
         # run's end: a new one a step cost a backend started anew and its caches filled cold
         # (the tables', the triggers' compiled functions), on the path between a freed slot and
@@ -60,13 +64,7 @@ class Scheduler:
         """Run the operation's steps with ``run_step`` until none is left to start and every step
         started has ended; True when the operation was cancelled."""
         op = self.op
-        steps = list(op.steps.order_by("id").values_list("pk", "state"))
-        self.resume = [pk for pk, state in steps if state in RestartStep.IN_FLIGHT_STATES]
-        self.queue = deque(self.resume + [pk for pk, state in steps if state == RestartStep.State.PENDING])
-        # A step that failed in an earlier attempt already stopped the operation starting new ones.
-        self.stopping = op.stop_at_first_failure and any(
-            state == RestartStep.State.FAILED for _, state in steps
-        )
+        self.read_steps()
         if self.threaded:
             try:
                 with ThreadPoolExecutor(
@@ -82,6 +80,22 @@ class Scheduler:
         if not self.cancelled and self._cancel_requested() and self.queue:
             self.cancelled = True
         return self.cancelled
+
+    def read_steps(self) -> None:
+        """The operation's steps, once: those to resume, those to start in turn, and each one's
+        planned places (``_with_their_cards``)."""
+        rows = list(
+            self.op.steps.order_by("id").values_list(
+                "pk", "state", "planned_node", "planned_cards", "planned_ranks", "old_replica_id"
+            )
+        )
+        self._places = {pk: (_places(node, cards, ranks), old) for pk, _, node, cards, ranks, old in rows}
+        self.resume = [pk for pk, state, *_ in rows if state in RestartStep.IN_FLIGHT_STATES]
+        self.queue = deque(self.resume + [pk for pk, state, *_ in rows if state == RestartStep.State.PENDING])
+        # A step that failed in an earlier attempt already stopped the operation starting new ones.
+        self.stopping = self.op.stop_at_first_failure and any(
+            state == RestartStep.State.FAILED for _, state, *_ in rows
+        )
 
     def slot_free(self, step: RestartStep) -> None:
         """The step's replacement is ready: the run may start the next step while this one stops
@@ -245,20 +259,9 @@ class Scheduler:
         old replica of a step that failed) are not waited for: the step starts and finds the
         fleet changed.
         """
-        steps = {
-            r["pk"]: r
-            for r in RestartStep.objects.filter(pk__in=[*running, *pending]).values(
-                "pk", "planned_node", "planned_cards", "planned_ranks", "old_replica_id"
-            )
-        }
-        freeing = {r["old_replica_id"] for r in steps.values()} - {None}
-        # Every rank's place of a replacement across nodes; the one place of one on one node.
-        places = {
-            pk: [(p["node"], list(p["cards"])) for p in step["planned_ranks"]]
-            or ([(step["planned_node"], list(step["planned_cards"]))] if step["planned_node"] else [])
-            for pk, step in steps.items()
-        }
-        nodes = {node for pk in pending for node, _ in places.get(pk, [])}
+        steps = {pk: self._places[pk] for pk in [*running, *pending] if pk in self._places}
+        freeing = {old for _, old in steps.values() if old is not None}
+        nodes = {node for pk in pending for node, _ in steps.get(pk, ([], None))[0]}
         held = {
             (node, index): replica
             for node, index, replica in Shard.objects.filter(
@@ -267,11 +270,14 @@ class Scheduler:
         }
         startable = []
         for pk in pending:
-            step = steps.get(pk)
-            if step is None or not places[pk]:
-                startable.append(pk)
-                continue
-            holders = {held.get((node, i)) for node, cards in places[pk] for i in cards}
-            if not holders - {None, step["old_replica_id"]}:  # in place, its own cards are its to free
+            places, own = steps.get(pk, ([], None))
+            holders = {held.get((node, i)) for node, cards in places for i in cards}
+            if not holders - {None, own}:  # in place, its own cards are its to free
                 startable.append(pk)
         return startable
+
+
+def _places(node: str, cards: list[int], ranks: list[dict[str, Any]]) -> list[tuple[str, list[int]]]:
+    """Every rank's planned place of a replacement across nodes; the one place of one on one node;
+    none when the plan gave it none."""
+    return [(p["node"], list(p["cards"])) for p in ranks] or ([(node, list(cards))] if node else [])
