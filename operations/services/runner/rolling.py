@@ -9,7 +9,7 @@ from typing import Any
 
 from catalog.models import Node, Profile, Replica
 from operations.models import RestartStep
-from operations.services.placement import replica_placement
+from operations.services.placement import replica_ranks
 from operations.services.reconcile import node_unreachable
 from operations.services.runner.groups import launch_and_settle, said_ranks
 from operations.services.runner.parts import RunParts
@@ -86,12 +86,14 @@ def stop_old(run: RunParts, step: RestartStep) -> str:
     old = Replica.objects.get(pk=old.pk)
     if old.state not in Replica.HOLDING_STATES:
         return records.finish_step(step, RestartStep.State.SUCCEEDED, f"{replaced_by}.")
-    node, _ = replica_placement(old)
+    ranks = replica_ranks(old)  # its node, and whether it spans nodes, in one read
+    node = ranks[0][1] if ranks else None
     # The step's stopping and its end go with the old replica's drain and stop, not apart.
     left = stop_confirmed(
         run.agents,
         old,
         node,
+        group=len(ranks) > 1,
         end=Replica.State.STOPPED,
         why=f"{new.name} replaces it and is ready",
         step=step,

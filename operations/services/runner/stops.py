@@ -25,6 +25,7 @@ def stop_confirmed(
     step: RestartStep | None = None,
     before: dict[str, Any] | None = None,
     succeeded: str | None = None,
+    group: bool | None = None,
 ) -> str:
     """Stop ``replica`` and, once its agent confirmed it, record it ``end`` with its cards freed;
     a stop not confirmed leaves it stopping, holding its cards (the reconciler asks again).
@@ -33,9 +34,10 @@ def stop_confirmed(
 
     For ``step``, whose old replica this is: ``before``, its fields written before the agent is
     asked (with the drain when there is one); ``succeeded``, the reason it ends succeeded with,
-    written with the confirmed stop. One transaction each rather than two in a row."""
+    written with the confirmed stop. One transaction each rather than two in a row. ``group``:
+    whether the replica spans nodes, when the caller read its shards already; read here otherwise."""
     records = agents.records
-    if spans(replica):
+    if spans(replica) if group is None else group:
         if step is not None and before:
             records.set_step(step, **before)
         left = _stop_group(agents, replica, end=end, why=why)
