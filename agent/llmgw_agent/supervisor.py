@@ -555,8 +555,8 @@ class Supervisor:
         once the file holds this thread's change or a later one.
 
         Under the table's lock the write held up every start, stop and reader of the node for
-        as long as the file took: a quarter of a start's wait on a busy machine, and on a node
-        that keeps its 500 finished replicas 15 ms of CPU each change, however quiet."""
+        as long as the file took (a slow disk, every request), and on a node that keeps its 500
+        finished replicas, 15 ms of CPU each change, however quiet."""
         with self._file_lock:
             version, rows = self._saved  # one reference, read whole: the table's lock is not needed
             if version <= self._written:

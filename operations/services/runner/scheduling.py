@@ -259,9 +259,10 @@ class Scheduler:
         old replica of a step that failed) are not waited for: the step starts and finds the
         fleet changed.
         """
-        steps = {pk: self._places[pk] for pk in [*running, *pending] if pk in self._places}
-        freeing = {old for _, old in steps.values() if old is not None}
-        nodes = {node for pk in pending for node, _ in steps.get(pk, ([], None))[0]}
+        places = self._places  # every step of the run (``read_steps``)
+        olds = (places[pk][1] for pk in [*running, *pending])
+        freeing = {old for old in olds if old is not None}
+        nodes = {node for pk in pending for node, _ in places[pk][0]}
         held = {
             (node, index): replica
             for node, index, replica in Shard.objects.filter(
@@ -270,8 +271,8 @@ class Scheduler:
         }
         startable = []
         for pk in pending:
-            places, own = steps.get(pk, ([], None))
-            holders = {held.get((node, i)) for node, cards in places for i in cards}
+            planned, own = places[pk]
+            holders = {held.get((node, i)) for node, cards in planned for i in cards}
             if not holders - {None, own}:  # in place, its own cards are its to free
                 startable.append(pk)
         return startable
