@@ -1,7 +1,7 @@
 """The pages and endpoints against the floor, on the generated fleet, served as in production,
 each asked by the role a real user needs, warm, right after a write, and under the sampler's writes.
 
-Run: `make bench` (which runs this, then bench/fanout.py), or
+Run: `make bench` (which runs this first, then the other benchmarks), or
 `.venv/bin/python bench/pages.py [--nodes N] [--audit A] [--database-url URL] [--rounds R]
 [--requests N] [--writes W] [--concurrency C] [--phases warm,replica,structure,sampler]`.
 
