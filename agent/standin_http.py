@@ -15,12 +15,18 @@ stand-ins idle beside the control plane.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
+import signal
 import socketserver
 import threading
 import time
 from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 MAX_LINE = 65536
 MAX_HEADERS = 100
@@ -120,20 +126,50 @@ class Server(socketserver.ThreadingTCPServer):
         self._ended = threading.Event()
 
     def serve_forever(self, poll_interval: float | None = None) -> None:
-        """Answer connections until ``shutdown`` (``poll_interval`` is not used: nothing polls)."""
+        """Answer connections until ``shutdown`` (``poll_interval`` is not used: nothing polls).
+        In the main thread, a signal wakes it too (``_woken_by_signals``), so that its handler runs."""
         try:
-            with selectors.DefaultSelector() as selector:
+            with selectors.DefaultSelector() as selector, self._woken_by_signals(selector):
                 selector.register(self, selectors.EVENT_READ)
                 selector.register(self._wake_read, selectors.EVENT_READ)
                 while True:
                     events = selector.select()
-                    if any(key.fileobj == self._wake_read for key, _ in events):
+                    for key, _ in events:
+                        if key.data is not None:
+                            key.data(key.fd)  # a signal's wakeup: read, its handler runs next
+                    woken = {key.fileobj for key, _ in events}
+                    if self._wake_read in woken:
                         return
-                    # What socketserver's own loop calls once the socket is readable (typeshed
-                    # leaves its private methods out).
-                    self._handle_request_noblock()  # type: ignore[attr-defined]
+                    if self in woken:
+                        # What socketserver's own loop calls once the socket is readable (typeshed
+                        # leaves its private methods out).
+                        self._handle_request_noblock()  # type: ignore[attr-defined]
         finally:
             self._ended.set()
+
+    @contextlib.contextmanager
+    def _woken_by_signals(self, selector: selectors.BaseSelector) -> Iterator[None]:
+        """While the main thread sleeps here, a signal caught by another thread wakes it. The kernel
+        hands a signal sent to the process to any thread not blocking it (often one running at
+        that moment: a connection's, just done answering), and Python runs the handler in the main
+        thread only, once it next runs Python: asleep in ``select`` it would not, and a SIGTERM went
+        unheard until the agent's SIGKILL. Python's own handler writes to the wakeup fd from any
+        thread; the main thread wakes, reads it, and runs the handler before its next line."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        read, write = os.pipe()
+        for fd in (read, write):
+            os.set_blocking(fd, False)
+        before = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        selector.register(read, selectors.EVENT_READ, _drain)
+        try:
+            yield
+        finally:
+            selector.unregister(read)
+            signal.set_wakeup_fd(before)
+            os.close(read)
+            os.close(write)
 
     def shutdown(self) -> None:
         """End ``serve_forever`` (from another thread) and wait until it has returned."""
@@ -144,3 +180,9 @@ class Server(socketserver.ThreadingTCPServer):
         super().server_close()
         for fd in (self._wake_read, self._wake_write):
             os.close(fd)
+
+
+def _drain(fd: int) -> None:
+    """Read what Python's signal handler wrote to the wakeup fd (a byte a signal)."""
+    with contextlib.suppress(BlockingIOError):
+        os.read(fd, 512)
