@@ -127,8 +127,11 @@ def _processes(
         "DJANGO_DEBUG": "0",
         "ALLOWED_HOSTS": "127.0.0.1",
         "SECURE_SSL_REDIRECT": "0",
-        "STATIC_ROOT": str(ROOT / "var" / "bench" / "static"),
     }
+    # What the two `make serve` would otherwise each do at once in a checkout not yet installed
+    # (uv brought in, the venv synced), done once before; and each collects the static files into
+    # a directory of its own, not both into one.
+    subprocess.run(["make", "-s", "install"], cwd=ROOT, check=True)
     procs = {}
     for name in ("worker-a", "worker-b"):
         procs[name] = worker(name, {**env, **FAST_TAKEOVER}, tmp / f"{name}.log")
@@ -137,7 +140,7 @@ def _processes(
         port = free_port()
         procs[f"web-{n}"] = process(
             ["make", "-s", "serve", f"ADDR=127.0.0.1:{port}", "WEB_WORKERS=1"],
-            web_env,
+            {**web_env, "STATIC_ROOT": str(ROOT / "var" / "bench" / f"static-{n}")},
             tmp / f"web-{n}.log",
         )
         webs.append(f"http://127.0.0.1:{port}")
