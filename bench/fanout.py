@@ -348,6 +348,7 @@ def breakdown(op) -> dict[str, str]:
 
 
 AGENT_LINE = re.compile(r"^(\S+ \S+) INFO llmgw_agent: replica (\S+): (started pid|ready)\b")
+KILLED_LINE = re.compile(r"^\S+ \S+ INFO llmgw_agent: replica (\S+): stopped \(.*killed with SIGKILL")
 
 
 def hand_over(tmp: Path, op) -> dict[str, str]:
@@ -358,10 +359,15 @@ def hand_over(tmp: Path, op) -> dict[str, str]:
     worker (the long poll), the next step's reads, its placement, the PUT, and the agent's spawn.
     The first p started within a spread that every later wave inherits."""
     names = set(op.steps.filter(state="succeeded").values_list("new_replica__name", flat=True))
+    olds = set(op.steps.values_list("old_replica__name", flat=True))
     started: dict[str, float] = {}
     ready: dict[str, float] = {}
+    killed: list[str] = []
     for log in tmp.glob("node-*/agent-output.log"):
         for line in log.read_text(errors="replace").splitlines():
+            gone = KILLED_LINE.match(line)
+            if gone and gone.group(1) in olds:
+                killed.append(gone.group(1))
             m = AGENT_LINE.match(line)
             if m and m.group(2) in names:
                 at = (
@@ -386,6 +392,9 @@ def hand_over(tmp: Path, op) -> dict[str, str]:
             [starts[k] - readies[k - p] for k in range(p, len(starts))]
         ),
         f"the first {p} engines started within": f"{starts[p - 1] - starts[0]:.3f}",
+        # An engine that did not exit on SIGTERM holds its step (and, in the last wave, the run's
+        # end) for the agent's whole grace before its SIGKILL.
+        "old replicas killed after the grace, not ending on SIGTERM": ", ".join(sorted(killed)) or "none",
     }
 
 
