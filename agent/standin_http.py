@@ -23,8 +23,9 @@ import socketserver
 import threading
 import time
 from http import HTTPStatus
-from typing import TYPE_CHECKING
 
+# Not typing's own: importing typing costs a stand-in's start 2 ms of its CPU (mypy reads the name).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
