@@ -64,6 +64,47 @@ def table(results: dict[str, list[dict]], meta: dict) -> str:
     return "\n".join(lines)
 
 
+# Issue 25's goals for the pages, each: what it says, the phases and targets it judges (by name:
+# the dry runs and the preview; the nodes pages; every page and list), and the ratio to the floor
+# at p50 none of them may pass.
+DRY_RUNS = ("resize dry run", "context dry run", "resize preview")
+GOALS = (
+    ("dry runs and previews ≤ 2× warm", ("warm",), lambda name: name in DRY_RUNS, 2.0),
+    ("every page and list ≤ 3× warm", ("warm",), lambda name: True, 3.0),
+    ("every page and list ≤ 5× right after a write", ("replica", "structure"), lambda name: True, 5.0),
+    (
+        "the nodes pages and API ≤ 3× under the sampler's writes",
+        ("sampler",),
+        lambda name: name.startswith("node"),
+        3.0,
+    ),
+)
+
+
+def verdicts(results: dict[str, list[dict]]) -> list[tuple[str, bool, str]]:
+    """Each goal of ``GOALS`` whose phase was measured: what it says, whether it was met (every
+    row it judges within its ratio and answered without an error), and the rows that were not."""
+    out = []
+    for said, phases, judged, limit in GOALS:
+        rows = [
+            (phase, r["target"].split(":")[0], r)
+            for phase in phases
+            for r in results.get(phase, [])
+            if not r["target"].startswith("floor")
+        ]
+        rows = [(phase, name, r) for phase, name, r in rows if judged(name)]
+        if not rows:
+            continue
+        missed = [
+            f"{name} {r['ratio']}× ({phase}" + (f", {r['errors']} errors)" if r["errors"] else ")")
+            for phase, name, r in rows
+            if r["ratio"] > limit or r["errors"]
+        ]
+        worst = max(r["ratio"] for _, _, r in rows)
+        out.append((said, not missed, "; ".join(missed) if missed else f"at most {worst}×"))
+    return out
+
+
 def machine() -> str:
     cores = os.cpu_count()
     try:

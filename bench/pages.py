@@ -19,8 +19,11 @@ Run: `make bench` (which runs this first, then the other benchmarks), or
    at once. After a write: ``writes`` times one write (a replica's state, or a model's source)
    then one request. The machine is shared: each p50 is given as a ratio to the floor's in the
    same phase, and the 1-minute load average read beside each target's requests is given beside it.
+5. Judges issue 25's goals (``page_report.GOALS``: the dry runs and preview within 2× warm, every
+   page within 3× warm and 5× after a write, the nodes pages within 3× under the sampler) and
+   exits 1 when one is missed.
 
-To measure one more page, add a line to TARGETS (a name, the method, the path, a body).
+To measure one more page, add a line to ``targets()`` (a name, the method, the path, a body).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.page_report import PHASES, in_process_table, machine, pct, table  # noqa: E402 (after the path)
+from bench.page_report import PHASES, in_process_table, machine, pct, table, verdicts  # noqa: E402 (after the path)
 from bench.page_writes import WRITES, SamplerWrites  # noqa: E402
 
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/llmgw_bench"
@@ -357,6 +360,11 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "phases": results}, indent=2))
     print(table(results, meta))
+    judged = verdicts(results)
+    for said, met, detail in judged:
+        print(f"target {said}: {'met' if met else 'not met'} ({detail})")
+    if not all(met for _, met, _ in judged):
+        raise SystemExit("pages: a target was missed")
 
 
 def _phase(

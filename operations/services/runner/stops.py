@@ -37,7 +37,9 @@ def stop_confirmed(
     written with the confirmed stop. One transaction each rather than two in a row. ``group``:
     whether the replica spans nodes, when the caller read its shards already; read here otherwise."""
     records = agents.records
-    if spans(replica) if group is None else group:
+    if group is None:
+        group = spans(replica)
+    if group:
         if step is not None and before:
             records.set_step(step, **before)
         left = _stop_group(agents, replica, end=end, why=why)
